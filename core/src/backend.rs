@@ -1,0 +1,277 @@
+//! The traits a backend implements, and the small handle and id types they
+//! exchange with the pools.
+//!
+//! A backend is a device driver seen through a narrow window: devices, streams,
+//! events. Every operation is fallible and returns the backend's own error type;
+//! nothing here panics. Handles are plain `Copy` values (a raw `CUstream` or
+//! `CUevent` on CUDA, an id on the mock); ownership of the object behind a handle
+//! is tracked by the pools and leases, not by the handle.
+
+use core::fmt;
+
+/// The ordinal of a device, as the driver counts them (`0..device_count`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeviceId(pub u32);
+
+impl DeviceId {
+    /// The ordinal as an index into per-device tables.
+    #[inline]
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "device {}", self.0)
+    }
+}
+
+/// Which device a pool call is about: one named explicitly, or the calling
+/// thread's current device (resolved once per call through
+/// [`Backend::current_device`]).
+///
+/// ```
+/// use gpupool_core::{DeviceId, DeviceSelector};
+/// assert_eq!(DeviceSelector::from(1), DeviceSelector::Id(DeviceId(1)));
+/// assert_eq!(DeviceSelector::default(), DeviceSelector::Current);
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum DeviceSelector {
+    /// The calling thread's current device.
+    #[default]
+    Current,
+    /// This device.
+    Id(DeviceId),
+}
+
+impl From<DeviceId> for DeviceSelector {
+    fn from(d: DeviceId) -> Self {
+        DeviceSelector::Id(d)
+    }
+}
+
+impl From<u32> for DeviceSelector {
+    fn from(d: u32) -> Self {
+        DeviceSelector::Id(DeviceId(d))
+    }
+}
+
+/// A raw stream handle (a `CUstream` on CUDA).
+///
+/// The value 0 is the null handle. As in CUDA, 0, 1 and 2 also name the special
+/// streams (legacy default, legacy, per-thread default); they may appear in an
+/// [`AccessOrder`](crate::AccessOrder) but are never pooled.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamHandle(pub usize);
+
+impl StreamHandle {
+    /// The null handle (CUDA's default stream, 0).
+    pub const NULL: StreamHandle = StreamHandle(0);
+    /// CUDA's legacy default stream (`CU_STREAM_LEGACY`, 1).
+    pub const LEGACY: StreamHandle = StreamHandle(1);
+    /// CUDA's per-thread default stream (`CU_STREAM_PER_THREAD`, 2).
+    pub const PER_THREAD: StreamHandle = StreamHandle(2);
+
+    /// Whether this is the null handle.
+    #[inline]
+    pub const fn is_null(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether this is one of CUDA's special streams (0, 1 or 2), which belong to
+    /// whichever context is current when they are used.
+    #[inline]
+    pub const fn is_special(self) -> bool {
+        self.0 <= 2
+    }
+}
+
+/// A raw event handle (a `CUevent` on CUDA). The value 0 is the null handle.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventHandle(pub usize);
+
+impl EventHandle {
+    /// The null handle.
+    pub const NULL: EventHandle = EventHandle(0);
+
+    /// Whether this is the null handle.
+    #[inline]
+    pub const fn is_null(self) -> bool {
+        self.0 == 0
+    }
+}
+
+/// Whether the work submitted to a stream, or captured by an event, has finished.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Completion {
+    /// Everything has finished (`CUDA_SUCCESS` from a query).
+    Complete,
+    /// Something is still running or queued (`CUDA_ERROR_NOT_READY`).
+    Pending,
+}
+
+/// Event creation flags. The bit values are CUDA's `CU_EVENT_*` flags, so a CUDA
+/// backend passes them through unchanged.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EventFlags(pub u32);
+
+impl EventFlags {
+    /// No flag: timing enabled, spin on synchronize.
+    pub const DEFAULT: EventFlags = EventFlags(0);
+    /// Synchronize blocks the host thread instead of spinning.
+    pub const BLOCKING_SYNC: EventFlags = EventFlags(1);
+    /// No timing data: the cheapest event to record and wait on.
+    pub const DISABLE_TIMING: EventFlags = EventFlags(2);
+    /// Usable across processes (requires `DISABLE_TIMING`).
+    pub const INTERPROCESS: EventFlags = EventFlags(4);
+
+    /// Whether every bit of `other` is set in `self`.
+    #[inline]
+    pub const fn contains(self, other: EventFlags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl Default for EventFlags {
+    /// Timing disabled, as in DALI's event pool.
+    fn default() -> Self {
+        EventFlags::DISABLE_TIMING
+    }
+}
+
+impl core::ops::BitOr for EventFlags {
+    type Output = EventFlags;
+    fn bitor(self, rhs: EventFlags) -> EventFlags {
+        EventFlags(self.0 | rhs.0)
+    }
+}
+
+/// Options for creating a pooled stream. Pooled streams are always
+/// non-blocking with respect to the legacy default stream.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct StreamOptions {
+    /// Scheduling priority; `None` is the device default. On CUDA a lower number is
+    /// a higher priority; the backend clamps it to the device's range.
+    pub priority: Option<i32>,
+}
+
+/// The device part of a backend: its error type and how devices are counted.
+///
+/// Implementations must be cheap to share between threads; the pools call them
+/// from every thread that uses the pool.
+pub trait Backend: Send + Sync {
+    /// The backend's error. Pools wrap it in [`Error::Backend`](crate::Error)
+    /// together with the operation that failed.
+    type Error: fmt::Debug + fmt::Display + Send + Sync + 'static;
+
+    /// How many devices there are. Zero is a valid answer (no GPU).
+    fn device_count(&self) -> Result<u32, Self::Error>;
+
+    /// The calling thread's current device.
+    fn current_device(&self) -> Result<DeviceId, Self::Error>;
+}
+
+/// Stream operations.
+pub trait StreamBackend: Backend {
+    /// Creates a non-blocking stream on `device`.
+    fn create_stream(
+        &self,
+        device: DeviceId,
+        options: StreamOptions,
+    ) -> Result<StreamHandle, Self::Error>;
+
+    /// Destroys a stream. Work still queued on it completes; CUDA allows this.
+    fn destroy_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), Self::Error>;
+
+    /// Whether all work submitted to the stream has finished. Never blocks.
+    fn query_stream(&self, stream: StreamHandle, device: DeviceId)
+        -> Result<Completion, Self::Error>;
+
+    /// Blocks the calling thread until all work submitted to the stream has finished.
+    fn synchronize_stream(&self, stream: StreamHandle, device: DeviceId)
+        -> Result<(), Self::Error>;
+
+    /// Makes all work submitted to `stream` after this call wait for `event`.
+    fn stream_wait_event(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+        event: EventHandle,
+    ) -> Result<(), Self::Error>;
+
+    /// The device a (non-special) stream belongs to.
+    fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, Self::Error>;
+}
+
+/// Event operations.
+pub trait EventBackend: Backend {
+    /// Creates an event on `device` with `flags`.
+    fn create_event(&self, device: DeviceId, flags: EventFlags) -> Result<EventHandle, Self::Error>;
+
+    /// Destroys an event.
+    fn destroy_event(&self, event: EventHandle, device: DeviceId) -> Result<(), Self::Error>;
+
+    /// Captures, in `event`, the work submitted to `stream` (on `device`) so far.
+    fn record_event(
+        &self,
+        event: EventHandle,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
+
+    /// Whether the work captured by the event's last record has finished.
+    fn query_event(&self, event: EventHandle, device: DeviceId) -> Result<Completion, Self::Error>;
+
+    /// Blocks the calling thread until the work captured by the event has finished.
+    fn synchronize_event(&self, event: EventHandle, device: DeviceId) -> Result<(), Self::Error>;
+}
+
+macro_rules! forward_backend {
+    ($($ptr:ty),*) => {$(
+        impl<B: Backend + ?Sized> Backend for $ptr {
+            type Error = B::Error;
+            fn device_count(&self) -> Result<u32, Self::Error> { (**self).device_count() }
+            fn current_device(&self) -> Result<DeviceId, Self::Error> { (**self).current_device() }
+        }
+        impl<B: StreamBackend + ?Sized> StreamBackend for $ptr {
+            fn create_stream(&self, d: DeviceId, o: StreamOptions) -> Result<StreamHandle, Self::Error> {
+                (**self).create_stream(d, o)
+            }
+            fn destroy_stream(&self, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                (**self).destroy_stream(s, d)
+            }
+            fn query_stream(&self, s: StreamHandle, d: DeviceId) -> Result<Completion, Self::Error> {
+                (**self).query_stream(s, d)
+            }
+            fn synchronize_stream(&self, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                (**self).synchronize_stream(s, d)
+            }
+            fn stream_wait_event(&self, s: StreamHandle, d: DeviceId, e: EventHandle) -> Result<(), Self::Error> {
+                (**self).stream_wait_event(s, d, e)
+            }
+            fn stream_device(&self, s: StreamHandle) -> Result<DeviceId, Self::Error> {
+                (**self).stream_device(s)
+            }
+        }
+        impl<B: EventBackend + ?Sized> EventBackend for $ptr {
+            fn create_event(&self, d: DeviceId, f: EventFlags) -> Result<EventHandle, Self::Error> {
+                (**self).create_event(d, f)
+            }
+            fn destroy_event(&self, e: EventHandle, d: DeviceId) -> Result<(), Self::Error> {
+                (**self).destroy_event(e, d)
+            }
+            fn record_event(&self, e: EventHandle, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                (**self).record_event(e, s, d)
+            }
+            fn query_event(&self, e: EventHandle, d: DeviceId) -> Result<Completion, Self::Error> {
+                (**self).query_event(e, d)
+            }
+            fn synchronize_event(&self, e: EventHandle, d: DeviceId) -> Result<(), Self::Error> {
+                (**self).synchronize_event(e, d)
+            }
+        }
+    )*};
+}
+
+forward_backend!(&B, alloc::sync::Arc<B>, alloc::boxed::Box<B>);

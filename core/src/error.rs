@@ -1,0 +1,142 @@
+//! Errors: what a pool call can refuse, and the backend failure it can carry.
+
+use core::fmt;
+
+use crate::backend::DeviceId;
+
+/// The backend operation that failed, carried by [`Error::Backend`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendOp {
+    /// [`Backend::device_count`](crate::Backend::device_count).
+    DeviceCount,
+    /// [`Backend::current_device`](crate::Backend::current_device).
+    CurrentDevice,
+    /// Creating a stream.
+    CreateStream,
+    /// Destroying a stream.
+    DestroyStream,
+    /// Querying a stream.
+    QueryStream,
+    /// Synchronizing a stream.
+    SynchronizeStream,
+    /// Making a stream wait on an event.
+    StreamWaitEvent,
+    /// Asking which device a stream belongs to.
+    StreamDevice,
+    /// Creating an event.
+    CreateEvent,
+    /// Destroying an event.
+    DestroyEvent,
+    /// Recording an event.
+    RecordEvent,
+    /// Querying an event.
+    QueryEvent,
+    /// Synchronizing an event.
+    SynchronizeEvent,
+}
+
+/// Why a pool call failed. `E` is the backend's error type.
+///
+/// Every variant leaves the pool intact: nothing was taken from it or added to
+/// it, and the next call works as if the failed one had not been made.
+#[derive(Debug, PartialEq, Eq, Clone)]
+#[non_exhaustive]
+pub enum Error<E> {
+    /// The backend failed.
+    Backend {
+        /// What the pool asked the backend to do.
+        op: BackendOp,
+        /// The backend's error.
+        source: E,
+    },
+    /// The backend reports no device at all.
+    NoDevice,
+    /// The device id is not below the device count.
+    DeviceOutOfRange {
+        /// The id asked for.
+        device: DeviceId,
+        /// How many devices there are.
+        count: u32,
+    },
+    /// A stream or event was put under a device it does not belong to.
+    WrongDevice {
+        /// The device named in the call.
+        given: DeviceId,
+        /// The device the handle belongs to.
+        actual: DeviceId,
+    },
+    /// The null handle was offered where a real stream or event is needed.
+    NullHandle,
+    /// A guard of another epoch collector was passed to a pool call
+    /// (see [`StreamPool::collector`](crate::StreamPool::collector)).
+    ForeignGuard,
+}
+
+impl<E> Error<E> {
+    /// Wraps a backend error with the operation that produced it.
+    #[inline]
+    pub fn backend(op: BackendOp) -> impl FnOnce(E) -> Self {
+        move |source| Error::Backend { op, source }
+    }
+
+    /// The failed backend operation, if this is a backend error.
+    pub fn backend_op(&self) -> Option<BackendOp> {
+        match self {
+            Error::Backend { op, .. } => Some(*op),
+            _ => None,
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Backend { op, source } => write!(f, "backend call {op:?} failed: {source}"),
+            Error::NoDevice => f.write_str("no device is available"),
+            Error::DeviceOutOfRange { device, count } => {
+                write!(f, "{device} is out of range: there are {count} devices")
+            }
+            Error::WrongDevice { given, actual } => {
+                write!(f, "the handle belongs to {actual}, not to {given}")
+            }
+            Error::NullHandle => f.write_str("the null handle cannot be pooled"),
+            Error::ForeignGuard => {
+                f.write_str("the epoch guard belongs to another collector than the pool's")
+            }
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Backend { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}
+
+/// A refused hand-over: the value offered (a stream or an event) comes back to
+/// the caller, who still owns it, together with the reason.
+#[derive(Debug)]
+pub struct Rejected<T, E> {
+    /// The value that was not taken.
+    pub value: T,
+    /// Why it was not taken.
+    pub error: Error<E>,
+}
+
+impl<T, E: fmt::Display> fmt::Display for Rejected<T, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "refused: {}", self.error)
+    }
+}
+
+#[cfg(feature = "std")]
+impl<T: fmt::Debug, E: std::error::Error + 'static> std::error::Error for Rejected<T, E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}

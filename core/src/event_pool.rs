@@ -1,0 +1,494 @@
+//! [`EventPool`]: per-device pools of events, handed out as [`EventLease`]s or
+//! as reference-counted [`SharedEvent`]s.
+//!
+//! One ready list per device (a LIFO [`Stack`]). `get` pops it, or creates an
+//! event with the pool's flags; returning pushes it back with no backend call at
+//! all. A returned event may still be pending (recorded, not yet complete):
+//! recording it again is legal, and waits already issued on it keep the point
+//! they captured.
+//!
+//! Differences from DALI's `CUDAEventPool`, on purpose: lazy (the constructor
+//! makes no backend call; DALI's counts devices and throws without a GPU); RAII
+//! leases; an event is returned to *its own* device's list (DALI's `Put`
+//! without a device uses the current device); any out-of-range device is an
+//! error (DALI maps only -1 to "current" and indexes out of bounds for others).
+
+use core::fmt;
+use core::mem::ManuallyDrop;
+use core::ops::Deref;
+
+use crate::backend::{DeviceId, DeviceSelector, EventBackend, EventFlags, EventHandle};
+use crate::epoch::Pinning;
+use crate::error::{BackendOp, Error, Rejected};
+use crate::stack::Stack;
+use crate::stats::{Counters, ParkedError, PoolStats};
+use crate::sync::epoch::{self, Collector, Guard};
+use crate::sync::Arc;
+use crate::table::DeviceTable;
+
+/// An event owned by the caller, outside any pool: what [`EventLease::release`]
+/// hands out and [`EventPool::put`] takes back. Not `Clone`; dropping it
+/// neither destroys nor returns the event.
+#[must_use = "dropping an OwnedEvent leaks the event: put it back or destroy it"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct OwnedEvent {
+    /// Never null (checked by every constructor).
+    handle: EventHandle,
+    device: DeviceId,
+}
+
+impl OwnedEvent {
+    /// Takes ownership of a raw event created on `device` (CUDA cannot tell an
+    /// event's device, so the caller says it). Nothing else may use the event as
+    /// its own from now on. The null handle is refused.
+    pub fn from_raw_parts(handle: EventHandle, device: DeviceId) -> Result<Self, Error<()>> {
+        if handle.is_null() {
+            return Err(Error::NullHandle);
+        }
+        Ok(OwnedEvent { handle, device })
+    }
+
+    /// The raw handle.
+    pub fn handle(&self) -> EventHandle {
+        self.handle
+    }
+
+    /// The device the event was created on.
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    /// Gives up ownership and returns the raw handle; the caller destroys it.
+    pub fn into_raw(self) -> EventHandle {
+        self.handle
+    }
+
+    /// Destroys the event. On failure the event comes back with the error.
+    pub fn destroy<B: EventBackend>(self, backend: &B) -> Result<(), Rejected<OwnedEvent, B::Error>> {
+        match backend.destroy_event(self.handle, self.device) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(Rejected {
+                value: self,
+                error: Error::Backend {
+                    op: BackendOp::DestroyEvent,
+                    source: e,
+                },
+            }),
+        }
+    }
+}
+
+struct EventSlot {
+    ready: Stack<EventHandle>,
+    counters: Counters,
+}
+
+impl EventSlot {
+    fn new() -> Self {
+        EventSlot {
+            ready: Stack::new(),
+            counters: Counters::default(),
+        }
+    }
+}
+
+/// Per-device pools of events. See the [module documentation](self).
+///
+/// ```
+/// use gpupool_core::{EventFlags, EventPool};
+/// use gpupool_mock::MockBackend;
+///
+/// let mock = MockBackend::new(1);
+/// let pool = EventPool::new(mock.clone());                 // timing disabled
+/// assert_eq!(pool.flags(), EventFlags::DISABLE_TIMING);
+/// let e = pool.get(0).unwrap().get();                      // created, then returned
+/// assert_eq!(pool.get(0).unwrap().get(), e);               // reused
+/// let shared = pool.get_shared(0).unwrap();
+/// let again = shared.clone();
+/// drop(shared);
+/// drop(again);                                             // the last clone returns it
+/// assert_eq!(pool.live_leases(), 0);
+/// ```
+pub struct EventPool<B: EventBackend> {
+    backend: B,
+    flags: EventFlags,
+    pinning: Pinning,
+    devices: DeviceTable<EventSlot>,
+    parked: ParkedError<Error<B::Error>>,
+}
+
+impl<B: EventBackend> fmt::Debug for EventPool<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventPool")
+            .field("flags", &self.flags)
+            .field("devices", &self.devices.get().map(|t| t.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: EventBackend> EventPool<B> {
+    /// A pool of events with timing disabled, using crossbeam-epoch's global
+    /// collector. Makes no backend call.
+    #[cfg(feature = "std")]
+    pub fn new(backend: B) -> Self {
+        Self::with_flags(backend, EventFlags::default())
+    }
+
+    /// A pool of events created with `flags`.
+    #[cfg(feature = "std")]
+    pub fn with_flags(backend: B, flags: EventFlags) -> Self {
+        Self::build(backend, flags, Pinning::global())
+    }
+
+    /// A pool whose stacks use `collector` (for `no_std`; see
+    /// [`StreamPool::with_collector`](crate::StreamPool::with_collector)).
+    pub fn with_collector(backend: B, flags: EventFlags, collector: Collector) -> Self {
+        Self::build(backend, flags, Pinning::with(collector))
+    }
+
+    fn build(backend: B, flags: EventFlags, pinning: Pinning) -> Self {
+        EventPool {
+            backend,
+            flags,
+            pinning,
+            devices: DeviceTable::new(),
+            parked: ParkedError::new(),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The flags every event of this pool is created with.
+    pub fn flags(&self) -> EventFlags {
+        self.flags
+    }
+
+    /// The epoch collector the pool's stacks use.
+    pub fn collector(&self) -> &Collector {
+        self.pinning.collector()
+    }
+
+    /// Leases an event on `device`: a pooled one, or a new one.
+    #[cfg(feature = "std")]
+    pub fn get(&self, device: impl Into<DeviceSelector>) -> Result<EventLease<'_, B>, Error<B::Error>> {
+        let device = device.into();
+        self.pinning.pin(|g| self.get_in(device, g))
+    }
+
+    /// [`get`](Self::get) with a guard the caller pinned in [`collector`](Self::collector).
+    pub fn get_in(
+        &self,
+        device: impl Into<DeviceSelector>,
+        guard: &Guard,
+    ) -> Result<EventLease<'_, B>, Error<B::Error>> {
+        if !self.pinning.owns(guard) {
+            return Err(Error::ForeignGuard);
+        }
+        let (device, slot) = self.slot(device.into())?;
+        let event = match slot.ready.pop(guard) {
+            Some(e) => {
+                Counters::bump(&slot.counters.reused);
+                e
+            }
+            None => {
+                let e = self
+                    .backend
+                    .create_event(device, self.flags)
+                    .map_err(Error::backend(BackendOp::CreateEvent))?;
+                Counters::bump(&slot.counters.created);
+                e
+            }
+        };
+        Counters::bump(&slot.counters.leased);
+        Ok(EventLease {
+            pool: self,
+            event,
+            device,
+        })
+    }
+
+    /// Leases an event as a [`SharedEvent`], returned when the last clone drops.
+    #[cfg(feature = "std")]
+    pub fn get_shared(&self, device: impl Into<DeviceSelector>) -> Result<SharedEvent<'_, B>, Error<B::Error>> {
+        self.get(device).map(EventLease::share)
+    }
+
+    /// Takes an event into the pool. `device` names the device it belongs to, or
+    /// `None` for the event's own. On a wrong or out-of-range device the event
+    /// comes back in the error and the pool is unchanged. Makes no backend call
+    /// once the pool knows the device count.
+    pub fn put(&self, event: OwnedEvent, device: Option<DeviceId>) -> Result<(), Rejected<OwnedEvent, B::Error>> {
+        if let Some(given) = device {
+            if given != event.device {
+                let actual = event.device;
+                return Err(Rejected {
+                    value: event,
+                    error: Error::WrongDevice { given, actual },
+                });
+            }
+        }
+        match self.slot(DeviceSelector::Id(event.device)) {
+            Ok((_, slot)) => {
+                slot.ready.push(event.handle);
+                Ok(())
+            }
+            Err(error) => Err(Rejected { value: event, error }),
+        }
+    }
+
+    /// Destroys every pooled event. Leases that are out come back normally
+    /// later. Returns how many were destroyed; the first failure is returned
+    /// after the others were tried, later ones are parked.
+    #[cfg(feature = "std")]
+    pub fn purge(&self) -> Result<usize, Error<B::Error>> {
+        self.pinning.pin(|g| self.purge_in(g))
+    }
+
+    /// [`purge`](Self::purge) with a guard the caller pinned in [`collector`](Self::collector).
+    pub fn purge_in(&self, guard: &Guard) -> Result<usize, Error<B::Error>> {
+        if !self.pinning.owns(guard) {
+            return Err(Error::ForeignGuard);
+        }
+        let mut first_error = None;
+        let mut destroyed = 0;
+        for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
+            let device = DeviceId(i as u32);
+            for e in slot.ready.drain(guard) {
+                match self.backend.destroy_event(e, device) {
+                    Ok(()) => {
+                        destroyed += 1;
+                        Counters::bump(&slot.counters.destroyed);
+                    }
+                    Err(source) => {
+                        let e = Error::Backend {
+                            op: BackendOp::DestroyEvent,
+                            source,
+                        };
+                        if first_error.is_none() {
+                            first_error = Some(e);
+                        } else {
+                            self.parked.park(e);
+                        }
+                    }
+                }
+            }
+        }
+        match first_error {
+            None => Ok(destroyed),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Tallies for one device, or `None` before first use or out of range.
+    pub fn stats(&self, device: DeviceId) -> Option<PoolStats> {
+        self.devices
+            .get()
+            .and_then(|t| t.get(device.index()))
+            .map(|s| s.counters.snapshot())
+    }
+
+    /// Tallies summed over all devices.
+    pub fn total_stats(&self) -> PoolStats {
+        self.devices
+            .get()
+            .unwrap_or(&[])
+            .iter()
+            .fold(PoolStats::default(), |acc, s| acc + s.counters.snapshot())
+    }
+
+    /// Leases out right now, over all devices.
+    pub fn live_leases(&self) -> usize {
+        self.total_stats().live_leases
+    }
+
+    /// The number of devices, once the pool has asked the backend.
+    pub fn device_count(&self) -> Option<usize> {
+        self.devices.get().map(|t| t.len())
+    }
+
+    /// Takes the first error met where none could be returned, if any.
+    pub fn take_error(&self) -> Option<Error<B::Error>> {
+        self.parked.take()
+    }
+
+    /// Runs `f` with the calling thread pinned in the pool's collector.
+    #[cfg(feature = "std")]
+    pub(crate) fn pin<R>(&self, f: impl FnOnce(&Guard) -> R) -> R {
+        self.pinning.pin(f)
+    }
+
+    /// Parks an error met where it could not be returned.
+    pub(crate) fn park(&self, e: Error<B::Error>) {
+        self.parked.park(e)
+    }
+
+    fn slot(&self, device: DeviceSelector) -> Result<(DeviceId, &EventSlot), Error<B::Error>> {
+        let table = self
+            .devices
+            .get_or_try_init(
+                || {
+                    self.backend
+                        .device_count()
+                        .map_err(Error::backend(BackendOp::DeviceCount))
+                },
+                EventSlot::new,
+            )?
+            .ok_or(Error::NoDevice)?;
+        let device = match device {
+            DeviceSelector::Id(d) => d,
+            DeviceSelector::Current => self
+                .backend
+                .current_device()
+                .map_err(Error::backend(BackendOp::CurrentDevice))?,
+        };
+        match table.get(device.index()) {
+            Some(slot) => Ok((device, slot)),
+            None => Err(Error::DeviceOutOfRange {
+                device,
+                count: table.len() as u32,
+            }),
+        }
+    }
+
+    fn leased_slot(&self, device: DeviceId) -> Option<&EventSlot> {
+        self.devices.get().and_then(|t| t.get(device.index()))
+    }
+}
+
+impl<B: EventBackend> Drop for EventPool<B> {
+    fn drop(&mut self) {
+        if let Some(table) = self.devices.take() {
+            // SAFETY: `&mut self` excludes every concurrent reader of the stacks,
+            // so their nodes may be freed at once.
+            let guard = unsafe { epoch::unprotected() };
+            for (i, slot) in table.iter().enumerate() {
+                for e in slot.ready.drain(guard) {
+                    let _ = self.backend.destroy_event(e, DeviceId(i as u32));
+                }
+            }
+        }
+    }
+}
+
+/// An exclusive lease of a pooled event; returns it to its pool when dropped.
+#[must_use = "dropping a lease returns the event at once"]
+pub struct EventLease<'p, B: EventBackend> {
+    pool: &'p EventPool<B>,
+    event: EventHandle,
+    device: DeviceId,
+}
+
+impl<B: EventBackend> fmt::Debug for EventLease<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventLease")
+            .field("event", &self.event)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl<'p, B: EventBackend> EventLease<'p, B> {
+    /// The raw event handle.
+    #[inline]
+    pub fn get(&self) -> EventHandle {
+        self.event
+    }
+
+    /// The device the event belongs to.
+    #[inline]
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    /// The pool the event returns to.
+    #[inline]
+    pub fn pool(&self) -> &'p EventPool<B> {
+        self.pool
+    }
+
+    /// Ends the lease without returning the event: the caller owns it now.
+    pub fn release(self) -> OwnedEvent {
+        let this = ManuallyDrop::new(self);
+        if let Some(slot) = this.pool.leased_slot(this.device) {
+            Counters::bump(&slot.counters.returned);
+        }
+        OwnedEvent {
+            handle: this.event,
+            device: this.device,
+        }
+    }
+
+    /// Destroys the event instead of returning it (after a failed record, say).
+    /// If the destroy fails, the event goes back to the pool after all, so it is
+    /// not lost, and the error is returned.
+    pub fn discard(self) -> Result<(), Error<B::Error>> {
+        let this = ManuallyDrop::new(self);
+        let slot = this.pool.leased_slot(this.device);
+        if let Some(slot) = slot {
+            Counters::bump(&slot.counters.returned);
+        }
+        match this.pool.backend.destroy_event(this.event, this.device) {
+            Ok(()) => {
+                if let Some(slot) = slot {
+                    Counters::bump(&slot.counters.destroyed);
+                }
+                Ok(())
+            }
+            Err(source) => {
+                if let Some(slot) = slot {
+                    slot.ready.push(this.event);
+                }
+                Err(Error::Backend {
+                    op: BackendOp::DestroyEvent,
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Turns the lease into a reference-counted [`SharedEvent`].
+    pub fn share(self) -> SharedEvent<'p, B> {
+        SharedEvent {
+            lease: Arc::new(self),
+        }
+    }
+}
+
+impl<B: EventBackend> Drop for EventLease<'_, B> {
+    fn drop(&mut self) {
+        if let Some(slot) = self.pool.leased_slot(self.device) {
+            Counters::bump(&slot.counters.returned);
+            slot.ready.push(self.event);
+        }
+    }
+}
+
+/// A reference-counted event lease: clones share one event, which returns to
+/// its pool when the last clone drops (DALI's `CUDASharedEvent`).
+pub struct SharedEvent<'p, B: EventBackend> {
+    lease: Arc<EventLease<'p, B>>,
+}
+
+impl<B: EventBackend> Clone for SharedEvent<'_, B> {
+    fn clone(&self) -> Self {
+        SharedEvent {
+            lease: self.lease.clone(),
+        }
+    }
+}
+
+impl<B: EventBackend> fmt::Debug for SharedEvent<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SharedEvent").field(&*self.lease).finish()
+    }
+}
+
+impl<'p, B: EventBackend> Deref for SharedEvent<'p, B> {
+    type Target = EventLease<'p, B>;
+    fn deref(&self) -> &EventLease<'p, B> {
+        &self.lease
+    }
+}

@@ -1,0 +1,385 @@
+//! Lock-free stacks: [`Stack`], a Treiber stack with single-item pop protected by
+//! crossbeam-epoch, and [`Bag`], a push-and-take-all stack that needs no epoch.
+//!
+//! Both link the same heap [`Node`]s, so a node can move from a [`Bag`] into a
+//! [`Stack`] without reallocating.
+//!
+//! # The ABA argument
+//!
+//! A Treiber pop reads `head`, reads `head.next`, then swings `head` from the
+//! node to `next` with a CAS. The CAS is wrong if, between the read of `next`
+//! and the CAS, the node was popped, something else changed, and the same node
+//! came back to the top (A-B-A): the CAS then installs a stale `next`.
+//!
+//! | popper P                        | others                                   |
+//! |---------------------------------|------------------------------------------|
+//! | reads head = A, next = B        |                                          |
+//! |                                 | pop A; pop B (B leased out); push A      |
+//! | CAS(head: A -> B) succeeds      |                                          |
+//! | B is in the stack *and* leased  |                                          |
+//!
+//! `Stack` rules this out with two facts that hold together:
+//! 1. A node enters a `Stack` at most once in its life: [`Stack::pop`] and
+//!    [`Stack::drain`] hand the node to [`Guard::defer_destroy`] and never
+//!    re-link it, and nodes pushed into a `Stack` are either new or come from a
+//!    [`Bag`], whose nodes no `Stack` popper can reference.
+//! 2. A node's memory is freed only after every thread that was pinned when it
+//!    left the stack has unpinned (crossbeam-epoch), so P's pointer A cannot be
+//!    recycled into a new node either.
+//!
+//! So once A leaves the stack, `head` never holds A again while P is pinned, and
+//! P's CAS fails.
+//!
+//! `Bag` has no single-item pop: it is only ever pushed to (a CAS that reads no
+//! other node) and emptied whole (one `swap`). Nobody dereferences a node that
+//! is in a `Bag` except through an emptied chain it owns exclusively, so there is
+//! no stale reader and no ABA, and its nodes may be re-linked at once.
+
+use alloc::boxed::Box;
+use core::mem::ManuallyDrop;
+use core::ptr;
+
+use crate::sync::epoch::{Guard, Shared};
+use crate::sync::{AtomicPtr, Ordering};
+
+/// One stack entry. Allocated with `Box`, so that
+/// [`Guard::defer_destroy`] (which frees through `Owned`, a `Box`) can free it.
+pub(crate) struct Node<T> {
+    /// The item. Read out exactly once, by whoever unlinks the node; the node's
+    /// drop never drops it.
+    value: ManuallyDrop<T>,
+    /// The node below this one. Written only while the node is private (before
+    /// a push publishes it, or while it sits in a chain taken from a `Bag`); read
+    /// by `Stack` poppers, which is why it is atomic.
+    next: AtomicPtr<Node<T>>,
+}
+
+impl<T> Node<T> {
+    fn alloc(value: T) -> *mut Node<T> {
+        Box::into_raw(Box::new(Node {
+            value: ManuallyDrop::new(value),
+            next: AtomicPtr::new(ptr::null_mut()),
+        }))
+    }
+}
+
+/// A Treiber stack: push, pop, drain; LIFO.
+pub(crate) struct Stack<T> {
+    /// The top node, or null. Every write to it is a read-modify-write (CAS or
+    /// swap), so each push's `Release` heads a release sequence that every later
+    /// `Acquire` load of `head` synchronises with.
+    head: AtomicPtr<Node<T>>,
+}
+
+// SAFETY: the stack owns the `T`s it holds and hands each out to exactly one
+// thread (the one whose CAS or swap unlinked it), so it is `Send`/`Sync` when `T`
+// can be sent between threads.
+unsafe impl<T: Send> Send for Stack<T> {}
+// SAFETY: see above; `&Stack` only moves `T`s in and out, it never shares a `&T`.
+unsafe impl<T: Send> Sync for Stack<T> {}
+
+impl<T> Stack<T> {
+    /// An empty stack.
+    pub(crate) fn new() -> Self {
+        Stack {
+            head: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// Pushes `value` in a new node.
+    pub(crate) fn push(&self, value: T) {
+        let node = Node::alloc(value);
+        // SAFETY: `node` was just allocated and is private to this call.
+        unsafe { self.push_node(node) };
+    }
+
+    /// Links a private node on top.
+    ///
+    /// # Safety
+    /// `node` is a live `Box`-allocated node that no other thread can reach, and
+    /// it has never been linked into any `Stack` (fact 1 of the module's ABA
+    /// argument): it is new, or it comes from a [`Chain`].
+    unsafe fn push_node(&self, node: *mut Node<T>) {
+        // Relaxed: the value we read is only stored into `node.next`; no node is
+        // dereferenced on its strength.
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: `node` is private until the CAS below publishes it.
+            unsafe { (*node).next.store(head, Ordering::Relaxed) };
+            // Release on success: publishes `node.value` and `node.next` to the
+            // popper whose Acquire load sees `node`. A push reads no other node,
+            // so it has no ABA hazard: if `head` is `head` again, `node.next`
+            // is right whatever happened in between. Relaxed on failure: we
+            // only retry with the new head.
+            match self.head.compare_exchange_weak(
+                head,
+                node,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Pops the top item, if any.
+    ///
+    /// `guard` must be pinned in the collector every other user of this stack
+    /// pins (the pools check this); it keeps the node we read alive until we are
+    /// done with it.
+    pub(crate) fn pop(&self, guard: &Guard) -> Option<T> {
+        // Acquire: synchronises with the Release of the push that published the
+        // node (through the release sequence: every later write is an RMW), so
+        // its `value` and `next` are visible.
+        let mut head = self.head.load(Ordering::Acquire);
+        loop {
+            if head.is_null() {
+                return None;
+            }
+            // SAFETY: `head` was read from the stack while `guard` is pinned; a
+            // node is freed only through `defer_destroy`, after every guard pinned
+            // before its removal is gone, so it is still allocated.
+            let next = unsafe { (*head).next.load(Ordering::Relaxed) };
+            // The CAS succeeds only if `head` is still the top. By the module's
+            // ABA argument the top cannot have left and come back while we are
+            // pinned, so `next` is still its successor. Acquire on both outcomes:
+            // on failure we dereference the new head in the next round.
+            match self
+                .head
+                .compare_exchange_weak(head, next, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    // SAFETY: the successful CAS unlinked `head`, so this thread is
+                    // the only one that reads its value (stale poppers only read
+                    // `next`, and their CAS will fail). The node is then retired
+                    // through the epoch: stale poppers may still read its `next`.
+                    unsafe {
+                        let value = ptr::read(&*(*head).value);
+                        guard.defer_destroy(Shared::from(head as *const Node<T>));
+                        return Some(value);
+                    }
+                }
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Takes every item at once, top first, retiring the nodes through `guard`.
+    pub(crate) fn drain(&self, guard: &Guard) -> alloc::vec::Vec<T> {
+        // Acquire: as in `pop`, to see the values of every node we took. The swap
+        // is one atomic step, so no other thread can take any of these items.
+        let mut node = self.head.swap(ptr::null_mut(), Ordering::Acquire);
+        let mut out = alloc::vec::Vec::new();
+        while !node.is_null() {
+            // SAFETY: the swap made this chain ours; nodes are alive (retired only
+            // below, through the epoch) and their values are read once, here.
+            // Stale poppers may still read `next`, so the nodes are retired
+            // through `defer_destroy`, never freed or re-linked directly.
+            unsafe {
+                let next = (*node).next.load(Ordering::Relaxed);
+                out.push(ptr::read(&*(*node).value));
+                guard.defer_destroy(Shared::from(node as *const Node<T>));
+                node = next;
+            }
+        }
+        out
+    }
+
+    /// Moves the first node of `chain` on top of this stack, without reallocating.
+    pub(crate) fn push_from(&self, chain: &mut Chain<T>) -> bool {
+        match chain.unlink_first() {
+            Some(node) => {
+                // SAFETY: `node` came from a `Bag` chain, so no `Stack` popper can
+                // hold a reference to it, and the chain gave up ownership of it.
+                unsafe { self.push_node(node) };
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl<T> Drop for Stack<T> {
+    fn drop(&mut self) {
+        // `&mut self`: no other thread can be inside a method, so the nodes can be
+        // freed at once (nodes retired earlier are the epoch's; these never were).
+        let first = self.head.swap(ptr::null_mut(), Ordering::Acquire);
+        drop(Chain { first });
+    }
+}
+
+/// A push-and-take-all stack. Its nodes are never reachable by a `Stack` popper,
+/// so they need no epoch protection.
+pub(crate) struct Bag<T> {
+    /// The top node, or null. Written only by RMWs (push CAS, take swap).
+    head: AtomicPtr<Node<T>>,
+}
+
+// SAFETY: as for `Stack`: each item is handed to exactly one thread.
+unsafe impl<T: Send> Send for Bag<T> {}
+// SAFETY: as for `Stack`.
+unsafe impl<T: Send> Sync for Bag<T> {}
+
+impl<T> Bag<T> {
+    /// An empty bag.
+    pub(crate) fn new() -> Self {
+        Bag {
+            head: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    /// Whether the bag looked empty at the moment of the load.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        // Relaxed: a hint only.
+        self.head.load(Ordering::Relaxed).is_null()
+    }
+
+    /// Pushes `value` in a new node.
+    pub(crate) fn push(&self, value: T) {
+        let node = Node::alloc(value);
+        self.splice(node, node);
+    }
+
+    /// Takes every item at once, as a chain in top-first order.
+    pub(crate) fn take_all(&self) -> Chain<T> {
+        // Acquire: synchronises with every push's Release (all writes are RMWs),
+        // so the chain's values and links are visible. One swap: no other thread
+        // can take any node of this chain, and no other thread reads its nodes.
+        Chain {
+            first: self.head.swap(ptr::null_mut(), Ordering::Acquire),
+        }
+    }
+
+    /// Puts every node of `chain` back on top, in the chain's order.
+    pub(crate) fn put_back(&self, chain: Chain<T>) {
+        let first = chain.first;
+        core::mem::forget(chain);
+        if first.is_null() {
+            return;
+        }
+        let mut last = first;
+        // SAFETY: the chain is ours until the splice publishes it.
+        unsafe {
+            loop {
+                let next = (*last).next.load(Ordering::Relaxed);
+                if next.is_null() {
+                    break;
+                }
+                last = next;
+            }
+        }
+        self.splice(first, last);
+    }
+
+    /// Links the private chain `first..=last` on top.
+    fn splice(&self, first: *mut Node<T>, last: *mut Node<T>) {
+        // Relaxed: only stored into `last.next`.
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: the chain is private until the CAS publishes it.
+            unsafe { (*last).next.store(head, Ordering::Relaxed) };
+            // Release: publishes the chain's values and links to the Acquire swap
+            // of the next `take_all`. No ABA: a push reads no other node.
+            match self.head.compare_exchange_weak(
+                head,
+                first,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+}
+
+impl<T> Drop for Bag<T> {
+    fn drop(&mut self) {
+        // Exclusive access: free the nodes and their items.
+        drop(self.take_all());
+    }
+}
+
+/// A chain of nodes taken from a [`Bag`], owned by one thread.
+pub(crate) struct Chain<T> {
+    /// The first node, or null. Invariant: every node reachable from `first` is
+    /// owned by this chain alone.
+    first: *mut Node<T>,
+}
+
+// SAFETY: the chain owns its nodes exclusively; sending it sends the `T`s.
+unsafe impl<T: Send> Send for Chain<T> {}
+
+impl<T> Chain<T> {
+    /// An empty chain.
+    pub(crate) fn empty() -> Self {
+        Chain {
+            first: ptr::null_mut(),
+        }
+    }
+
+    /// Reverses the chain in place (top-first becomes oldest-first).
+    pub(crate) fn reverse(&mut self) {
+        let mut prev: *mut Node<T> = ptr::null_mut();
+        let mut node = self.first;
+        while !node.is_null() {
+            // SAFETY: nodes of the chain are ours (invariant on `first`).
+            unsafe {
+                let next = (*node).next.load(Ordering::Relaxed);
+                (*node).next.store(prev, Ordering::Relaxed);
+                prev = node;
+                node = next;
+            }
+        }
+        self.first = prev;
+    }
+
+    /// A reference to the first item.
+    pub(crate) fn first(&self) -> Option<&T> {
+        // SAFETY: the node is ours and alive while `self` is borrowed.
+        unsafe { self.first.as_ref().map(|n| &*n.value) }
+    }
+
+    /// Removes the first node and returns its item.
+    pub(crate) fn pop_first(&mut self) -> Option<T> {
+        self.unlink_first().map(|node| {
+            // SAFETY: the node is ours alone (never published since `take_all`);
+            // its value is read once and the box freed once.
+            let boxed = unsafe { Box::from_raw(node) };
+            ManuallyDrop::into_inner(boxed.value)
+        })
+    }
+
+    /// Detaches the first node, keeping it allocated, and hands it over.
+    fn unlink_first(&mut self) -> Option<*mut Node<T>> {
+        let node = self.first;
+        if node.is_null() {
+            return None;
+        }
+        // SAFETY: the node is ours (invariant on `first`).
+        self.first = unsafe { (*node).next.load(Ordering::Relaxed) };
+        Some(node)
+    }
+
+    /// Moves the first node of `self` to the front of `other`.
+    pub(crate) fn move_first_to(&mut self, other: &mut Chain<T>) -> bool {
+        match self.unlink_first() {
+            Some(node) => {
+                // SAFETY: the node is ours; it becomes `other`'s first node.
+                unsafe { (*node).next.store(other.first, Ordering::Relaxed) };
+                other.first = node;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl<T> Drop for Chain<T> {
+    fn drop(&mut self) {
+        // Frees the nodes and drops the items still in them.
+        while self.pop_first().is_some() {}
+    }
+}

@@ -1,0 +1,153 @@
+//! Counters the pools keep per device, and the slot where errors met during a
+//! `Drop` are parked until someone asks for them.
+//!
+//! Counters are relaxed atomics: each is an independent tally, read only as a
+//! snapshot, never used to decide anything, so no ordering is needed.
+
+use alloc::boxed::Box;
+use core::ptr;
+
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
+
+/// One device's tallies inside a pool.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) created: AtomicUsize,
+    pub(crate) reused: AtomicUsize,
+    pub(crate) busy_hits: AtomicUsize,
+    pub(crate) promoted: AtomicUsize,
+    pub(crate) destroyed: AtomicUsize,
+    pub(crate) leased: AtomicUsize,
+    pub(crate) returned: AtomicUsize,
+}
+
+impl Counters {
+    #[inline]
+    pub(crate) fn bump(c: &AtomicUsize) {
+        // Relaxed: an independent tally (module doc).
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub(crate) fn add(c: &AtomicUsize, n: usize) {
+        // Relaxed: an independent tally (module doc).
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> PoolStats {
+        // Relaxed: a snapshot of independent tallies (module doc).
+        let r = |c: &AtomicUsize| c.load(Ordering::Relaxed);
+        let leased = r(&self.leased);
+        let returned = r(&self.returned);
+        PoolStats {
+            created: r(&self.created),
+            reused: r(&self.reused),
+            busy_hits: r(&self.busy_hits),
+            promoted: r(&self.promoted),
+            destroyed: r(&self.destroyed),
+            leases: leased,
+            // Read separately, so a lease returned between the two loads can make
+            // `returned` look ahead for an instant.
+            live_leases: leased.saturating_sub(returned),
+        }
+    }
+}
+
+/// A snapshot of a pool's tallies, for one device or summed over all.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Handles the pool asked the backend to create.
+    pub created: usize,
+    /// Leases served from the ready list, without a backend call.
+    pub reused: usize,
+    /// Leases served by finding a finished stream in the busy list (stream pool).
+    pub busy_hits: usize,
+    /// Finished busy streams moved to the ready list by a scan (stream pool).
+    pub promoted: usize,
+    /// Handles the pool destroyed (purge, drop, or a failure on return).
+    pub destroyed: usize,
+    /// Leases handed out in total.
+    pub leases: usize,
+    /// Leases out right now (handed out and not yet returned or released).
+    pub live_leases: usize,
+}
+
+impl core::ops::Add for PoolStats {
+    type Output = PoolStats;
+    fn add(self, o: PoolStats) -> PoolStats {
+        PoolStats {
+            created: self.created + o.created,
+            reused: self.reused + o.reused,
+            busy_hits: self.busy_hits + o.busy_hits,
+            promoted: self.promoted + o.promoted,
+            destroyed: self.destroyed + o.destroyed,
+            leases: self.leases + o.leases,
+            live_leases: self.live_leases + o.live_leases,
+        }
+    }
+}
+
+/// Holds the first error met where it could not be returned (in a `Drop`),
+/// until [`take`](ParkedError::take) collects it; later ones are counted.
+pub(crate) struct ParkedError<E> {
+    /// Null, or a `Box<E>` owned by this slot.
+    slot: AtomicPtr<E>,
+    /// Errors met while the slot was full.
+    dropped: AtomicUsize,
+}
+
+// SAFETY: the slot owns at most one `E` and moves it to whoever takes it.
+unsafe impl<E: Send> Send for ParkedError<E> {}
+// SAFETY: `&ParkedError` only moves `E`s in and out; it never shares a `&E`.
+unsafe impl<E: Send> Sync for ParkedError<E> {}
+
+impl<E> ParkedError<E> {
+    pub(crate) fn new() -> Self {
+        ParkedError {
+            slot: AtomicPtr::new(ptr::null_mut()),
+            dropped: AtomicUsize::new(0),
+        }
+    }
+
+    /// Parks `e` if the slot is empty; otherwise counts it and drops it.
+    pub(crate) fn park(&self, e: E) {
+        let p = Box::into_raw(Box::new(e));
+        // AcqRel: Release publishes the boxed error to the taker's Acquire swap.
+        match self
+            .slot
+            .compare_exchange(ptr::null_mut(), p, Ordering::AcqRel, Ordering::Relaxed)
+        {
+            Ok(_) => {}
+            Err(_) => {
+                // SAFETY: `p` was never published; we still own it.
+                drop(unsafe { Box::from_raw(p) });
+                // Relaxed: an independent tally.
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Takes the parked error, if any.
+    pub(crate) fn take(&self) -> Option<E> {
+        // Acquire: synchronises with the parking CAS, so the error is visible.
+        let p = self.slot.swap(ptr::null_mut(), Ordering::Acquire);
+        if p.is_null() {
+            None
+        } else {
+            // SAFETY: the swap gave us sole ownership of the published box.
+            Some(*unsafe { Box::from_raw(p) })
+        }
+    }
+
+    /// How many errors were met while one was already parked.
+    pub(crate) fn dropped(&self) -> usize {
+        // Relaxed: an independent tally.
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl<E> Drop for ParkedError<E> {
+    fn drop(&mut self) {
+        drop(self.take());
+    }
+}

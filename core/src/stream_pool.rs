@@ -1,0 +1,637 @@
+//! [`StreamPool`]: per-device pools of streams, handed out as exclusive
+//! [`StreamLease`]s.
+//!
+//! Each device has a *ready* list (streams known to be idle; a LIFO [`Stack`])
+//! and a *busy* list (streams returned with work still pending; a [`Bag`]).
+//!
+//! - `get` pops the ready list. Only when it is empty does it scan the busy list,
+//!   oldest first, querying at most [`StreamPoolConfig::scan_limit`] streams; the
+//!   first finished one is leased, and the finished ones right after it are
+//!   *promoted* to the ready list (up to [`StreamPoolConfig::promote_limit`],
+//!   stopping at the first pending one), so they are never queried again. When
+//!   nothing is free, a new non-blocking stream is created.
+//! - Returning a stream queries it once: idle goes to the ready list, pending to
+//!   the busy list.
+//!
+//! Differences from DALI's `CUDAStreamPool`, on purpose: no lock; typed errors
+//! for out-of-range and mismatched devices and null handles; the busy list is
+//! scanned oldest first (the stream returned most recently is the one most
+//! likely still busy) and finished streams are promoted; a lease borrows its
+//! pool; `Drop` never panics (an error there is parked, see
+//! [`StreamPool::take_error`]).
+
+use core::fmt;
+use core::mem::ManuallyDrop;
+
+use crate::backend::{
+    Completion, DeviceId, DeviceSelector, StreamBackend, StreamHandle, StreamOptions,
+};
+use crate::epoch::Pinning;
+use crate::error::{BackendOp, Error, Rejected};
+use crate::order::AccessOrder;
+use crate::stack::{Bag, Chain, Stack};
+use crate::stats::{Counters, ParkedError, PoolStats};
+use crate::sync::epoch::{self, Collector, Guard};
+use crate::table::DeviceTable;
+
+/// How a [`StreamPool`] creates streams and scans its busy list.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct StreamPoolConfig {
+    /// Options for the streams the pool creates.
+    pub stream: StreamOptions,
+    /// At most this many busy streams are queried in search of a finished one
+    /// before `get` gives up and creates a new stream. Bounds the driver calls a
+    /// `get` can make. At least 1.
+    pub scan_limit: usize,
+    /// After a scan finds a finished stream, at most this many of the streams
+    /// after it are queried and, while they are finished, moved to the ready list.
+    pub promote_limit: usize,
+}
+
+impl Default for StreamPoolConfig {
+    fn default() -> Self {
+        StreamPoolConfig {
+            stream: StreamOptions::default(),
+            scan_limit: 16,
+            promote_limit: 8,
+        }
+    }
+}
+
+/// A stream owned by the caller, outside any pool: what
+/// [`StreamLease::release`] hands out and [`StreamPool::put`] takes back.
+///
+/// It is not `Clone`, so one stream cannot be put into a pool twice through it.
+/// Dropping it neither destroys the stream nor returns it: pass it to
+/// [`StreamPool::put`] or [`OwnedStream::destroy`].
+#[must_use = "dropping an OwnedStream leaks the stream: put it back or destroy it"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct OwnedStream {
+    /// Never null (checked by every constructor).
+    handle: StreamHandle,
+    device: DeviceId,
+}
+
+impl OwnedStream {
+    /// Takes ownership of a raw stream that belongs to `device`.
+    ///
+    /// The caller hands over the stream: nothing else may use it as its own from
+    /// now on (a pool would otherwise lease it to two users). The null handle is
+    /// refused.
+    pub fn from_raw_parts(handle: StreamHandle, device: DeviceId) -> Result<Self, Error<()>> {
+        if handle.is_null() {
+            return Err(Error::NullHandle);
+        }
+        Ok(OwnedStream { handle, device })
+    }
+
+    /// Takes ownership of a raw stream, asking the backend which device it
+    /// belongs to. The null handle and the other special streams are refused.
+    pub fn adopt<B: StreamBackend>(backend: &B, handle: StreamHandle) -> Result<Self, Error<B::Error>> {
+        if handle.is_special() {
+            return Err(Error::NullHandle);
+        }
+        let device = backend
+            .stream_device(handle)
+            .map_err(Error::backend(BackendOp::StreamDevice))?;
+        Ok(OwnedStream { handle, device })
+    }
+
+    /// The raw handle.
+    pub fn handle(&self) -> StreamHandle {
+        self.handle
+    }
+
+    /// The device the stream belongs to.
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    /// Gives up ownership and returns the raw handle; the caller destroys it.
+    pub fn into_raw(self) -> StreamHandle {
+        self.handle
+    }
+
+    /// Destroys the stream. On failure the stream comes back with the error.
+    pub fn destroy<B: StreamBackend>(self, backend: &B) -> Result<(), Rejected<OwnedStream, B::Error>> {
+        match backend.destroy_stream(self.handle, self.device) {
+            Ok(()) => Ok(()),
+            Err(e) => Err(Rejected {
+                value: self,
+                error: Error::Backend {
+                    op: BackendOp::DestroyStream,
+                    source: e,
+                },
+            }),
+        }
+    }
+}
+
+/// One device's lists.
+struct StreamSlot {
+    /// Streams known idle when they were returned. LIFO.
+    ready: Stack<StreamHandle>,
+    /// Streams returned with work pending. Never popped one at a time.
+    busy: Bag<StreamHandle>,
+    counters: Counters,
+}
+
+impl StreamSlot {
+    fn new() -> Self {
+        StreamSlot {
+            ready: Stack::new(),
+            busy: Bag::new(),
+            counters: Counters::default(),
+        }
+    }
+}
+
+/// Per-device pools of streams. See the [module documentation](self).
+///
+/// ```
+/// use gpupool_core::{DeviceId, StreamPool};
+/// use gpupool_mock::MockBackend;
+///
+/// let mock = MockBackend::new(2);
+/// let pool = StreamPool::new(mock.clone()); // no backend call yet
+/// let a = pool.get(1).unwrap();              // a new stream on device 1
+/// let s = a.get();
+/// drop(a);                                   // idle: back to device 1's ready list
+/// let b = pool.get(1).unwrap();
+/// assert_eq!(b.get(), s);                    // reused, LIFO
+/// assert_eq!(pool.stats(DeviceId(1)).unwrap().reused, 1);
+/// ```
+pub struct StreamPool<B: StreamBackend> {
+    backend: B,
+    config: StreamPoolConfig,
+    pinning: Pinning,
+    devices: DeviceTable<StreamSlot>,
+    parked: ParkedError<Error<B::Error>>,
+}
+
+impl<B: StreamBackend> fmt::Debug for StreamPool<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamPool")
+            .field("config", &self.config)
+            .field("devices", &self.devices.get().map(|t| t.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: StreamBackend> StreamPool<B> {
+    /// A pool over `backend` with the default configuration, using
+    /// crossbeam-epoch's global collector. Makes no backend call.
+    #[cfg(feature = "std")]
+    pub fn new(backend: B) -> Self {
+        Self::build(backend, StreamPoolConfig::default(), Pinning::global())
+    }
+
+    /// A pool with `config`, using crossbeam-epoch's global collector.
+    #[cfg(feature = "std")]
+    pub fn with_config(backend: B, config: StreamPoolConfig) -> Self {
+        Self::build(backend, config, Pinning::global())
+    }
+
+    /// A pool whose stacks use `collector`: the constructor for `no_std`, where
+    /// each worker registers once with [`StreamPool::collector`] and passes its
+    /// guard to the `*_in` calls.
+    pub fn with_collector(backend: B, config: StreamPoolConfig, collector: Collector) -> Self {
+        Self::build(backend, config, Pinning::with(collector))
+    }
+
+    fn build(backend: B, mut config: StreamPoolConfig, pinning: Pinning) -> Self {
+        config.scan_limit = config.scan_limit.max(1);
+        StreamPool {
+            backend,
+            config,
+            pinning,
+            devices: DeviceTable::new(),
+            parked: ParkedError::new(),
+        }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StreamPoolConfig {
+        &self.config
+    }
+
+    /// The epoch collector the pool's stacks use; guards passed to the `*_in`
+    /// calls must be pinned in it.
+    pub fn collector(&self) -> &Collector {
+        self.pinning.collector()
+    }
+
+    /// Leases a stream on `device` (see the [module documentation](self)).
+    #[cfg(feature = "std")]
+    pub fn get(&self, device: impl Into<DeviceSelector>) -> Result<StreamLease<'_, B>, Error<B::Error>> {
+        let device = device.into();
+        self.pinning.pin(|g| self.get_in(device, g))
+    }
+
+    /// [`get`](Self::get) with a guard the caller pinned in [`collector`](Self::collector).
+    pub fn get_in(
+        &self,
+        device: impl Into<DeviceSelector>,
+        guard: &Guard,
+    ) -> Result<StreamLease<'_, B>, Error<B::Error>> {
+        if !self.pinning.owns(guard) {
+            return Err(Error::ForeignGuard);
+        }
+        let (device, slot) = self.slot(device.into())?;
+        let stream = if let Some(s) = slot.ready.pop(guard) {
+            Counters::bump(&slot.counters.reused);
+            s
+        } else if let Some(s) = self.scan_busy(device, slot)? {
+            Counters::bump(&slot.counters.busy_hits);
+            s
+        } else {
+            let s = self
+                .backend
+                .create_stream(device, self.config.stream)
+                .map_err(Error::backend(BackendOp::CreateStream))?;
+            Counters::bump(&slot.counters.created);
+            s
+        };
+        Counters::bump(&slot.counters.leased);
+        Ok(StreamLease {
+            pool: self,
+            stream,
+            device,
+        })
+    }
+
+    /// Takes a stream into the pool. `device` names the device it belongs to, or
+    /// `None` for the stream's own. The stream is queried once: idle goes to the
+    /// ready list, pending to the busy list.
+    ///
+    /// On a wrong or out-of-range device or a failed query the stream comes back
+    /// in the error, still the caller's, and the pool is unchanged.
+    pub fn put(
+        &self,
+        stream: OwnedStream,
+        device: Option<DeviceId>,
+    ) -> Result<(), Rejected<OwnedStream, B::Error>> {
+        if let Some(given) = device {
+            if given != stream.device {
+                let actual = stream.device;
+                return Err(Rejected {
+                    value: stream,
+                    error: Error::WrongDevice { given, actual },
+                });
+            }
+        }
+        let slot = match self.slot(DeviceSelector::Id(stream.device)) {
+            Ok((_, slot)) => slot,
+            Err(error) => return Err(Rejected { value: stream, error }),
+        };
+        match self.backend.query_stream(stream.handle, stream.device) {
+            Ok(Completion::Complete) => slot.ready.push(stream.handle),
+            Ok(Completion::Pending) => slot.busy.push(stream.handle),
+            Err(e) => {
+                return Err(Rejected {
+                    value: stream,
+                    error: Error::Backend {
+                        op: BackendOp::QueryStream,
+                        source: e,
+                    },
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Destroys every stream in the pool, ready or busy (CUDA lets pending work
+    /// finish). Leases that are out are untouched and come back normally later;
+    /// so does a stream another thread's `get` is scanning at this moment.
+    ///
+    /// Returns how many streams were destroyed. A failed destroy does not stop
+    /// the purge: the first error is returned, later ones are parked.
+    #[cfg(feature = "std")]
+    pub fn purge(&self) -> Result<usize, Error<B::Error>> {
+        self.pinning.pin(|g| self.purge_in(g))
+    }
+
+    /// [`purge`](Self::purge) with a guard the caller pinned in [`collector`](Self::collector).
+    pub fn purge_in(&self, guard: &Guard) -> Result<usize, Error<B::Error>> {
+        if !self.pinning.owns(guard) {
+            return Err(Error::ForeignGuard);
+        }
+        let mut first_error = None;
+        let mut destroyed = 0;
+        for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
+            let device = DeviceId(i as u32);
+            let mut busy = slot.busy.take_all();
+            let ready = slot.ready.drain(guard);
+            let doomed = ready.into_iter().chain(core::iter::from_fn(|| busy.pop_first()));
+            for s in doomed {
+                match self.backend.destroy_stream(s, device) {
+                    Ok(()) => {
+                        destroyed += 1;
+                        Counters::bump(&slot.counters.destroyed);
+                    }
+                    Err(e) => {
+                        let e = Error::Backend {
+                            op: BackendOp::DestroyStream,
+                            source: e,
+                        };
+                        if first_error.is_none() {
+                            first_error = Some(e);
+                        } else {
+                            self.parked.park(e);
+                        }
+                    }
+                }
+            }
+        }
+        match first_error {
+            None => Ok(destroyed),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Tallies for one device, or `None` before the pool has met the backend or
+    /// for a device out of range.
+    pub fn stats(&self, device: DeviceId) -> Option<PoolStats> {
+        self.devices
+            .get()
+            .and_then(|t| t.get(device.index()))
+            .map(|s| s.counters.snapshot())
+    }
+
+    /// Tallies summed over all devices.
+    pub fn total_stats(&self) -> PoolStats {
+        self.devices
+            .get()
+            .unwrap_or(&[])
+            .iter()
+            .fold(PoolStats::default(), |acc, s| acc + s.counters.snapshot())
+    }
+
+    /// Leases out right now, over all devices.
+    pub fn live_leases(&self) -> usize {
+        self.total_stats().live_leases
+    }
+
+    /// The number of devices, once the pool has asked the backend.
+    pub fn device_count(&self) -> Option<usize> {
+        self.devices.get().map(|t| t.len())
+    }
+
+    /// Takes the first error met where none could be returned (a lease's `Drop`,
+    /// or a purge's second failure), if any.
+    pub fn take_error(&self) -> Option<Error<B::Error>> {
+        self.parked.take()
+    }
+
+    /// How many errors were dropped because one was already parked.
+    pub fn dropped_errors(&self) -> usize {
+        self.parked.dropped()
+    }
+
+    /// The device a call is about, and its slot. Resolves "current" once, builds
+    /// the table on first use, checks the range.
+    fn slot(&self, device: DeviceSelector) -> Result<(DeviceId, &StreamSlot), Error<B::Error>> {
+        let table = self
+            .devices
+            .get_or_try_init(
+                || {
+                    self.backend
+                        .device_count()
+                        .map_err(Error::backend(BackendOp::DeviceCount))
+                },
+                StreamSlot::new,
+            )?
+            .ok_or(Error::NoDevice)?;
+        let device = match device {
+            DeviceSelector::Id(d) => d,
+            DeviceSelector::Current => self
+                .backend
+                .current_device()
+                .map_err(Error::backend(BackendOp::CurrentDevice))?,
+        };
+        match table.get(device.index()) {
+            Some(slot) => Ok((device, slot)),
+            None => Err(Error::DeviceOutOfRange {
+                device,
+                count: table.len() as u32,
+            }),
+        }
+    }
+
+    /// Looks for a finished stream in the busy list (module documentation).
+    /// Everything not leased goes back where it belongs, also on error.
+    fn scan_busy(
+        &self,
+        device: DeviceId,
+        slot: &StreamSlot,
+    ) -> Result<Option<StreamHandle>, Error<B::Error>> {
+        if slot.busy.is_empty() {
+            return Ok(None);
+        }
+        let mut rest = slot.busy.take_all();
+        rest.reverse(); // oldest first
+        let mut pending = Chain::empty();
+        let mut found = None;
+        let mut error = None;
+        let mut queried = 0;
+        while let Some(&s) = rest.first() {
+            if queried == self.config.scan_limit {
+                break;
+            }
+            queried += 1;
+            match self.backend.query_stream(s, device) {
+                Ok(Completion::Complete) => {
+                    found = rest.pop_first();
+                    break;
+                }
+                Ok(Completion::Pending) => {
+                    rest.move_first_to(&mut pending);
+                }
+                Err(e) => {
+                    error = Some(Error::Backend {
+                        op: BackendOp::QueryStream,
+                        source: e,
+                    });
+                    break;
+                }
+            }
+        }
+        if found.is_some() {
+            let mut promoted = 0;
+            while promoted < self.config.promote_limit {
+                let Some(&s) = rest.first() else { break };
+                match self.backend.query_stream(s, device) {
+                    Ok(Completion::Complete) => {
+                        slot.ready.push_from(&mut rest);
+                        promoted += 1;
+                    }
+                    Ok(Completion::Pending) => {
+                        rest.move_first_to(&mut pending);
+                        break;
+                    }
+                    Err(e) => {
+                        // The lease is served; the error is reported later.
+                        self.parked.park(Error::Backend {
+                            op: BackendOp::QueryStream,
+                            source: e,
+                        });
+                        break;
+                    }
+                }
+            }
+            Counters::add(&slot.counters.promoted, promoted);
+        }
+        // Unqueried streams go back below the pending ones, so the next scan
+        // (oldest first) reaches them before re-querying these.
+        rest.reverse();
+        slot.busy.put_back(rest);
+        slot.busy.put_back(pending);
+        match error {
+            Some(e) => Err(e),
+            None => Ok(found),
+        }
+    }
+
+    /// Returns a leased stream (lease `Drop` and `reset`). The lease's device is
+    /// the stream's own, so nothing is checked. On a failed query the stream
+    /// goes to the busy list, so it is not lost, and the error is returned.
+    fn give_back(&self, stream: StreamHandle, device: DeviceId) -> Result<(), Error<B::Error>> {
+        let Some(slot) = self.devices.get().and_then(|t| t.get(device.index())) else {
+            // Unreachable: a lease exists only after its slot was found.
+            return Err(Error::NoDevice);
+        };
+        Counters::bump(&slot.counters.returned);
+        match self.backend.query_stream(stream, device) {
+            Ok(Completion::Complete) => {
+                slot.ready.push(stream);
+                Ok(())
+            }
+            Ok(Completion::Pending) => {
+                slot.busy.push(stream);
+                Ok(())
+            }
+            Err(e) => {
+                slot.busy.push(stream);
+                Err(Error::Backend {
+                    op: BackendOp::QueryStream,
+                    source: e,
+                })
+            }
+        }
+    }
+
+    /// Marks a lease as released (no longer live, not returned to the pool).
+    fn forget_lease(&self, device: DeviceId) {
+        if let Some(slot) = self.devices.get().and_then(|t| t.get(device.index())) {
+            Counters::bump(&slot.counters.returned);
+        }
+    }
+}
+
+impl<B: StreamBackend> Drop for StreamPool<B> {
+    fn drop(&mut self) {
+        // No lease can be out (each borrows the pool), and no other thread can be
+        // inside a method. Destroy everything; errors have nowhere to go.
+        if let Some(table) = self.devices.take() {
+            // SAFETY: `&mut self` excludes every concurrent reader of the stacks,
+            // so their nodes may be freed at once, which the unprotected guard does.
+            let guard = unsafe { epoch::unprotected() };
+            for (i, slot) in table.iter().enumerate() {
+                let device = DeviceId(i as u32);
+                let mut busy = slot.busy.take_all();
+                for s in slot.ready.drain(guard) {
+                    let _ = self.backend.destroy_stream(s, device);
+                }
+                while let Some(s) = busy.pop_first() {
+                    let _ = self.backend.destroy_stream(s, device);
+                }
+            }
+        }
+    }
+}
+
+/// An exclusive lease of a pooled stream. Returns the stream to its pool when
+/// dropped.
+///
+/// Exclusive: no other lease of any pool holds the same stream while this one
+/// lives. It borrows the pool, so it cannot outlive it.
+#[must_use = "dropping a lease returns the stream at once"]
+pub struct StreamLease<'p, B: StreamBackend> {
+    pool: &'p StreamPool<B>,
+    stream: StreamHandle,
+    device: DeviceId,
+}
+
+impl<B: StreamBackend> fmt::Debug for StreamLease<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamLease")
+            .field("stream", &self.stream)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+impl<'p, B: StreamBackend> StreamLease<'p, B> {
+    /// The raw stream handle, for the backend's own calls.
+    #[inline]
+    pub fn get(&self) -> StreamHandle {
+        self.stream
+    }
+
+    /// The device the stream belongs to.
+    #[inline]
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    /// The pool the stream returns to.
+    #[inline]
+    pub fn pool(&self) -> &'p StreamPool<B> {
+        self.pool
+    }
+
+    /// The stream as an access order.
+    #[inline]
+    pub fn order(&self) -> AccessOrder {
+        AccessOrder::Stream {
+            stream: self.stream,
+            device: self.device,
+        }
+    }
+
+    /// Ends the lease without returning the stream: the caller owns it now.
+    pub fn release(self) -> OwnedStream {
+        let this = ManuallyDrop::new(self);
+        this.pool.forget_lease(this.device);
+        OwnedStream {
+            handle: this.stream,
+            device: this.device,
+        }
+    }
+
+    /// Returns the stream to the pool now, reporting a failure (which `Drop`
+    /// would park). On a failed query the stream still goes back to the pool.
+    pub fn reset(self) -> Result<(), Error<B::Error>> {
+        let this = ManuallyDrop::new(self);
+        this.pool.give_back(this.stream, this.device)
+    }
+}
+
+impl<B: StreamBackend> From<&StreamLease<'_, B>> for AccessOrder {
+    fn from(l: &StreamLease<'_, B>) -> AccessOrder {
+        l.order()
+    }
+}
+
+impl<B: StreamBackend> Drop for StreamLease<'_, B> {
+    fn drop(&mut self) {
+        if let Err(e) = self.pool.give_back(self.stream, self.device) {
+            self.pool.parked.park(e);
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! gpupool's acceptance suite: shared helpers for the tests in `tests/`.
