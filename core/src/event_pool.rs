@@ -240,8 +240,9 @@ impl<B: EventBackend> EventPool<B> {
     }
 
     /// Destroys every pooled event. Leases that are out come back normally
-    /// later. Returns how many were destroyed; the first failure is returned
-    /// after the others were tried, later ones are parked.
+    /// later. Returns how many were destroyed. An event whose destroy fails
+    /// stays pooled for the next purge; the first failure is returned after the
+    /// others were tried, later ones are parked.
     #[cfg(feature = "std")]
     pub fn purge(&self) -> Result<usize, Error<B::Error>> {
         self.pinning.pin(|g| self.purge_in(g))
@@ -263,6 +264,8 @@ impl<B: EventBackend> EventPool<B> {
                         Counters::bump(&slot.counters.destroyed);
                     }
                     Err(source) => {
+                        // Not destroyed: keep it pooled for the next purge.
+                        slot.ready.push(e);
                         let e = Error::Backend {
                             op: BackendOp::DestroyEvent,
                             source,

@@ -57,6 +57,8 @@ extern crate std;
 mod backend;
 mod epoch;
 mod error;
+#[doc(hidden)]
+pub mod internals;
 mod event_pool;
 mod order;
 mod stack;

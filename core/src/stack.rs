@@ -383,3 +383,105 @@ impl<T> Drop for Chain<T> {
         while self.pop_first().is_some() {}
     }
 }
+
+#[cfg(all(test, feature = "std", not(loom)))]
+mod tests {
+    use super::*;
+    use crossbeam_epoch as epoch;
+    use std::collections::HashSet;
+    use std::sync::Arc;
+    use std::vec::Vec;
+
+    #[test]
+    fn stack_is_lifo_and_drains_top_first() {
+        let s = Stack::new();
+        let g = epoch::pin();
+        assert_eq!(s.pop(&g), None);
+        for i in 0..5 {
+            s.push(i);
+        }
+        assert_eq!(s.pop(&g), Some(4));
+        assert_eq!(s.drain(&g), [3, 2, 1, 0]);
+        assert_eq!(s.pop(&g), None);
+    }
+
+    #[test]
+    fn bag_takes_all_and_puts_back_in_order() {
+        let b = Bag::new();
+        for i in 0..4 {
+            b.push(i);
+        }
+        let mut c = b.take_all();
+        assert_eq!(c.first(), Some(&3));
+        c.reverse();
+        assert_eq!(c.pop_first(), Some(0));
+        let mut other = Chain::empty();
+        assert!(c.move_first_to(&mut other));
+        assert_eq!(other.first(), Some(&1));
+        b.put_back(c); // 2, 3
+        b.push(9);
+        let mut all = b.take_all();
+        let mut seen = Vec::new();
+        while let Some(v) = all.pop_first() {
+            seen.push(v);
+        }
+        assert_eq!(seen, [9, 2, 3]);
+        drop(other); // frees its node and item
+    }
+
+    #[test]
+    fn chain_node_moves_into_stack_without_loss() {
+        let b = Bag::new();
+        b.push(7);
+        b.push(8);
+        let s = Stack::new();
+        let mut c = b.take_all();
+        assert!(s.push_from(&mut c));
+        assert!(s.push_from(&mut c));
+        assert!(!s.push_from(&mut c));
+        let g = epoch::pin();
+        assert_eq!(s.drain(&g), [7, 8]);
+    }
+
+    #[test]
+    fn drop_frees_items_left_inside() {
+        let item = Arc::new(());
+        {
+            let s = Stack::new();
+            let b = Bag::new();
+            s.push(item.clone());
+            b.push(item.clone());
+            assert_eq!(Arc::strong_count(&item), 3);
+        }
+        assert_eq!(Arc::strong_count(&item), 1);
+    }
+
+    #[test]
+    fn concurrent_push_pop_loses_and_duplicates_nothing() {
+        const THREADS: usize = 4;
+        const PER: usize = if cfg!(miri) { 50 } else { 5_000 };
+        let s = Arc::new(Stack::new());
+        let handles: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    for i in 0..PER {
+                        s.push(t * PER + i);
+                        if i % 2 == 0 {
+                            if let Some(v) = s.pop(&epoch::pin()) {
+                                got.push(v);
+                            }
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        let mut all: Vec<usize> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        all.extend(s.drain(&epoch::pin()));
+        let set: HashSet<_> = all.iter().copied().collect();
+        assert_eq!(all.len(), THREADS * PER, "an item was lost or duplicated");
+        assert_eq!(set.len(), THREADS * PER);
+    }
+}

@@ -310,7 +310,8 @@ impl<B: StreamBackend> StreamPool<B> {
     /// so does a stream another thread's `get` is scanning at this moment.
     ///
     /// Returns how many streams were destroyed. A failed destroy does not stop
-    /// the purge: the first error is returned, later ones are parked.
+    /// the purge: that stream stays in the pool (so it is not lost and the next
+    /// purge tries again), the first error is returned, later ones are parked.
     #[cfg(feature = "std")]
     pub fn purge(&self) -> Result<usize, Error<B::Error>> {
         self.pinning.pin(|g| self.purge_in(g))
@@ -335,6 +336,9 @@ impl<B: StreamBackend> StreamPool<B> {
                         Counters::bump(&slot.counters.destroyed);
                     }
                     Err(e) => {
+                        // Not destroyed: keep it pooled (busy, so it is queried
+                        // before reuse) for the next purge or the pool's drop.
+                        slot.busy.push(s);
                         let e = Error::Backend {
                             op: BackendOp::DestroyStream,
                             source: e,

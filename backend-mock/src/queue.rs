@@ -1,0 +1,277 @@
+//! The simulated streams: in-order queues of work items and waits, and the
+//! two ways the mock moves them forward.
+//!
+//! A stream has a `submitted` and a `completed` position and a queue of the
+//! `submitted - completed` items not finished yet. An event recorded on a
+//! stream remembers a [`Point`]: the stream and its `submitted` position at the
+//! time; the point is *reached* once the stream's `completed` position passes it.
+//! A wait item blocks its stream until the point it names is reached.
+//!
+//! - [`Streams::settle`] resolves, everywhere, the waits whose point is already
+//!   reached (and, under [`CompletionPolicy::Immediate`], the work behind them):
+//!   what a device makes true by itself. It runs before anything is observed,
+//!   so waits resolve "as soon as their condition holds".
+//! - [`Streams::drain`] forces a point to be reached, completing whatever the
+//!   point depends on on other streams first: what a host blocked on it sees.
+//!
+//! Waits cannot form a cycle: a wait names a point that existed when the wait
+//! was pushed, so each one depends only on items pushed before it. That is why
+//! `drain`'s explicit stack always empties.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use gpupool_core::DeviceId;
+
+use crate::CompletionPolicy;
+
+/// Which stream: a device's implicit stream (what the special handles 0, 1 and
+/// 2 name), or a stream made by `create_stream`, by handle.
+///
+/// Implicit keys order before created ones, so created streams are a range.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum StreamKey {
+    /// The implicit stream of a device, created in the map on first use.
+    Implicit(u32),
+    /// A created stream, by handle value.
+    Created(usize),
+}
+
+/// A position in a stream: reached when the stream's `completed` position is at
+/// least `pos`, or when the stream no longer exists (destroyed streams finish
+/// their work; an implicit stream never used has none).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Point {
+    pub(crate) stream: StreamKey,
+    pub(crate) pos: u64,
+}
+
+/// One queued item.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Item {
+    /// Simulated work (a kernel, a copy).
+    Work,
+    /// Blocks the stream until the point is reached.
+    Wait(Point),
+}
+
+/// One simulated stream.
+///
+/// Invariant: `completed + queue.len() == submitted`.
+#[derive(Debug)]
+pub(crate) struct Stream {
+    pub(crate) device: DeviceId,
+    pub(crate) priority: Option<i32>,
+    submitted: u64,
+    completed: u64,
+    queue: VecDeque<Item>,
+}
+
+impl Stream {
+    pub(crate) fn new(device: DeviceId, priority: Option<i32>) -> Self {
+        Stream {
+            device,
+            priority,
+            submitted: 0,
+            completed: 0,
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// How many work items (not waits) have not completed.
+    pub(crate) fn pending_work(&self) -> usize {
+        self.queue.iter().filter(|i| **i == Item::Work).count()
+    }
+
+    /// Whether everything submitted has completed.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.queue.is_empty()
+    }
+}
+
+/// Every stream of the machine, and how many wait items are queued on them.
+#[derive(Debug, Default)]
+pub(crate) struct Streams {
+    map: BTreeMap<StreamKey, Stream>,
+    /// Wait items queued on all streams. While it is zero, nothing can be
+    /// settled (under `Immediate`, no work is queued without a wait before it),
+    /// so `settle` costs nothing.
+    waits: usize,
+}
+
+impl Streams {
+    /// The stream, if it exists (implicit streams exist once used).
+    pub(crate) fn get(&self, key: StreamKey) -> Option<&Stream> {
+        self.map.get(&key)
+    }
+
+    /// The stream, creating an implicit stream on first use. `None` for a
+    /// created stream that does not exist.
+    fn get_or_implicit(&mut self, key: StreamKey) -> Option<&mut Stream> {
+        match key {
+            StreamKey::Implicit(d) => Some(
+                self.map
+                    .entry(key)
+                    .or_insert_with(|| Stream::new(DeviceId(d), None)),
+            ),
+            StreamKey::Created(_) => self.map.get_mut(&key),
+        }
+    }
+
+    /// Adds a created stream.
+    pub(crate) fn insert(&mut self, handle: usize, stream: Stream) {
+        self.map.insert(StreamKey::Created(handle), stream);
+    }
+
+    /// Removes a created stream; its queued work counts as finished from now on.
+    pub(crate) fn remove(&mut self, handle: usize) -> Option<Stream> {
+        let stream = self.map.remove(&StreamKey::Created(handle))?;
+        let waits = stream
+            .queue
+            .iter()
+            .filter(|i| matches!(i, Item::Wait(_)))
+            .count();
+        self.waits -= waits;
+        Some(stream)
+    }
+
+    /// The created streams, in handle order.
+    pub(crate) fn created(&self) -> impl Iterator<Item = &Stream> {
+        self.map
+            .range(StreamKey::Created(0)..)
+            .map(|(_, stream)| stream)
+    }
+
+    /// The point an event recorded on `key` now would capture.
+    pub(crate) fn head(&self, key: StreamKey) -> Point {
+        let pos = self.map.get(&key).map_or(0, |s| s.submitted);
+        Point { stream: key, pos }
+    }
+
+    /// Whether `point` is reached, without settling anything.
+    pub(crate) fn reached(&self, point: Point) -> bool {
+        self.map
+            .get(&point.stream)
+            .is_none_or(|s| s.completed >= point.pos)
+    }
+
+    /// Submits a work item. Under `Immediate` it completes at once unless
+    /// something is queued before it (which, after a settle, is a wait).
+    pub(crate) fn push_work(&mut self, key: StreamKey, policy: CompletionPolicy) {
+        if let Some(stream) = self.get_or_implicit(key) {
+            stream.submitted += 1;
+            if policy == CompletionPolicy::Immediate && stream.queue.is_empty() {
+                stream.completed += 1;
+            } else {
+                stream.queue.push_back(Item::Work);
+            }
+        }
+    }
+
+    /// Makes `key` wait for `point`, unless it is already reached.
+    pub(crate) fn push_wait(&mut self, key: StreamKey, point: Point) {
+        if self.reached(point) {
+            return;
+        }
+        if let Some(stream) = self.get_or_implicit(key) {
+            stream.submitted += 1;
+            stream.queue.push_back(Item::Wait(point));
+            self.waits += 1;
+        }
+    }
+
+    /// Completes the front item of `key`, whatever it is.
+    fn pop_front(&mut self, key: StreamKey) {
+        if let Some(stream) = self.map.get_mut(&key) {
+            if let Some(item) = stream.queue.pop_front() {
+                stream.completed += 1;
+                if matches!(item, Item::Wait(_)) {
+                    self.waits -= 1;
+                }
+            }
+        }
+    }
+
+    /// Completes the front work item of `key` if there is one (call after
+    /// [`settle`](Self::settle), so that a satisfied wait is not in the way).
+    pub(crate) fn complete_front_work(&mut self, key: StreamKey) -> bool {
+        let front = self.map.get(&key).and_then(|s| s.queue.front().copied());
+        if front == Some(Item::Work) {
+            self.pop_front(key);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Resolves every wait whose point is reached, repeatedly, until nothing
+    /// moves; under `Immediate` also completes the work that they released.
+    pub(crate) fn settle(&mut self, policy: CompletionPolicy) {
+        if self.waits == 0 {
+            return;
+        }
+        self.settle_all(policy);
+    }
+
+    /// [`settle`](Self::settle) without the shortcut: also completes, under
+    /// `Immediate`, work queued while the policy was `Manual`.
+    pub(crate) fn settle_all(&mut self, policy: CompletionPolicy) {
+        let keys: Vec<StreamKey> = self.map.keys().copied().collect();
+        loop {
+            let mut progress = false;
+            for &key in &keys {
+                while self.front_can_complete(key, policy) {
+                    self.pop_front(key);
+                    progress = true;
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+    }
+
+    /// Whether the front item of `key` completes without outside help.
+    fn front_can_complete(&self, key: StreamKey, policy: CompletionPolicy) -> bool {
+        match self.map.get(&key).and_then(|s| s.queue.front()) {
+            Some(Item::Wait(point)) => self.reached(*point),
+            Some(Item::Work) => policy == CompletionPolicy::Immediate,
+            None => false,
+        }
+    }
+
+    /// Completes everything `goal` depends on, on every stream, until it is
+    /// reached: what a host thread blocked on it would observe.
+    pub(crate) fn drain(&mut self, goal: Point) {
+        // Points still to reach; the last one is worked on. Each wait pushes a
+        // point that existed before the wait did, so the stack empties.
+        let mut todo = vec![goal];
+        while let Some(&Point { stream: key, pos }) = todo.last() {
+            let front = match self.map.get(&key) {
+                Some(s) if s.completed < pos => s.queue.front().copied(),
+                _ => None,
+            };
+            match front {
+                None => {
+                    todo.pop();
+                }
+                Some(Item::Work) => self.pop_front(key),
+                Some(Item::Wait(point)) if self.reached(point) => self.pop_front(key),
+                Some(Item::Wait(point)) => todo.push(point),
+            }
+        }
+    }
+
+    /// Drains everything submitted to `key` so far.
+    pub(crate) fn drain_stream(&mut self, key: StreamKey) {
+        let head = self.head(key);
+        self.drain(head);
+    }
+
+    /// Drains every stream.
+    pub(crate) fn drain_everything(&mut self) {
+        let keys: Vec<StreamKey> = self.map.keys().copied().collect();
+        for key in keys {
+            self.drain_stream(key);
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The whole simulated machine as plain data: devices, streams, events, call
+//! counters, armed faults and the misuse log, with the checks every backend
+//! call goes through. [`MockBackend`](crate::MockBackend) keeps one [`State`]
+//! behind its mutex; nothing here locks or calls out.
+
+use std::collections::{BTreeMap, HashMap};
+
+use gpupool_core::{Completion, DeviceId, EventFlags, EventHandle, StreamHandle};
+
+use crate::queue::{Point, Stream, StreamKey, Streams};
+use crate::{CallKind, CompletionPolicy, Misuse, MockError};
+
+/// The first handle `create_stream` returns; later ones count up by one.
+pub(crate) const FIRST_STREAM: usize = 0x1000;
+/// The first handle `create_event` returns; later ones count up by one. Half
+/// the address space away from the streams (on 32-bit targets too), so a
+/// stream handle is never mistaken for an event handle or the reverse.
+pub(crate) const FIRST_EVENT: usize = usize::MAX / 2 + 1;
+
+/// One simulated event.
+#[derive(Debug)]
+pub(crate) struct Event {
+    pub(crate) device: DeviceId,
+    pub(crate) flags: EventFlags,
+    /// The point captured by the last record; `None` if never recorded (an
+    /// event never recorded is complete, as in CUDA).
+    target: Option<Point>,
+}
+
+/// The simulated machine.
+#[derive(Debug)]
+pub(crate) struct State {
+    pub(crate) devices: u32,
+    /// Mock-wide (not per thread) current device; may be out of range.
+    pub(crate) current: DeviceId,
+    pub(crate) policy: CompletionPolicy,
+    pub(crate) streams: Streams,
+    pub(crate) events: BTreeMap<usize, Event>,
+    /// The next handle to hand out: monotonic, never reused.
+    next_stream: usize,
+    next_event: usize,
+    /// Calls made, per kind, failed ones included.
+    pub(crate) calls: HashMap<CallKind, u64>,
+    /// Armed faults: (kind, the value of that kind's counter at which it fires).
+    pub(crate) armed: Vec<(CallKind, u64)>,
+    pub(crate) misuses: Vec<Misuse>,
+}
+
+impl State {
+    pub(crate) fn new(devices: u32) -> Self {
+        State {
+            devices,
+            current: DeviceId(0),
+            policy: CompletionPolicy::Manual,
+            streams: Streams::default(),
+            events: BTreeMap::new(),
+            next_stream: FIRST_STREAM,
+            next_event: FIRST_EVENT,
+            calls: HashMap::new(),
+            armed: Vec::new(),
+            misuses: Vec::new(),
+        }
+    }
+
+    // ---- accounting -------------------------------------------------------
+
+    /// Counts a call of `kind`, then fires the faults armed for it: an
+    /// `Err(Injected)` means the call must have no other effect.
+    pub(crate) fn begin_call(&mut self, kind: CallKind) -> Result<(), MockError> {
+        let count = self.calls.entry(kind).or_insert(0);
+        *count += 1;
+        let now = *count;
+        let before = self.armed.len();
+        self.armed.retain(|&(k, at)| !(k == kind && at == now));
+        if self.armed.len() == before {
+            Ok(())
+        } else {
+            Err(MockError::Injected(kind))
+        }
+    }
+
+    /// Arms a fault on the `n`-th call of `kind` from now; `n == 0` arms nothing.
+    pub(crate) fn arm(&mut self, kind: CallKind, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let now = self.calls.get(&kind).copied().unwrap_or(0);
+        self.armed.push((kind, now.saturating_add(n)));
+    }
+
+    // ---- validation -------------------------------------------------------
+
+    /// `Ok` if `device` exists.
+    pub(crate) fn check_device(&self, device: DeviceId) -> Result<(), MockError> {
+        if device.0 < self.devices {
+            Ok(())
+        } else {
+            Err(MockError::InvalidDevice(device))
+        }
+    }
+
+    /// The stream a backend call names: a special handle is `device`'s
+    /// implicit stream; a created one must exist and belong to `device`.
+    pub(crate) fn stream_key(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<StreamKey, MockError> {
+        self.check_device(device)?;
+        if stream.is_special() {
+            return Ok(StreamKey::Implicit(device.0));
+        }
+        let key = StreamKey::Created(stream.0);
+        let actual = self
+            .streams
+            .get(key)
+            .ok_or(MockError::InvalidStream(stream))?
+            .device;
+        if actual == device {
+            Ok(key)
+        } else {
+            Err(MockError::CrossDevice {
+                given: device,
+                actual,
+            })
+        }
+    }
+
+    /// The stream a test-harness call names: a special handle is the current
+    /// device's implicit stream.
+    pub(crate) fn harness_key(&self, stream: StreamHandle) -> Result<StreamKey, MockError> {
+        if stream.is_special() {
+            self.check_device(self.current)?;
+            return Ok(StreamKey::Implicit(self.current.0));
+        }
+        let key = StreamKey::Created(stream.0);
+        match self.streams.get(key) {
+            Some(_) => Ok(key),
+            None => Err(MockError::InvalidStream(stream)),
+        }
+    }
+
+    /// The event a backend call names: it must exist and, if `device` is given,
+    /// belong to it.
+    fn event(&self, event: EventHandle, device: Option<DeviceId>) -> Result<&Event, MockError> {
+        if let Some(device) = device {
+            self.check_device(device)?;
+        }
+        let found = self
+            .events
+            .get(&event.0)
+            .ok_or(MockError::InvalidEvent(event))?;
+        match device {
+            Some(given) if given != found.device => Err(MockError::CrossDevice {
+                given,
+                actual: found.device,
+            }),
+            _ => Ok(found),
+        }
+    }
+
+    // ---- backend operations (arguments not yet checked) -------------------
+
+    pub(crate) fn create_stream(
+        &mut self,
+        device: DeviceId,
+        priority: Option<i32>,
+    ) -> Result<StreamHandle, MockError> {
+        self.check_device(device)?;
+        let handle = self.next_stream;
+        self.next_stream += 1;
+        self.streams.insert(handle, Stream::new(device, priority));
+        Ok(StreamHandle(handle))
+    }
+
+    pub(crate) fn destroy_stream(
+        &mut self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        self.check_device(device)?;
+        if stream.is_special() {
+            return Err(MockError::InvalidStream(stream));
+        }
+        self.stream_key(stream, device)?;
+        self.streams.remove(stream.0);
+        Ok(())
+    }
+
+    pub(crate) fn query_stream(
+        &mut self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Completion, MockError> {
+        let key = self.stream_key(stream, device)?;
+        self.streams.settle(self.policy);
+        Ok(completion(
+            self.streams.get(key).is_none_or(Stream::is_idle),
+        ))
+    }
+
+    pub(crate) fn synchronize_stream(
+        &mut self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        let key = self.stream_key(stream, device)?;
+        self.streams.drain_stream(key);
+        Ok(())
+    }
+
+    pub(crate) fn stream_wait_event(
+        &mut self,
+        stream: StreamHandle,
+        device: DeviceId,
+        event: EventHandle,
+    ) -> Result<(), MockError> {
+        let key = self.stream_key(stream, device)?;
+        // Waiting on another device's event is allowed, as in CUDA.
+        let target = self.event(event, None)?.target;
+        self.streams.settle(self.policy);
+        if let Some(point) = target {
+            self.streams.push_wait(key, point);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, MockError> {
+        if stream.is_special() {
+            self.check_device(self.current)?;
+            return Ok(self.current);
+        }
+        self.streams
+            .get(StreamKey::Created(stream.0))
+            .map(|s| s.device)
+            .ok_or(MockError::InvalidStream(stream))
+    }
+
+    pub(crate) fn create_event(
+        &mut self,
+        device: DeviceId,
+        flags: EventFlags,
+    ) -> Result<EventHandle, MockError> {
+        self.check_device(device)?;
+        let handle = self.next_event;
+        self.next_event += 1;
+        let event = Event {
+            device,
+            flags,
+            target: None,
+        };
+        self.events.insert(handle, event);
+        Ok(EventHandle(handle))
+    }
+
+    pub(crate) fn destroy_event(
+        &mut self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        self.event(event, Some(device))?;
+        self.events.remove(&event.0);
+        Ok(())
+    }
+
+    pub(crate) fn record_event(
+        &mut self,
+        event: EventHandle,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        let key = self.stream_key(stream, device)?;
+        self.event(event, Some(device))?;
+        let point = self.streams.head(key);
+        if let Some(found) = self.events.get_mut(&event.0) {
+            found.target = Some(point);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn query_event(
+        &mut self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<Completion, MockError> {
+        let target = self.event(event, Some(device))?.target;
+        self.streams.settle(self.policy);
+        Ok(completion(target.is_none_or(|p| self.streams.reached(p))))
+    }
+
+    pub(crate) fn synchronize_event(
+        &mut self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        if let Some(point) = self.event(event, Some(device))?.target {
+            self.streams.drain(point);
+        }
+        Ok(())
+    }
+}
+
+fn completion(done: bool) -> Completion {
+    if done {
+        Completion::Complete
+    } else {
+        Completion::Pending
+    }
+}

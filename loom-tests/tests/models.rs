@@ -1,0 +1,232 @@
+//! loom models of every lock-free path in gpupool-core, each over the public
+//! API (or the hidden `internals` wrappers for the raw stacks), 2–3 threads.
+//!
+//! Built only with `--cfg loom --cfg crossbeam_loom`; `tests/run_models.rs`
+//! does that for a plain `cargo test -p loom-tests`.
+#![cfg(loom)]
+
+use std::collections::HashSet;
+
+use gpupool_core::internals::{GuardedStack, PushOnlyBag};
+use gpupool_core::{DeviceId, EventPool, StreamPool};
+use gpupool_mock::{CallKind, CompletionPolicy, MockBackend};
+use loom::sync::{Arc, Mutex};
+use loom::thread;
+
+/// Spawns a loom thread that borrows from the caller's stack frame (loom has no
+/// scoped threads). The returned guard joins the thread when dropped.
+///
+/// Every model keeps the guard alive in a local declared after the data the
+/// thread borrows, so the thread is joined (explicitly, or by the guard's drop
+/// during unwinding) before that data is dropped.
+fn spawn_scoped<'a, R: Send + 'static>(f: impl FnOnce() -> R + Send + 'a) -> Scoped<R> {
+    let f: Box<dyn FnOnce() -> R + Send + 'a> = Box::new(f);
+    // SAFETY: the closure only borrows data that outlives the `Scoped` guard
+    // (see above), and the guard joins the thread before it is dropped, so the
+    // borrows never dangle although the type says 'static.
+    let f: Box<dyn FnOnce() -> R + Send + 'static> = unsafe { std::mem::transmute(f) };
+    Scoped(Some(thread::spawn(f)))
+}
+
+struct Scoped<R>(Option<thread::JoinHandle<R>>);
+
+impl<R> Scoped<R> {
+    fn join(mut self) -> R {
+        self.0.take().unwrap().join().unwrap()
+    }
+}
+
+impl<R> Drop for Scoped<R> {
+    fn drop(&mut self) {
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn idle_mock(devices: u32) -> MockBackend {
+    let mock = MockBackend::new(devices);
+    mock.set_policy(CompletionPolicy::Immediate);
+    mock
+}
+
+#[test]
+fn stack_push_pop_is_exact() {
+    loom::model(|| {
+        let s = Arc::new(GuardedStack::new());
+        s.push(1);
+        let s1 = s.clone();
+        let t = thread::spawn(move || {
+            s1.push(2);
+            s1.pop()
+        });
+        let mine = s.pop();
+        let theirs = t.join().unwrap();
+        let mut all: Vec<i32> = mine.into_iter().chain(theirs).chain(s.drain()).collect();
+        all.sort();
+        assert_eq!(all, [1, 2], "an item was lost or duplicated");
+    });
+}
+
+#[test]
+fn bag_push_races_take_all() {
+    loom::model(|| {
+        let bag = Arc::new(PushOnlyBag::new());
+        let stack = Arc::new(GuardedStack::new());
+        bag.push(1);
+        let b1 = bag.clone();
+        let t = thread::spawn(move || b1.push(2));
+        stack.take_from(&bag);
+        t.join().unwrap();
+        let mut all: Vec<i32> = stack.drain().into_iter().chain(bag.take_all()).collect();
+        all.sort();
+        assert_eq!(all, [1, 2]);
+    });
+}
+
+#[test]
+fn stream_pool_two_threads_one_device() {
+    loom::model(|| {
+        let mock = idle_mock(1);
+        let pool = StreamPool::new(mock.clone());
+        drop(pool.get(0).unwrap()); // one idle stream in the ready list
+        let in_use = Mutex::new(HashSet::new());
+        let work = || {
+            let lease = pool.get(0).unwrap();
+            assert!(in_use.lock().unwrap().insert(lease.get()), "stream leased twice");
+            in_use.lock().unwrap().remove(&lease.get());
+        };
+        let t = spawn_scoped(work);
+        work();
+        t.join();
+        assert_eq!(pool.live_leases(), 0);
+        let stats = pool.total_stats();
+        assert_eq!(stats.leases, 3);
+        assert!(stats.created <= 2);
+        pool.purge().unwrap();
+        assert_eq!(mock.live_streams(), 0);
+        assert!(mock.misuses().is_empty());
+    });
+}
+
+#[test]
+fn stream_get_races_purge() {
+    loom::model(|| {
+        let mock = idle_mock(1);
+        let pool = StreamPool::new(mock.clone());
+        drop(pool.get(0).unwrap());
+        let t = spawn_scoped(|| drop(pool.get(0).unwrap()));
+        pool.purge().unwrap();
+        t.join();
+        pool.purge().unwrap();
+        assert_eq!(pool.live_leases(), 0);
+        assert_eq!(mock.live_streams(), 0, "a stream was lost");
+        assert!(mock.misuses().is_empty(), "a stream was destroyed twice");
+    });
+}
+
+#[test]
+fn stream_put_to_busy_races_scan() {
+    loom::model(|| {
+        let mock = MockBackend::new(1);
+        let pool = StreamPool::new(mock.clone());
+        let a = pool.get(0).unwrap();
+        let b = pool.get(0).unwrap();
+        let (sa, sb) = (a.get(), b.get());
+        mock.enqueue_work(sa).unwrap();
+        drop(a); // pending: busy list
+        mock.complete_all(sa).unwrap(); // finished, still in the busy list
+        mock.enqueue_work(sb).unwrap();
+        let owned_b = b.release();
+        let t = spawn_scoped(|| pool.put(owned_b, None).unwrap()); // busy push
+        let got = pool.get(0).unwrap(); // scans the busy list
+        assert_eq!(got.get(), sa, "the finished busy stream was not found");
+        drop(got);
+        t.join();
+        assert_eq!(pool.total_stats().busy_hits, 1);
+        assert_eq!(pool.purge().unwrap(), 2, "a stream was lost from the lists");
+        assert_eq!(mock.live_streams(), 0);
+        let _ = sb;
+    });
+}
+
+#[test]
+fn lazy_device_table_two_threads() {
+    loom::model(|| {
+        let mock = idle_mock(2);
+        let pool = StreamPool::new(mock.clone());
+        let t = spawn_scoped(|| pool.get(1).unwrap().device());
+        let mine = pool.get(0).unwrap().device();
+        assert_eq!(t.join(), DeviceId(1));
+        assert_eq!(mine, DeviceId(0));
+        assert_eq!(pool.device_count(), Some(2));
+        let counts = mock.calls(CallKind::DeviceCount);
+        assert!((1..=2).contains(&counts));
+        pool.purge().unwrap();
+        assert_eq!(mock.live_streams(), 0);
+    });
+}
+
+#[test]
+fn shared_event_last_two_clones() {
+    loom::model(|| {
+        let mock = idle_mock(1);
+        let pool = EventPool::new(mock.clone());
+        let shared = pool.get_shared(0).unwrap();
+        let event = shared.get();
+        let other = shared.clone();
+        let t = spawn_scoped(move || drop(other));
+        drop(shared);
+        t.join();
+        assert_eq!(pool.live_leases(), 0);
+        // Returned exactly once: the next lease reuses it, the one after is new.
+        let first = pool.get(0).unwrap();
+        let second = pool.get(0).unwrap();
+        assert_eq!(first.get(), event);
+        assert_ne!(second.get(), event);
+        drop((first, second));
+        assert_eq!(pool.purge().unwrap(), 2);
+        assert_eq!(mock.live_events(), 0);
+    });
+}
+
+#[test]
+fn event_pool_two_threads_get_put() {
+    loom::model(|| {
+        let mock = idle_mock(1);
+        let pool = EventPool::new(mock.clone());
+        drop(pool.get(0).unwrap());
+        let work = || pool.get(0).unwrap().get();
+        let t = spawn_scoped(work);
+        let mine = work();
+        let theirs = t.join();
+        let _ = (mine, theirs);
+        assert_eq!(pool.live_leases(), 0);
+        let created = pool.total_stats().created;
+        assert!((1..=2).contains(&created));
+        assert_eq!(pool.purge().unwrap(), created, "an event was lost or duplicated");
+        assert_eq!(mock.live_events(), 0);
+    });
+}
+
+#[test]
+fn parked_error_two_drops() {
+    loom::model(|| {
+        let mock = idle_mock(1);
+        let pool = StreamPool::new(mock.clone());
+        let a = pool.get(0).unwrap();
+        let b = pool.get(0).unwrap();
+        // Both returns fail their query; both streams must still come back.
+        mock.fail_nth(CallKind::QueryStream, 1);
+        mock.fail_nth(CallKind::QueryStream, 2);
+        let t = spawn_scoped(move || drop(a));
+        drop(b);
+        t.join();
+        assert!(pool.take_error().is_some());
+        assert_eq!(pool.dropped_errors(), 1);
+        assert!(pool.take_error().is_none());
+        assert_eq!(pool.live_leases(), 0);
+        assert_eq!(pool.purge().unwrap(), 2);
+        assert_eq!(mock.live_streams(), 0);
+    });
+}

@@ -1,0 +1,109 @@
+//! 01-runtime: a small multi-threaded GPU runtime on gpupool, on the mock
+//! machine (no GPU needed).
+//!
+//! Each worker thread owns an "upload" stream for the life of the run. Every
+//! iteration it leases a fresh stream for a kernel, orders that stream after
+//! its upload stream with `AccessOrder::wait` (a pooled event, recorded and
+//! waited on), queues the kernel, and returns the lease while the kernel may
+//! still be running. A simulated GPU thread completes queued work as it goes,
+//! so returned streams are sometimes still busy and the pool's busy list, scan
+//! and promotion all take part.
+//!
+//! Run: `cargo run --release --example 01-runtime`
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use gpupool_core::{DeviceId, EventPool, PoolStats, StreamPool};
+use gpupool_mock::{CallKind, MockBackend};
+
+const WORKERS: usize = 4;
+const ITERATIONS: usize = 50_000;
+const DEVICES: u32 = 2;
+
+fn main() {
+    let gpu = MockBackend::new(DEVICES);
+    let streams = StreamPool::new(gpu.clone());
+    let events = EventPool::new(gpu.clone());
+    let done = AtomicBool::new(false);
+
+    let start = Instant::now();
+    let lease_time: Duration = std::thread::scope(|scope| {
+        // The simulated GPU: finishes whatever is queued, over and over.
+        scope.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                gpu.complete_everything();
+                std::thread::yield_now();
+            }
+        });
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|w| {
+                let (gpu, streams, events) = (&gpu, &streams, &events);
+                scope.spawn(move || {
+                    let device = DeviceId((w as u32) % DEVICES);
+                    let upload = streams.get(device).expect("upload stream");
+                    let mut in_pool = Duration::ZERO;
+                    for _ in 0..ITERATIONS {
+                        gpu.enqueue_work(upload.get()).expect("upload");
+                        let t = Instant::now();
+                        let kernel = streams.get(device).expect("kernel stream");
+                        in_pool += t.elapsed();
+                        kernel
+                            .order()
+                            .wait(&upload.order(), events)
+                            .expect("order the kernel after the upload");
+                        gpu.enqueue_work(kernel.get()).expect("kernel");
+                        let t = Instant::now();
+                        drop(kernel); // back to the pool, maybe still busy
+                        in_pool += t.elapsed();
+                    }
+                    in_pool
+                })
+            })
+            .collect();
+        let total = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        done.store(true, Ordering::Relaxed);
+        total
+    });
+    let wall = start.elapsed();
+
+    let leases = WORKERS * ITERATIONS;
+    let s = streams.total_stats();
+    let e = events.total_stats();
+    println!("gpupool demo: {WORKERS} workers x {ITERATIONS} iterations on a mock machine of {DEVICES} devices");
+    println!();
+    print_stats("stream pool", &s);
+    print_stats("event pool", &e);
+    println!();
+    println!(
+        "driver calls: create stream {}, create event {}, query stream {}, record event {}, stream wait {}",
+        gpu.calls(CallKind::CreateStream),
+        gpu.calls(CallKind::CreateEvent),
+        gpu.calls(CallKind::QueryStream),
+        gpu.calls(CallKind::RecordEvent),
+        gpu.calls(CallKind::StreamWaitEvent),
+    );
+    println!(
+        "streams created: {} for {} kernel leases (+{WORKERS} upload streams); events created: {} for {} waits",
+        s.created, leases, e.created, e.leases
+    );
+    println!(
+        "time per kernel lease (get + return, measured in the workers): {:.0} ns; wall time {:.2?}",
+        lease_time.as_nanos() as f64 / leases as f64,
+        wall
+    );
+
+    assert_eq!(streams.live_leases(), 0);
+    streams.purge().expect("purge streams");
+    events.purge().expect("purge events");
+    drop((streams, events));
+    assert_eq!(gpu.live_streams() + gpu.live_events(), 0, "everything was destroyed");
+    println!("after purge and drop: 0 streams and 0 events alive on the machine");
+}
+
+fn print_stats(name: &str, s: &PoolStats) {
+    println!(
+        "{name:>12}: {:>7} leases | {:>7} reused | {:>6} busy hits | {:>6} promoted | {:>4} created | {} live",
+        s.leases, s.reused, s.busy_hits, s.promoted, s.created, s.live_leases
+    );
+}

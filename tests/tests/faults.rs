@@ -1,0 +1,145 @@
+//! Fault injection: each backend call the pools make fails once, in turn, in a
+//! workload that reaches all of them. Each time an error must surface (returned
+//! or parked, never a panic), the pools must stay usable, and after purge and
+//! drop the mock must count zero live streams and events.
+
+use gpupool_core::{
+    AccessOrder, BackendOp, DeviceId, DeviceSelector, Error, EventBackend, EventPool, OwnedStream,
+    StreamBackend, StreamOptions, StreamPool,
+};
+use gpupool_mock::{CallKind, MockBackend, MockError};
+
+/// The call kinds the pools and `AccessOrder` make. (`QueryEvent` is part of
+/// the backend trait for users; no pool path calls it, which `workload` checks.)
+const REACHED: &[CallKind] = &[
+    CallKind::DeviceCount,
+    CallKind::CurrentDevice,
+    CallKind::CreateStream,
+    CallKind::DestroyStream,
+    CallKind::QueryStream,
+    CallKind::SynchronizeStream,
+    CallKind::StreamWaitEvent,
+    CallKind::StreamDevice,
+    CallKind::CreateEvent,
+    CallKind::DestroyEvent,
+    CallKind::RecordEvent,
+    CallKind::SynchronizeEvent,
+];
+
+/// Runs a small runtime's worth of pool traffic, carrying on past errors.
+/// Returns every error met: returned by a call, or parked by a drop.
+fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
+    let mut errors = Vec::new();
+    let streams = StreamPool::new(gpu.clone());
+    let events = EventPool::new(gpu.clone());
+    gpu.set_current_device(DeviceId(1));
+    {
+        let a = streams.get(DeviceSelector::Current).map_err(|e| errors.push(e)).ok();
+        let b = streams.get(0).map_err(|e| errors.push(e)).ok();
+        if let (Some(a), Some(b)) = (&a, &b) {
+            gpu.enqueue_work(b.get()).unwrap();
+            // Stream after stream: pooled event, record, wait.
+            if let Err(e) = a.order().wait(&b.order(), &events) {
+                errors.push(e);
+            }
+            // Host after stream: synchronize.
+            if let Err(e) = AccessOrder::host().wait(&b.order(), &events) {
+                errors.push(e);
+            }
+            gpu.enqueue_work(b.get()).unwrap();
+        }
+        if let Ok(e) = events.get(1).map_err(|e| errors.push(e)) {
+            if let Some(a) = &a {
+                match gpu.record_event(e.get(), a.get(), DeviceId(1)) {
+                    Ok(()) => {
+                        if let Err(err) = AccessOrder::host().wait_event(e.get(), e.device(), gpu) {
+                            errors.push(err);
+                        }
+                    }
+                    Err(source) => errors.push(Error::Backend { op: BackendOp::RecordEvent, source }),
+                }
+            }
+        }
+        // A foreign stream adopted into the pool.
+        match gpu.create_stream(DeviceId(0), StreamOptions::default()) {
+            Err(source) => errors.push(Error::Backend { op: BackendOp::CreateStream, source }),
+            Ok(raw) => match OwnedStream::adopt(gpu, raw) {
+                Ok(owned) => {
+                    if let Err(r) = streams.put(owned, None) {
+                        errors.push(r.error);
+                        let _ = r.value.destroy(gpu);
+                    }
+                }
+                Err(e) => {
+                    errors.push(e);
+                    let _ = gpu.destroy_stream(raw, DeviceId(0));
+                }
+            },
+        }
+        // Leases end here: returns query their streams (b is still busy).
+    }
+    errors.extend(streams.take_error());
+    errors.extend(events.take_error());
+    // The pools are still usable after whatever failed.
+    assert!(streams.get(0).is_ok() || streams.get(0).is_ok(), "stream pool unusable");
+    assert!(events.get(0).is_ok() || events.get(0).is_ok(), "event pool unusable");
+    errors.extend(streams.take_error());
+    for _ in 0..3 {
+        match (streams.purge(), events.purge()) {
+            (Ok(_), Ok(_)) => break,
+            (s, e) => errors.extend(s.err().into_iter().chain(e.err())),
+        }
+    }
+    errors.extend(streams.take_error());
+    errors.extend(events.take_error());
+    drop((streams, events));
+    errors
+}
+
+#[test]
+fn the_workload_reaches_every_listed_call_and_no_other() {
+    let gpu = MockBackend::new(2);
+    let errors = workload(&gpu);
+    assert!(errors.is_empty(), "{errors:?}");
+    for &kind in REACHED {
+        assert!(gpu.calls(kind) > 0, "{kind:?} is not reached");
+    }
+    assert_eq!(gpu.calls(CallKind::QueryEvent), 0);
+    assert_eq!((gpu.live_streams(), gpu.live_events()), (0, 0));
+}
+
+#[test]
+fn each_call_failing_once_gives_an_error_and_leaks_nothing() {
+    for &kind in REACHED {
+        // Fail the first call of this kind, then (separately) the last one the
+        // workload makes, so faults land early (setup) and late (teardown).
+        let total = {
+            let gpu = MockBackend::new(2);
+            workload(&gpu);
+            gpu.calls(kind)
+        };
+        for n in [1, total] {
+            let gpu = MockBackend::new(2);
+            gpu.fail_nth(kind, n);
+            let errors = workload(&gpu);
+            assert_eq!(gpu.armed_faults(), 0, "{kind:?} #{n}: the fault never fired");
+            let surfaced = errors.iter().any(|e| {
+                matches!(e, Error::Backend { source: MockError::Injected(k), .. } if *k == kind)
+            });
+            assert!(surfaced, "{kind:?} #{n}: no error surfaced: {errors:?}");
+            assert_eq!(gpu.live_streams(), 0, "{kind:?} #{n}: a stream leaked");
+            assert_eq!(gpu.live_events(), 0, "{kind:?} #{n}: an event leaked");
+            assert!(gpu.misuses().is_empty(), "{kind:?} #{n}: {:?}", gpu.misuses());
+        }
+    }
+}
+
+#[test]
+fn injected_errors_name_the_operation() {
+    let gpu = MockBackend::new(1);
+    let pool = StreamPool::new(gpu.clone());
+    gpu.fail_nth(CallKind::CreateStream, 1);
+    let e = pool.get(0).unwrap_err();
+    assert_eq!(e.backend_op(), Some(BackendOp::CreateStream));
+    assert!(e.to_string().contains("CreateStream"), "{e}");
+}
