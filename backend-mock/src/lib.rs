@@ -96,7 +96,9 @@ pub enum CompletionPolicy {
     /// Only when a test completes it (or a synchronize needs it). The default.
     Manual,
     /// As soon as nothing is queued before it: streams look idle unless blocked
-    /// on a wait. Switching to it completes the work already queued that way.
+    /// on a wait, and a wait resolves as soon as the work it waits for is done.
+    /// Since that work completes at once too, every stream is idle after every
+    /// call. Switching to it completes the work already queued.
     Immediate,
 }
 

@@ -5,37 +5,34 @@
 //! iteration it leases a fresh stream for a kernel, orders that stream after
 //! its upload stream with `AccessOrder::wait` (a pooled event, recorded and
 //! waited on), queues the kernel, and returns the lease while the kernel may
-//! still be running. A simulated GPU thread completes queued work as it goes,
-//! so returned streams are sometimes still busy and the pool's busy list, scan
-//! and promotion all take part.
+//! still be running. Every few iterations a worker lets the simulated GPU
+//! finish everything queued so far, so returned streams are often still busy
+//! and the pool's busy list, scan and promotion all take part.
 //!
 //! Run: `cargo run --release --example 01-runtime`
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use gpupool_core::{DeviceId, EventPool, PoolStats, StreamPool};
 use gpupool_mock::{CallKind, MockBackend};
 
 const WORKERS: usize = 4;
-const ITERATIONS: usize = 50_000;
 const DEVICES: u32 = 2;
+/// Iterations a worker runs ahead of the simulated GPU.
+const GPU_LAG: usize = 8;
 
 fn main() {
+    // GPUPOOL_DEMO_ITERATIONS overrides the iterations per worker.
+    let iterations: usize = std::env::var("GPUPOOL_DEMO_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
     let gpu = MockBackend::new(DEVICES);
     let streams = StreamPool::new(gpu.clone());
     let events = EventPool::new(gpu.clone());
-    let done = AtomicBool::new(false);
 
     let start = Instant::now();
     let lease_time: Duration = std::thread::scope(|scope| {
-        // The simulated GPU: finishes whatever is queued, over and over.
-        scope.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
-                gpu.complete_everything();
-                std::thread::yield_now();
-            }
-        });
         let workers: Vec<_> = (0..WORKERS)
             .map(|w| {
                 let (gpu, streams, events) = (&gpu, &streams, &events);
@@ -43,7 +40,7 @@ fn main() {
                     let device = DeviceId((w as u32) % DEVICES);
                     let upload = streams.get(device).expect("upload stream");
                     let mut in_pool = Duration::ZERO;
-                    for _ in 0..ITERATIONS {
+                    for i in 0..iterations {
                         gpu.enqueue_work(upload.get()).expect("upload");
                         let t = Instant::now();
                         let kernel = streams.get(device).expect("kernel stream");
@@ -56,21 +53,22 @@ fn main() {
                         let t = Instant::now();
                         drop(kernel); // back to the pool, maybe still busy
                         in_pool += t.elapsed();
+                        if i % GPU_LAG == GPU_LAG - 1 {
+                            gpu.complete_everything(); // the GPU catches up
+                        }
                     }
                     in_pool
                 })
             })
             .collect();
-        let total = workers.into_iter().map(|w| w.join().unwrap()).sum();
-        done.store(true, Ordering::Relaxed);
-        total
+        workers.into_iter().map(|w| w.join().unwrap()).sum()
     });
     let wall = start.elapsed();
 
-    let leases = WORKERS * ITERATIONS;
+    let leases = WORKERS * iterations;
     let s = streams.total_stats();
     let e = events.total_stats();
-    println!("gpupool demo: {WORKERS} workers x {ITERATIONS} iterations on a mock machine of {DEVICES} devices");
+    println!("gpupool demo: {WORKERS} workers x {iterations} iterations on a mock machine of {DEVICES} devices");
     println!();
     print_stats("stream pool", &s);
     print_stats("event pool", &e);
