@@ -40,14 +40,15 @@ use core::mem::ManuallyDrop;
 use core::ptr;
 
 use crate::sync::epoch::{Guard, Shared};
-use crate::sync::{AtomicPtr, Ordering};
+use crate::sync::{AtomicPtr, Ordering, UnsafeCell};
 
 /// One stack entry. Allocated with `Box`, so that
 /// [`Guard::defer_destroy`] (which frees through `Owned`, a `Box`) can free it.
 pub(crate) struct Node<T> {
-    /// The item. Read out exactly once, by whoever unlinks the node; the node's
-    /// drop never drops it.
-    value: ManuallyDrop<T>,
+    /// The item. Written when the node is made, read out exactly once by
+    /// whoever unlinks the node; the node's drop never drops it. A loom cell, so
+    /// the models check that every read happens after the write.
+    value: UnsafeCell<ManuallyDrop<T>>,
     /// The node below this one. Written only while the node is private (before
     /// a push publishes it, or while it sits in a chain taken from a `Bag`); read
     /// by `Stack` poppers, which is why it is atomic.
@@ -57,7 +58,7 @@ pub(crate) struct Node<T> {
 impl<T> Node<T> {
     fn alloc(value: T) -> *mut Node<T> {
         Box::into_raw(Box::new(Node {
-            value: ManuallyDrop::new(value),
+            value: UnsafeCell::new(ManuallyDrop::new(value)),
             next: AtomicPtr::new(ptr::null_mut()),
         }))
     }
@@ -155,7 +156,7 @@ impl<T> Stack<T> {
                     // `next`, and their CAS will fail). The node is then retired
                     // through the epoch: stale poppers may still read its `next`.
                     unsafe {
-                        let value = ptr::read(&*(*head).value);
+                        let value = (*head).value.with(|v| ptr::read(&**v));
                         guard.defer_destroy(Shared::from(head as *const Node<T>));
                         return Some(value);
                     }
@@ -178,7 +179,7 @@ impl<T> Stack<T> {
             // through `defer_destroy`, never freed or re-linked directly.
             unsafe {
                 let next = (*node).next.load(Ordering::Relaxed);
-                out.push(ptr::read(&*(*node).value));
+                out.push((*node).value.with(|v| ptr::read(&**v)));
                 guard.defer_destroy(Shared::from(node as *const Node<T>));
                 node = next;
             }
@@ -339,7 +340,7 @@ impl<T> Chain<T> {
     /// A reference to the first item.
     pub(crate) fn first(&self) -> Option<&T> {
         // SAFETY: the node is ours and alive while `self` is borrowed.
-        unsafe { self.first.as_ref().map(|n| &*n.value) }
+        unsafe { self.first.as_ref().map(|n| n.value.with(|v| &**v)) }
     }
 
     /// Removes the first node and returns its item.
@@ -348,7 +349,8 @@ impl<T> Chain<T> {
             // SAFETY: the node is ours alone (never published since `take_all`);
             // its value is read once and the box freed once.
             let boxed = unsafe { Box::from_raw(node) };
-            ManuallyDrop::into_inner(boxed.value)
+            // SAFETY: the value is read once, from the node we own.
+            boxed.value.with(|v| unsafe { ptr::read(&**v) })
         })
     }
 

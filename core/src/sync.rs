@@ -16,3 +16,34 @@ pub(crate) use alloc::sync::Arc;
 pub(crate) use loom::sync::Arc;
 
 pub(crate) use crossbeam_epoch as epoch;
+
+#[cfg(loom)]
+pub(crate) use loom::cell::UnsafeCell;
+
+/// `core::cell::UnsafeCell` with loom's `with`/`with_mut` interface, so code
+/// written against it is checked by loom under `cfg(loom)` and costs nothing
+/// otherwise.
+#[cfg(not(loom))]
+#[derive(Debug)]
+pub(crate) struct UnsafeCell<T>(core::cell::UnsafeCell<T>);
+
+#[cfg(not(loom))]
+impl<T> UnsafeCell<T> {
+    #[inline]
+    pub(crate) const fn new(value: T) -> Self {
+        UnsafeCell(core::cell::UnsafeCell::new(value))
+    }
+
+    /// Calls `f` with a shared-access pointer to the value.
+    #[inline]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    /// Calls `f` with an exclusive-access pointer to the value.
+    #[inline]
+    #[allow(dead_code)] // part of loom's interface; not every build uses it
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
