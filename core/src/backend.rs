@@ -185,8 +185,11 @@ pub trait StreamBackend: Backend {
     fn destroy_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), Self::Error>;
 
     /// Whether all work submitted to the stream has finished. Never blocks.
-    fn query_stream(&self, stream: StreamHandle, device: DeviceId)
-        -> Result<Completion, Self::Error>;
+    fn query_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Completion, Self::Error>;
 
     /// Blocks the calling thread until all work submitted to the stream has finished.
     fn synchronize_stream(&self, stream: StreamHandle, device: DeviceId)
@@ -207,7 +210,8 @@ pub trait StreamBackend: Backend {
 /// Event operations.
 pub trait EventBackend: Backend {
     /// Creates an event on `device` with `flags`.
-    fn create_event(&self, device: DeviceId, flags: EventFlags) -> Result<EventHandle, Self::Error>;
+    fn create_event(&self, device: DeviceId, flags: EventFlags)
+        -> Result<EventHandle, Self::Error>;
 
     /// Destroys an event.
     fn destroy_event(&self, event: EventHandle, device: DeviceId) -> Result<(), Self::Error>;

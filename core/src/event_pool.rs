@@ -1,7 +1,7 @@
 //! [`EventPool`]: per-device pools of events, handed out as [`EventLease`]s or
 //! as reference-counted [`SharedEvent`]s.
 //!
-//! One ready list per device (a LIFO [`Stack`]). `get` pops it, or creates an
+//! One ready list per device (a lock-free LIFO stack). `get` pops it, or creates an
 //! event with the pool's flags; returning pushes it back with no backend call at
 //! all. A returned event may still be pending (recorded, not yet complete):
 //! recording it again is legal, and waits already issued on it keep the point
@@ -64,7 +64,10 @@ impl OwnedEvent {
     }
 
     /// Destroys the event. On failure the event comes back with the error.
-    pub fn destroy<B: EventBackend>(self, backend: &B) -> Result<(), Rejected<OwnedEvent, B::Error>> {
+    pub fn destroy<B: EventBackend>(
+        self,
+        backend: &B,
+    ) -> Result<(), Rejected<OwnedEvent, B::Error>> {
         match backend.destroy_event(self.handle, self.device) {
             Ok(()) => Ok(()),
             Err(e) => Err(Rejected {
@@ -173,7 +176,10 @@ impl<B: EventBackend> EventPool<B> {
 
     /// Leases an event on `device`: a pooled one, or a new one.
     #[cfg(feature = "std")]
-    pub fn get(&self, device: impl Into<DeviceSelector>) -> Result<EventLease<'_, B>, Error<B::Error>> {
+    pub fn get(
+        &self,
+        device: impl Into<DeviceSelector>,
+    ) -> Result<EventLease<'_, B>, Error<B::Error>> {
         let device = device.into();
         self.pinning.pin(|g| self.get_in(device, g))
     }
@@ -202,7 +208,6 @@ impl<B: EventBackend> EventPool<B> {
                 e
             }
         };
-        Counters::bump(&slot.counters.leased);
         Ok(EventLease {
             pool: self,
             event,
@@ -212,7 +217,10 @@ impl<B: EventBackend> EventPool<B> {
 
     /// Leases an event as a [`SharedEvent`], returned when the last clone drops.
     #[cfg(feature = "std")]
-    pub fn get_shared(&self, device: impl Into<DeviceSelector>) -> Result<SharedEvent<'_, B>, Error<B::Error>> {
+    pub fn get_shared(
+        &self,
+        device: impl Into<DeviceSelector>,
+    ) -> Result<SharedEvent<'_, B>, Error<B::Error>> {
         self.get(device).map(EventLease::share)
     }
 
@@ -220,7 +228,11 @@ impl<B: EventBackend> EventPool<B> {
     /// `None` for the event's own. On a wrong or out-of-range device the event
     /// comes back in the error and the pool is unchanged. Makes no backend call
     /// once the pool knows the device count.
-    pub fn put(&self, event: OwnedEvent, device: Option<DeviceId>) -> Result<(), Rejected<OwnedEvent, B::Error>> {
+    pub fn put(
+        &self,
+        event: OwnedEvent,
+        device: Option<DeviceId>,
+    ) -> Result<(), Rejected<OwnedEvent, B::Error>> {
         if let Some(given) = device {
             if given != event.device {
                 let actual = event.device;
@@ -235,7 +247,10 @@ impl<B: EventBackend> EventPool<B> {
                 slot.ready.push(event.handle);
                 Ok(())
             }
-            Err(error) => Err(Rejected { value: event, error }),
+            Err(error) => Err(Rejected {
+                value: event,
+                error,
+            }),
         }
     }
 

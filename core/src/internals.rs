@@ -7,7 +7,7 @@ use alloc::vec::Vec;
 use crate::stack::{Bag, Stack};
 use crate::sync::epoch::Collector;
 
-/// A [`Stack`] together with the collector its pops pin, so that every pop is
+/// A Treiber stack together with the collector its pops pin, so that every pop is
 /// protected by the right collector.
 pub struct GuardedStack<T> {
     stack: Stack<T>,
@@ -59,7 +59,7 @@ impl<T> Default for GuardedStack<T> {
     }
 }
 
-/// A [`Bag`]: push, and take everything at once.
+/// A push-and-take-all bag: push, and take everything at once.
 pub struct PushOnlyBag<T> {
     bag: Bag<T>,
 }

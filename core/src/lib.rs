@@ -57,13 +57,13 @@ extern crate std;
 mod backend;
 mod epoch;
 mod error;
+pub mod event_pool;
 #[doc(hidden)]
 pub mod internals;
-mod event_pool;
 mod order;
 mod stack;
 mod stats;
-mod stream_pool;
+pub mod stream_pool;
 mod sync;
 mod table;
 

@@ -102,8 +102,14 @@ impl AccessOrder {
     {
         let (this_stream, this_device, other_stream, other_device) = match (self, other) {
             (
-                AccessOrder::Stream { stream: ts, device: td },
-                AccessOrder::Stream { stream: os, device: od },
+                AccessOrder::Stream {
+                    stream: ts,
+                    device: td,
+                },
+                AccessOrder::Stream {
+                    stream: os,
+                    device: od,
+                },
             ) if self != other => (*ts, *td, *os, *od),
             _ => return self.wait_without_event(other, events),
         };
@@ -131,7 +137,11 @@ impl AccessOrder {
     }
 
     /// The cases of `wait` that need no pooled event.
-    fn wait_without_event<B>(&self, other: &AccessOrder, events: &EventPool<B>) -> Result<(), Error<B::Error>>
+    fn wait_without_event<B>(
+        &self,
+        other: &AccessOrder,
+        events: &EventPool<B>,
+    ) -> Result<(), Error<B::Error>>
     where
         B: StreamBackend + EventBackend,
     {
@@ -149,7 +159,12 @@ impl AccessOrder {
 
     /// Makes `self` wait for `event` (of `device`): a stream waits on it in
     /// stream order, the host synchronizes it.
-    pub fn wait_event<B>(&self, event: EventHandle, device: DeviceId, backend: &B) -> Result<(), Error<B::Error>>
+    pub fn wait_event<B>(
+        &self,
+        event: EventHandle,
+        device: DeviceId,
+        backend: &B,
+    ) -> Result<(), Error<B::Error>>
     where
         B: StreamBackend + EventBackend,
     {

@@ -112,12 +112,10 @@ impl<T> Stack<T> {
             // so it has no ABA hazard: if `head` is `head` again, `node.next`
             // is right whatever happened in between. Relaxed on failure: we
             // only retry with the new head.
-            match self.head.compare_exchange_weak(
-                head,
-                node,
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
+            match self
+                .head
+                .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)
+            {
                 Ok(_) => return,
                 Err(actual) => head = actual,
             }
@@ -283,12 +281,10 @@ impl<T> Bag<T> {
             unsafe { (*last).next.store(head, Ordering::Relaxed) };
             // Release: publishes the chain's values and links to the Acquire swap
             // of the next `take_all`. No ABA: a push reads no other node.
-            match self.head.compare_exchange_weak(
-                head,
-                first,
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
+            match self
+                .head
+                .compare_exchange_weak(head, first, Ordering::Release, Ordering::Relaxed)
+            {
                 Ok(_) => return,
                 Err(actual) => head = actual,
             }
@@ -480,7 +476,10 @@ mod tests {
                 })
             })
             .collect();
-        let mut all: Vec<usize> = handles.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        let mut all: Vec<usize> = handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
         all.extend(s.drain(&epoch::pin()));
         let set: HashSet<_> = all.iter().copied().collect();
         assert_eq!(all.len(), THREADS * PER, "an item was lost or duplicated");

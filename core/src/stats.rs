@@ -9,7 +9,9 @@ use core::ptr;
 
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
 
-/// One device's tallies inside a pool.
+/// One device's tallies inside a pool. Every lease is counted once, by how it
+/// was served (`created`, `reused` or `busy_hits`), so the lease total is their
+/// sum and a `get` touches one counter.
 #[derive(Default)]
 pub(crate) struct Counters {
     pub(crate) created: AtomicUsize,
@@ -17,7 +19,6 @@ pub(crate) struct Counters {
     pub(crate) busy_hits: AtomicUsize,
     pub(crate) promoted: AtomicUsize,
     pub(crate) destroyed: AtomicUsize,
-    pub(crate) leased: AtomicUsize,
     pub(crate) returned: AtomicUsize,
 }
 
@@ -37,12 +38,13 @@ impl Counters {
     pub(crate) fn snapshot(&self) -> PoolStats {
         // Relaxed: a snapshot of independent tallies (module doc).
         let r = |c: &AtomicUsize| c.load(Ordering::Relaxed);
-        let leased = r(&self.leased);
         let returned = r(&self.returned);
+        let (created, reused, busy_hits) = (r(&self.created), r(&self.reused), r(&self.busy_hits));
+        let leased = created + reused + busy_hits;
         PoolStats {
-            created: r(&self.created),
-            reused: r(&self.reused),
-            busy_hits: r(&self.busy_hits),
+            created,
+            reused,
+            busy_hits,
             promoted: r(&self.promoted),
             destroyed: r(&self.destroyed),
             leases: leased,
@@ -56,7 +58,7 @@ impl Counters {
 /// A snapshot of a pool's tallies, for one device or summed over all.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
-    /// Handles the pool asked the backend to create.
+    /// Handles the pool asked the backend to create (each for a lease).
     pub created: usize,
     /// Leases served from the ready list, without a backend call.
     pub reused: usize,

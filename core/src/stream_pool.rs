@@ -1,8 +1,8 @@
 //! [`StreamPool`]: per-device pools of streams, handed out as exclusive
 //! [`StreamLease`]s.
 //!
-//! Each device has a *ready* list (streams known to be idle; a LIFO [`Stack`])
-//! and a *busy* list (streams returned with work still pending; a [`Bag`]).
+//! Each device has a *ready* list (streams known to be idle; a lock-free LIFO stack)
+//! and a *busy* list (streams returned with work still pending; a lock-free push-and-take-all stack).
 //!
 //! - `get` pops the ready list. Only when it is empty does it scan the busy list,
 //!   oldest first, querying at most [`StreamPoolConfig::scan_limit`] streams; the
@@ -87,7 +87,10 @@ impl OwnedStream {
 
     /// Takes ownership of a raw stream, asking the backend which device it
     /// belongs to. The null handle and the other special streams are refused.
-    pub fn adopt<B: StreamBackend>(backend: &B, handle: StreamHandle) -> Result<Self, Error<B::Error>> {
+    pub fn adopt<B: StreamBackend>(
+        backend: &B,
+        handle: StreamHandle,
+    ) -> Result<Self, Error<B::Error>> {
         if handle.is_special() {
             return Err(Error::NullHandle);
         }
@@ -113,7 +116,10 @@ impl OwnedStream {
     }
 
     /// Destroys the stream. On failure the stream comes back with the error.
-    pub fn destroy<B: StreamBackend>(self, backend: &B) -> Result<(), Rejected<OwnedStream, B::Error>> {
+    pub fn destroy<B: StreamBackend>(
+        self,
+        backend: &B,
+    ) -> Result<(), Rejected<OwnedStream, B::Error>> {
         match backend.destroy_stream(self.handle, self.device) {
             Ok(()) => Ok(()),
             Err(e) => Err(Rejected {
@@ -228,7 +234,10 @@ impl<B: StreamBackend> StreamPool<B> {
 
     /// Leases a stream on `device` (see the [module documentation](self)).
     #[cfg(feature = "std")]
-    pub fn get(&self, device: impl Into<DeviceSelector>) -> Result<StreamLease<'_, B>, Error<B::Error>> {
+    pub fn get(
+        &self,
+        device: impl Into<DeviceSelector>,
+    ) -> Result<StreamLease<'_, B>, Error<B::Error>> {
         let device = device.into();
         self.pinning.pin(|g| self.get_in(device, g))
     }
@@ -257,7 +266,6 @@ impl<B: StreamBackend> StreamPool<B> {
             Counters::bump(&slot.counters.created);
             s
         };
-        Counters::bump(&slot.counters.leased);
         Ok(StreamLease {
             pool: self,
             stream,
@@ -287,7 +295,12 @@ impl<B: StreamBackend> StreamPool<B> {
         }
         let slot = match self.slot(DeviceSelector::Id(stream.device)) {
             Ok((_, slot)) => slot,
-            Err(error) => return Err(Rejected { value: stream, error }),
+            Err(error) => {
+                return Err(Rejected {
+                    value: stream,
+                    error,
+                })
+            }
         };
         match self.backend.query_stream(stream.handle, stream.device) {
             Ok(Completion::Complete) => slot.ready.push(stream.handle),
@@ -328,7 +341,9 @@ impl<B: StreamBackend> StreamPool<B> {
             let device = DeviceId(i as u32);
             let mut busy = slot.busy.take_all();
             let ready = slot.ready.drain(guard);
-            let doomed = ready.into_iter().chain(core::iter::from_fn(|| busy.pop_first()));
+            let doomed = ready
+                .into_iter()
+                .chain(core::iter::from_fn(|| busy.pop_first()));
             for s in doomed {
                 match self.backend.destroy_stream(s, device) {
                     Ok(()) => {

@@ -63,10 +63,12 @@ impl<S> DeviceTable<S> {
         let mine = Box::into_raw(Box::new(slots.into_boxed_slice()));
         // AcqRel on success: Release publishes our slots; Acquire on failure
         // synchronises with the winner's publication, whose slots we then use.
-        match self
-            .table
-            .compare_exchange(ptr::null_mut(), mine, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match self.table.compare_exchange(
+            ptr::null_mut(),
+            mine,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             // SAFETY: we just published `mine`; see `get` for its lifetime.
             Ok(_) => Ok(Some(unsafe { &**mine })),
             Err(winner) => {

@@ -93,7 +93,10 @@ fn stream_pool_two_threads_one_device() {
         let in_use = Mutex::new(HashSet::new());
         let work = || {
             let lease = pool.get(0).unwrap();
-            assert!(in_use.lock().unwrap().insert(lease.get()), "stream leased twice");
+            assert!(
+                in_use.lock().unwrap().insert(lease.get()),
+                "stream leased twice"
+            );
             in_use.lock().unwrap().remove(&lease.get());
         };
         let t = spawn_scoped(work);
@@ -204,7 +207,11 @@ fn event_pool_two_threads_get_put() {
         assert_eq!(pool.live_leases(), 0);
         let created = pool.total_stats().created;
         assert!((1..=2).contains(&created));
-        assert_eq!(pool.purge().unwrap(), created, "an event was lost or duplicated");
+        assert_eq!(
+            pool.purge().unwrap(),
+            created,
+            "an event was lost or duplicated"
+        );
         assert_eq!(mock.live_events(), 0);
     });
 }

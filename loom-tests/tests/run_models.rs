@@ -39,7 +39,10 @@ fn loom_models_pass() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("{stdout}");
     if !output.status.success() {
-        panic!("the loom models failed ({}):\n{stdout}\n{stderr}", output.status);
+        panic!(
+            "the loom models failed ({}):\n{stdout}\n{stderr}",
+            output.status
+        );
     }
     for model in loom_tests::MODELS {
         let line = format!("test {model} ... ok");

@@ -95,7 +95,11 @@ fn main() {
     streams.purge().expect("purge streams");
     events.purge().expect("purge events");
     drop((streams, events));
-    assert_eq!(gpu.live_streams() + gpu.live_events(), 0, "everything was destroyed");
+    assert_eq!(
+        gpu.live_streams() + gpu.live_events(),
+        0,
+        "everything was destroyed"
+    );
     println!("after purge and drop: 0 streams and 0 events alive on the machine");
 }
 

@@ -39,7 +39,8 @@ impl TestGpu for MockBackend {
     }
 
     fn make_busy(&self, stream: StreamHandle, _device: DeviceId) {
-        self.enqueue_work(stream).expect("enqueue work on a live stream");
+        self.enqueue_work(stream)
+            .expect("enqueue work on a live stream");
     }
 
     fn finish(&self, stream: StreamHandle, _device: DeviceId) {
@@ -69,7 +70,11 @@ pub struct Rng(u64);
 impl Rng {
     /// A generator seeded with `seed` (0 is replaced by a fixed odd constant).
     pub fn new(seed: u64) -> Self {
-        Rng(if seed == 0 { 0x9E37_79B9_7F4A_7C15 } else { seed })
+        Rng(if seed == 0 {
+            0x9E37_79B9_7F4A_7C15
+        } else {
+            seed
+        })
     }
 
     /// The next 64 random bits.
@@ -87,3 +92,8 @@ impl Rng {
         self.next_u64() % n
     }
 }
+
+/// The README's code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -15,7 +15,9 @@ fn waiting_on_itself_or_on_the_host_does_nothing() {
     let calls = gpu.total_calls();
     s.order().wait(&s.order(), &events).unwrap();
     s.order().wait(&AccessOrder::host(), &events).unwrap();
-    AccessOrder::host().wait(&AccessOrder::host(), &events).unwrap();
+    AccessOrder::host()
+        .wait(&AccessOrder::host(), &events)
+        .unwrap();
     assert_eq!(gpu.total_calls(), calls);
 }
 
@@ -64,7 +66,10 @@ fn wait_is_transitive() {
     b.order().wait(&a.order(), &events).unwrap();
     c.order().wait(&b.order(), &events).unwrap();
     gpu.enqueue_work(c.get()).unwrap();
-    assert!(!gpu.complete_one(c.get()).unwrap(), "c ran before a finished");
+    assert!(
+        !gpu.complete_one(c.get()).unwrap(),
+        "c ran before a finished"
+    );
     gpu.complete_all(a.get()).unwrap();
     assert!(gpu.complete_one(c.get()).unwrap());
 }
@@ -110,7 +115,11 @@ fn a_failed_record_destroys_the_event_and_reports() {
     gpu.fail_nth(CallKind::RecordEvent, 1);
     let err = a.order().wait(&b.order(), &events).unwrap_err();
     assert_eq!(err.backend_op(), Some(BackendOp::RecordEvent));
-    assert_eq!(gpu.live_events(), 0, "the event was destroyed, not returned");
+    assert_eq!(
+        gpu.live_events(),
+        0,
+        "the event was destroyed, not returned"
+    );
     assert_eq!(events.live_leases(), 0);
     a.order().wait(&b.order(), &events).unwrap();
 }
@@ -129,7 +138,12 @@ fn wait_event_from_host_and_stream() {
     t.order().wait_event(e.get(), DeviceId(0), &gpu).unwrap();
     gpu.enqueue_work(t.get()).unwrap();
     assert!(!gpu.complete_one(t.get()).unwrap());
-    AccessOrder::host().wait_event(e.get(), DeviceId(0), &gpu).unwrap();
-    assert_eq!(gpu.query_stream(s.get(), DeviceId(0)).unwrap(), gpupool_core::Completion::Complete);
+    AccessOrder::host()
+        .wait_event(e.get(), DeviceId(0), &gpu)
+        .unwrap();
+    assert_eq!(
+        gpu.query_stream(s.get(), DeviceId(0)).unwrap(),
+        gpupool_core::Completion::Complete
+    );
     assert!(gpu.complete_one(t.get()).unwrap());
 }

@@ -16,19 +16,31 @@ fn a_device_out_of_range_is_an_error_and_the_pools_still_work() {
     for d in [2, 3, u32::MAX] {
         assert_eq!(
             streams.get(d).unwrap_err(),
-            Error::DeviceOutOfRange { device: DeviceId(d), count: 2 }
+            Error::DeviceOutOfRange {
+                device: DeviceId(d),
+                count: 2
+            }
         );
         assert_eq!(
             events.get(d).unwrap_err(),
-            Error::DeviceOutOfRange { device: DeviceId(d), count: 2 }
+            Error::DeviceOutOfRange {
+                device: DeviceId(d),
+                count: 2
+            }
         );
     }
     gpu.set_current_device(DeviceId(7));
     assert!(matches!(
         streams.get(gpupool_core::DeviceSelector::Current),
-        Err(Error::DeviceOutOfRange { device: DeviceId(7), .. })
+        Err(Error::DeviceOutOfRange {
+            device: DeviceId(7),
+            ..
+        })
     ));
-    assert_eq!(gpu.calls(CallKind::CreateStream) + gpu.calls(CallKind::CreateEvent), 0);
+    assert_eq!(
+        gpu.calls(CallKind::CreateStream) + gpu.calls(CallKind::CreateEvent),
+        0
+    );
     drop(streams.get(1).unwrap());
     drop(events.get(1).unwrap());
 }
@@ -40,7 +52,13 @@ fn a_stream_put_under_another_device_comes_back_and_the_pool_is_unchanged() {
     let owned = pool.get(0).unwrap().release();
     let h = owned.handle();
     let rejected = pool.put(owned, Some(DeviceId(1))).unwrap_err();
-    assert_eq!(rejected.error, Error::WrongDevice { given: DeviceId(1), actual: DeviceId(0) });
+    assert_eq!(
+        rejected.error,
+        Error::WrongDevice {
+            given: DeviceId(1),
+            actual: DeviceId(0)
+        }
+    );
     assert_eq!(rejected.value.handle(), h, "the caller keeps the stream");
     assert_eq!(pool.total_stats().live_leases, 0);
     // Device 1's list is still empty: its next lease is a new stream.
@@ -55,7 +73,13 @@ fn an_event_put_under_another_device_comes_back() {
     let pool = EventPool::new(gpu.clone());
     let owned = pool.get(1).unwrap().release();
     let rejected = pool.put(owned, Some(DeviceId(0))).unwrap_err();
-    assert_eq!(rejected.error, Error::WrongDevice { given: DeviceId(0), actual: DeviceId(1) });
+    assert_eq!(
+        rejected.error,
+        Error::WrongDevice {
+            given: DeviceId(0),
+            actual: DeviceId(1)
+        }
+    );
     pool.put(rejected.value, None).unwrap();
 }
 
@@ -65,17 +89,36 @@ fn an_adopted_handle_with_an_out_of_range_device_is_refused_at_put() {
     let pool = EventPool::new(gpu.clone());
     let fake = OwnedEvent::from_raw_parts(EventHandle(0x55), DeviceId(9)).unwrap();
     let r = pool.put(fake, None).unwrap_err();
-    assert!(matches!(r.error, Error::DeviceOutOfRange { device: DeviceId(9), count: 1 }));
+    assert!(matches!(
+        r.error,
+        Error::DeviceOutOfRange {
+            device: DeviceId(9),
+            count: 1
+        }
+    ));
     let _ = r.value.into_raw();
 }
 
 #[test]
 fn null_handles_are_refused() {
     let gpu = mock(1);
-    assert_eq!(OwnedStream::from_raw_parts(StreamHandle::NULL, DeviceId(0)), Err(Error::NullHandle));
-    assert_eq!(OwnedEvent::from_raw_parts(EventHandle::NULL, DeviceId(0)), Err(Error::NullHandle));
-    for special in [StreamHandle::NULL, StreamHandle::LEGACY, StreamHandle::PER_THREAD] {
-        assert_eq!(OwnedStream::adopt(&gpu, special).unwrap_err(), Error::NullHandle);
+    assert_eq!(
+        OwnedStream::from_raw_parts(StreamHandle::NULL, DeviceId(0)),
+        Err(Error::NullHandle)
+    );
+    assert_eq!(
+        OwnedEvent::from_raw_parts(EventHandle::NULL, DeviceId(0)),
+        Err(Error::NullHandle)
+    );
+    for special in [
+        StreamHandle::NULL,
+        StreamHandle::LEGACY,
+        StreamHandle::PER_THREAD,
+    ] {
+        assert_eq!(
+            OwnedStream::adopt(&gpu, special).unwrap_err(),
+            Error::NullHandle
+        );
     }
     let streams = StreamPool::new(gpu.clone());
     let events = EventPool::new(gpu.clone());
@@ -100,9 +143,17 @@ fn no_device_at_all_is_an_error_and_nothing_is_built() {
     let events = EventPool::new(gpu.clone());
     assert_eq!(streams.get(0).unwrap_err(), Error::NoDevice);
     assert_eq!(events.get(0).unwrap_err(), Error::NoDevice);
-    assert_eq!(streams.device_count(), None, "zero devices publish no table");
+    assert_eq!(
+        streams.device_count(),
+        None,
+        "zero devices publish no table"
+    );
     assert_eq!(streams.get(0).unwrap_err(), Error::NoDevice);
-    assert_eq!(gpu.calls(CallKind::DeviceCount), 3, "asked again on every call, like DALI");
+    assert_eq!(
+        gpu.calls(CallKind::DeviceCount),
+        3,
+        "asked again on every call, like DALI"
+    );
 }
 
 #[test]
@@ -128,8 +179,14 @@ fn a_failed_create_is_an_error_and_the_pool_still_works() {
     let events = EventPool::new(gpu.clone());
     gpu.fail_nth(CallKind::CreateStream, 1);
     gpu.fail_nth(CallKind::CreateEvent, 1);
-    assert_eq!(streams.get(0).unwrap_err().backend_op(), Some(BackendOp::CreateStream));
-    assert_eq!(events.get(0).unwrap_err().backend_op(), Some(BackendOp::CreateEvent));
+    assert_eq!(
+        streams.get(0).unwrap_err().backend_op(),
+        Some(BackendOp::CreateStream)
+    );
+    assert_eq!(
+        events.get(0).unwrap_err().backend_op(),
+        Some(BackendOp::CreateEvent)
+    );
     assert_eq!(streams.live_leases() + events.live_leases(), 0);
     drop(streams.get(0).unwrap());
     drop(events.get(0).unwrap());
@@ -140,7 +197,10 @@ fn a_failed_device_count_publishes_nothing_and_is_retried() {
     let gpu = mock(1);
     let pool = StreamPool::new(gpu.clone());
     gpu.fail_nth(CallKind::DeviceCount, 1);
-    assert_eq!(pool.get(0).unwrap_err().backend_op(), Some(BackendOp::DeviceCount));
+    assert_eq!(
+        pool.get(0).unwrap_err().backend_op(),
+        Some(BackendOp::DeviceCount)
+    );
     assert_eq!(pool.device_count(), None);
     drop(pool.get(0).unwrap());
     assert_eq!(pool.device_count(), Some(1));
@@ -168,7 +228,10 @@ fn a_failed_query_on_reset_or_put_is_returned() {
     let pool = StreamPool::new(gpu.clone());
     let lease = pool.get(0).unwrap();
     gpu.fail_nth(CallKind::QueryStream, 1);
-    assert_eq!(lease.reset().unwrap_err().backend_op(), Some(BackendOp::QueryStream));
+    assert_eq!(
+        lease.reset().unwrap_err().backend_op(),
+        Some(BackendOp::QueryStream)
+    );
     let owned = pool.get(0).unwrap().release();
     gpu.fail_nth(CallKind::QueryStream, 1);
     let r = pool.put(owned, None).unwrap_err();

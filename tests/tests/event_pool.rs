@@ -19,7 +19,10 @@ fn events_get_the_pools_flags_timing_disabled_by_default() {
     let default = EventPool::new(gpu.clone());
     let e = default.get(0).unwrap();
     assert_eq!(gpu.event_flags(e.get()), Some(EventFlags::DISABLE_TIMING));
-    let custom = EventPool::with_flags(gpu.clone(), EventFlags::BLOCKING_SYNC | EventFlags::DISABLE_TIMING);
+    let custom = EventPool::with_flags(
+        gpu.clone(),
+        EventFlags::BLOCKING_SYNC | EventFlags::DISABLE_TIMING,
+    );
     let c = custom.get(0).unwrap();
     assert_eq!(gpu.event_flags(c.get()), Some(EventFlags(3)));
     assert_eq!(custom.flags(), EventFlags(3));
@@ -56,7 +59,10 @@ fn a_pending_event_may_be_returned_and_leased_again() {
     drop(e);
     let again = pool.get(0).unwrap();
     assert_eq!(again.get(), handle);
-    assert_eq!(gpu.query_event(handle, DeviceId(0)).unwrap(), gpupool_core::Completion::Pending);
+    assert_eq!(
+        gpu.query_event(handle, DeviceId(0)).unwrap(),
+        gpupool_core::Completion::Pending
+    );
 }
 
 #[test]
@@ -67,7 +73,11 @@ fn put_without_a_device_uses_the_events_own_device_not_the_current_one() {
     let e = pool.get(1).unwrap();
     let handle = e.get();
     pool.put(e.release(), None).unwrap();
-    assert_eq!(pool.get(1).unwrap().get(), handle, "returned to device 1's list");
+    assert_eq!(
+        pool.get(1).unwrap().get(),
+        handle,
+        "returned to device 1's list"
+    );
     assert_eq!(pool.stats(DeviceId(0)).unwrap().created, 0);
 }
 
@@ -104,8 +114,11 @@ fn release_put_and_destroy() {
     let owned = e.release();
     assert_eq!(owned.device(), DeviceId(1));
     pool.put(owned, Some(DeviceId(1))).unwrap();
-    let raw = gpu.create_event(DeviceId(0), EventFlags::DISABLE_TIMING).unwrap();
-    pool.put(OwnedEvent::from_raw_parts(raw, DeviceId(0)).unwrap(), None).unwrap();
+    let raw = gpu
+        .create_event(DeviceId(0), EventFlags::DISABLE_TIMING)
+        .unwrap();
+    pool.put(OwnedEvent::from_raw_parts(raw, DeviceId(0)).unwrap(), None)
+        .unwrap();
     assert_eq!(pool.get(0).unwrap().get(), raw);
     let doomed = pool.get(1).unwrap().release();
     let h = doomed.handle();

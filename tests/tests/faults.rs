@@ -34,7 +34,10 @@ fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
     let events = EventPool::new(gpu.clone());
     gpu.set_current_device(DeviceId(1));
     {
-        let a = streams.get(DeviceSelector::Current).map_err(|e| errors.push(e)).ok();
+        let a = streams
+            .get(DeviceSelector::Current)
+            .map_err(|e| errors.push(e))
+            .ok();
         let b = streams.get(0).map_err(|e| errors.push(e)).ok();
         if let (Some(a), Some(b)) = (&a, &b) {
             gpu.enqueue_work(b.get()).unwrap();
@@ -56,13 +59,19 @@ fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
                             errors.push(err);
                         }
                     }
-                    Err(source) => errors.push(Error::Backend { op: BackendOp::RecordEvent, source }),
+                    Err(source) => errors.push(Error::Backend {
+                        op: BackendOp::RecordEvent,
+                        source,
+                    }),
                 }
             }
         }
         // A foreign stream adopted into the pool.
         match gpu.create_stream(DeviceId(0), StreamOptions::default()) {
-            Err(source) => errors.push(Error::Backend { op: BackendOp::CreateStream, source }),
+            Err(source) => errors.push(Error::Backend {
+                op: BackendOp::CreateStream,
+                source,
+            }),
             Ok(raw) => match OwnedStream::adopt(gpu, raw) {
                 Ok(owned) => {
                     if let Err(r) = streams.put(owned, None) {
@@ -81,8 +90,14 @@ fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
     errors.extend(streams.take_error());
     errors.extend(events.take_error());
     // The pools are still usable after whatever failed.
-    assert!(streams.get(0).is_ok() || streams.get(0).is_ok(), "stream pool unusable");
-    assert!(events.get(0).is_ok() || events.get(0).is_ok(), "event pool unusable");
+    assert!(
+        streams.get(0).is_ok() || streams.get(0).is_ok(),
+        "stream pool unusable"
+    );
+    assert!(
+        events.get(0).is_ok() || events.get(0).is_ok(),
+        "event pool unusable"
+    );
     errors.extend(streams.take_error());
     for _ in 0..3 {
         match (streams.purge(), events.purge()) {
@@ -122,14 +137,22 @@ fn each_call_failing_once_gives_an_error_and_leaks_nothing() {
             let gpu = MockBackend::new(2);
             gpu.fail_nth(kind, n);
             let errors = workload(&gpu);
-            assert_eq!(gpu.armed_faults(), 0, "{kind:?} #{n}: the fault never fired");
+            assert_eq!(
+                gpu.armed_faults(),
+                0,
+                "{kind:?} #{n}: the fault never fired"
+            );
             let surfaced = errors.iter().any(|e| {
                 matches!(e, Error::Backend { source: MockError::Injected(k), .. } if *k == kind)
             });
             assert!(surfaced, "{kind:?} #{n}: no error surfaced: {errors:?}");
             assert_eq!(gpu.live_streams(), 0, "{kind:?} #{n}: a stream leaked");
             assert_eq!(gpu.live_events(), 0, "{kind:?} #{n}: an event leaked");
-            assert!(gpu.misuses().is_empty(), "{kind:?} #{n}: {:?}", gpu.misuses());
+            assert!(
+                gpu.misuses().is_empty(),
+                "{kind:?} #{n}: {:?}",
+                gpu.misuses()
+            );
         }
     }
 }

@@ -16,7 +16,11 @@ fn constructing_a_pool_calls_nothing() {
     assert_eq!(pool.device_count(), None);
     assert_eq!(pool.stats(DeviceId(0)), None);
     drop(pool);
-    assert_eq!(gpu.total_calls(), 0, "dropping an unused pool calls nothing");
+    assert_eq!(
+        gpu.total_calls(),
+        0,
+        "dropping an unused pool calls nothing"
+    );
 }
 
 #[test]
@@ -29,7 +33,11 @@ fn first_get_counts_devices_once_and_creates_a_stream_on_that_device() {
     assert_eq!(gpu.calls(CallKind::DeviceCount), 1);
     assert_eq!(gpu.calls(CallKind::CreateStream), 1);
     drop(pool.get(0).unwrap());
-    assert_eq!(gpu.calls(CallKind::DeviceCount), 1, "the table is built once");
+    assert_eq!(
+        gpu.calls(CallKind::DeviceCount),
+        1,
+        "the table is built once"
+    );
     assert_eq!(pool.device_count(), Some(2));
 }
 
@@ -47,7 +55,11 @@ fn ready_list_is_lifo_and_reuse_makes_no_backend_call() {
     let first = pool.get(0).unwrap();
     let second = pool.get(0).unwrap();
     assert_eq!((first.get(), second.get()), (sb, sa));
-    assert_eq!(gpu.total_calls(), calls, "a ready stream is handed out with no call");
+    assert_eq!(
+        gpu.total_calls(),
+        calls,
+        "a ready stream is handed out with no call"
+    );
     let stats = pool.stats(DeviceId(0)).unwrap();
     assert_eq!((stats.created, stats.reused, stats.live_leases), (2, 2, 2));
 }
@@ -68,7 +80,11 @@ fn return_queries_once_and_sorts_into_ready_or_busy() {
     let q = gpu.calls(CallKind::QueryStream);
     let l = pool.get(0).unwrap();
     assert_eq!(l.get(), si);
-    assert_eq!(gpu.calls(CallKind::QueryStream), q, "busy list scanned although a ready stream existed");
+    assert_eq!(
+        gpu.calls(CallKind::QueryStream),
+        q,
+        "busy list scanned although a ready stream existed"
+    );
     // Ready list now empty: the scan finds the busy stream still pending and a
     // new stream is created.
     let n = pool.get(0).unwrap();
@@ -91,7 +107,11 @@ fn busy_scan_takes_the_oldest_finished_stream_and_promotes_the_next_finished_one
     gpu.complete_all(handles[1]).unwrap();
     gpu.complete_all(handles[2]).unwrap(); // handles[3] stays pending
     let got = pool.get(0).unwrap();
-    assert_eq!(got.get(), handles[0], "the oldest finished stream is taken first");
+    assert_eq!(
+        got.get(),
+        handles[0],
+        "the oldest finished stream is taken first"
+    );
     let stats = pool.stats(DeviceId(0)).unwrap();
     assert_eq!((stats.busy_hits, stats.promoted), (1, 2));
     // The promoted streams come from the ready list with no query.
@@ -149,7 +169,11 @@ fn purge_destroys_pooled_streams_and_leases_out_come_back_later() {
     gpu.enqueue_work(busy.get()).unwrap();
     drop((idle, busy));
     assert_eq!(gpu.live_streams(), 3);
-    assert_eq!(pool.purge().unwrap(), 2, "ready and busy streams are destroyed");
+    assert_eq!(
+        pool.purge().unwrap(),
+        2,
+        "ready and busy streams are destroyed"
+    );
     assert_eq!(gpu.live_streams(), 1);
     assert!(gpu.is_live_stream(kept));
     drop(out); // returns normally after the purge
@@ -157,7 +181,11 @@ fn purge_destroys_pooled_streams_and_leases_out_come_back_later() {
     assert_eq!(pool.live_leases(), 0);
     assert_eq!(pool.device_count(), Some(2), "purge keeps the table");
     drop(pool);
-    assert_eq!(gpu.live_streams(), 0, "dropping the pool destroys what it holds");
+    assert_eq!(
+        gpu.live_streams(),
+        0,
+        "dropping the pool destroys what it holds"
+    );
     assert!(gpu.misuses().is_empty());
 }
 
@@ -170,7 +198,11 @@ fn release_hands_ownership_out_and_put_takes_it_back() {
     let owned = lease.release();
     assert_eq!((owned.handle(), owned.device()), (s, DeviceId(1)));
     assert_eq!(pool.live_leases(), 0, "a released lease is no longer live");
-    assert_eq!(pool.get(1).unwrap().get() == s, false, "a released stream is not pooled");
+    assert_ne!(
+        pool.get(1).unwrap().get(),
+        s,
+        "a released stream is not pooled"
+    );
     pool.put(owned, None).unwrap(); // its own device
     let again = pool.get(1).unwrap();
     assert_eq!(again.get(), s);
@@ -184,7 +216,9 @@ fn release_hands_ownership_out_and_put_takes_it_back() {
 #[test]
 fn adopting_a_foreign_stream_asks_the_backend_for_its_device() {
     let gpu = mock(2);
-    let raw = gpu.create_stream(DeviceId(1), StreamOptions::default()).unwrap();
+    let raw = gpu
+        .create_stream(DeviceId(1), StreamOptions::default())
+        .unwrap();
     let pool = StreamPool::new(gpu.clone());
     let owned = OwnedStream::adopt(&gpu, raw).unwrap();
     assert_eq!(owned.device(), DeviceId(1));
@@ -224,7 +258,11 @@ fn current_device_is_resolved_once_per_call() {
     assert_eq!(gpu.calls(CallKind::CurrentDevice), 1);
     drop(lease);
     drop(pool.get(DeviceId(2)).unwrap());
-    assert_eq!(gpu.calls(CallKind::CurrentDevice), 1, "an explicit device needs no lookup");
+    assert_eq!(
+        gpu.calls(CallKind::CurrentDevice),
+        1,
+        "an explicit device needs no lookup"
+    );
 }
 
 #[test]
@@ -243,7 +281,9 @@ fn streams_are_created_with_the_configured_priority() {
 fn leases_for_each_device_hold_streams_of_that_device() {
     let gpu = mock(4);
     let pool = StreamPool::new(gpu.clone());
-    let leases: Vec<_> = (0..4u32).flat_map(|d| [pool.get(d).unwrap(), pool.get(d).unwrap()]).collect();
+    let leases: Vec<_> = (0..4u32)
+        .flat_map(|d| [pool.get(d).unwrap(), pool.get(d).unwrap()])
+        .collect();
     for l in &leases {
         assert_eq!(gpu.stream_device(l.get()).unwrap(), l.device());
     }

@@ -25,7 +25,10 @@ impl InUse {
         &self.0[h % self.0.len()]
     }
     fn claim(&self, h: usize) {
-        assert!(self.shard(h).lock().unwrap().insert(h), "handle {h:#x} leased twice");
+        assert!(
+            self.shard(h).lock().unwrap().insert(h),
+            "handle {h:#x} leased twice"
+        );
     }
     fn free(&self, h: usize) {
         assert!(self.shard(h).lock().unwrap().remove(&h));
@@ -72,7 +75,9 @@ fn eight_threads_never_alias_and_leak_nothing() {
                         0 => drop(lease),
                         1 => lease.reset().unwrap(),
                         2 => streams.put(lease.release(), None).unwrap(),
-                        3 => streams.put(lease.release(), Some(DeviceId(device))).unwrap(),
+                        3 => streams
+                            .put(lease.release(), Some(DeviceId(device)))
+                            .unwrap(),
                         _ => {
                             gpu.complete_all(s).unwrap();
                             lease.release().destroy(gpu).unwrap();
