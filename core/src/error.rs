@@ -68,6 +68,15 @@ pub enum Error<E> {
     },
     /// The null handle was offered where a real stream or event is needed.
     NullHandle,
+    /// One of CUDA's special streams (legacy default, per-thread default) was
+    /// offered for pooling; they belong to no pool and cannot be destroyed.
+    SpecialHandle,
+    /// The backend reports more devices than a pool keeps a table for
+    /// ([`MAX_DEVICES`](crate::MAX_DEVICES)).
+    TooManyDevices {
+        /// The device count the backend reported.
+        count: u32,
+    },
     /// A guard of another epoch collector was passed to a pool call
     /// (see [`StreamPool::collector`](crate::StreamPool::collector)).
     ForeignGuard,
@@ -101,6 +110,14 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 write!(f, "the handle belongs to {actual}, not to {given}")
             }
             Error::NullHandle => f.write_str("the null handle cannot be pooled"),
+            Error::SpecialHandle => {
+                f.write_str("a special stream (legacy, per-thread) cannot be pooled")
+            }
+            Error::TooManyDevices { count } => write!(
+                f,
+                "the backend reports {count} devices, more than the {} a pool supports",
+                crate::MAX_DEVICES
+            ),
             Error::ForeignGuard => {
                 f.write_str("the epoch guard belongs to another collector than the pool's")
             }

@@ -20,11 +20,11 @@ use core::ops::Deref;
 use crate::backend::{DeviceId, DeviceSelector, EventBackend, EventFlags, EventHandle};
 use crate::epoch::Pinning;
 use crate::error::{BackendOp, Error, Rejected};
-use crate::stack::Stack;
+use crate::stack::{Bag, Stack};
 use crate::stats::{Counters, ParkedError, PoolStats};
 use crate::sync::epoch::{self, Collector, Guard};
 use crate::sync::Arc;
-use crate::table::DeviceTable;
+use crate::table::{checked_device_count, DeviceTable};
 
 /// An event owned by the caller, outside any pool: what [`EventLease::release`]
 /// hands out and [`EventPool::put`] takes back. Not `Clone`; dropping it
@@ -39,9 +39,15 @@ pub struct OwnedEvent {
 
 impl OwnedEvent {
     /// Takes ownership of a raw event created on `device` (CUDA cannot tell an
-    /// event's device, so the caller says it). Nothing else may use the event as
-    /// its own from now on. The null handle is refused.
-    pub fn from_raw_parts(handle: EventHandle, device: DeviceId) -> Result<Self, Error<()>> {
+    /// event's device, so the caller says it). The null handle is refused.
+    ///
+    /// # Safety
+    /// The caller hands the event over, as with `File::from_raw_fd`:
+    /// 1. `handle` is a live event created on `device` by the backend it will be
+    ///    used with;
+    /// 2. nothing else owns it or will use it as its own from now on (a pool
+    ///    that took it twice would lease one event to two users).
+    pub unsafe fn from_raw_parts(handle: EventHandle, device: DeviceId) -> Result<Self, Error<()>> {
         if handle.is_null() {
             return Err(Error::NullHandle);
         }
@@ -83,6 +89,9 @@ impl OwnedEvent {
 
 struct EventSlot {
     ready: Stack<EventHandle>,
+    /// Events whose destroy failed: never leased again; purge and drop try
+    /// again.
+    quarantine: Bag<EventHandle>,
     counters: Counters,
 }
 
@@ -90,6 +99,7 @@ impl EventSlot {
     fn new() -> Self {
         EventSlot {
             ready: Stack::new(),
+            quarantine: Bag::new(),
             counters: Counters::default(),
         }
     }
@@ -272,15 +282,23 @@ impl<B: EventBackend> EventPool<B> {
         let mut destroyed = 0;
         for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
             let device = DeviceId(i as u32);
-            for e in slot.ready.drain(guard) {
+            let mut quarantined = slot.quarantine.take_all();
+            let doomed = slot
+                .ready
+                .drain(guard)
+                .into_iter()
+                .chain(core::iter::from_fn(|| quarantined.pop_first()));
+            for e in doomed {
                 match self.backend.destroy_event(e, device) {
                     Ok(()) => {
                         destroyed += 1;
                         Counters::bump(&slot.counters.destroyed);
                     }
                     Err(source) => {
-                        // Not destroyed: keep it pooled for the next purge.
-                        slot.ready.push(e);
+                        // Not destroyed: set aside for the next purge, never
+                        // leased again.
+                        slot.quarantine.push(e);
+                        Counters::bump(&slot.counters.quarantined);
                         let e = Error::Backend {
                             op: BackendOp::DestroyEvent,
                             source,
@@ -332,6 +350,11 @@ impl<B: EventBackend> EventPool<B> {
         self.parked.take()
     }
 
+    /// How many errors were dropped because one was already parked.
+    pub fn dropped_errors(&self) -> usize {
+        self.parked.dropped()
+    }
+
     /// Runs `f` with the calling thread pinned in the pool's collector.
     #[cfg(feature = "std")]
     pub(crate) fn pin<R>(&self, f: impl FnOnce(&Guard) -> R) -> R {
@@ -346,14 +369,7 @@ impl<B: EventBackend> EventPool<B> {
     fn slot(&self, device: DeviceSelector) -> Result<(DeviceId, &EventSlot), Error<B::Error>> {
         let table = self
             .devices
-            .get_or_try_init(
-                || {
-                    self.backend
-                        .device_count()
-                        .map_err(Error::backend(BackendOp::DeviceCount))
-                },
-                EventSlot::new,
-            )?
+            .get_or_try_init(|| checked_device_count(&self.backend), EventSlot::new)?
             .ok_or(Error::NoDevice)?;
         let device = match device {
             DeviceSelector::Id(d) => d,
@@ -371,8 +387,12 @@ impl<B: EventBackend> EventPool<B> {
         }
     }
 
+    /// The slot of a leased event's device: always there, since a lease exists
+    /// only after its slot was found and borrows the pool that owns the table.
     fn leased_slot(&self, device: DeviceId) -> Option<&EventSlot> {
-        self.devices.get().and_then(|t| t.get(device.index()))
+        let slot = self.devices.get().and_then(|t| t.get(device.index()));
+        debug_assert!(slot.is_some(), "a lease outlived its pool's device table");
+        slot
     }
 }
 
@@ -383,7 +403,11 @@ impl<B: EventBackend> Drop for EventPool<B> {
             // so their nodes may be freed at once.
             let guard = unsafe { epoch::unprotected() };
             for (i, slot) in table.iter().enumerate() {
+                let mut quarantined = slot.quarantine.take_all();
                 for e in slot.ready.drain(guard) {
+                    let _ = self.backend.destroy_event(e, DeviceId(i as u32));
+                }
+                while let Some(e) = quarantined.pop_first() {
                     let _ = self.backend.destroy_event(e, DeviceId(i as u32));
                 }
             }
@@ -440,8 +464,9 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     }
 
     /// Destroys the event instead of returning it (after a failed record, say).
-    /// If the destroy fails, the event goes back to the pool after all, so it is
-    /// not lost, and the error is returned.
+    /// If the destroy fails, the pool quarantines the event (keeps it for the
+    /// next purge, never leases it again), so it is not lost, and the error is
+    /// returned.
     pub fn discard(self) -> Result<(), Error<B::Error>> {
         let this = ManuallyDrop::new(self);
         let slot = this.pool.leased_slot(this.device);
@@ -457,7 +482,8 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
             }
             Err(source) => {
                 if let Some(slot) = slot {
-                    slot.ready.push(this.event);
+                    slot.quarantine.push(this.event);
+                    Counters::bump(&slot.counters.quarantined);
                 }
                 Err(Error::Backend {
                     op: BackendOp::DestroyEvent,

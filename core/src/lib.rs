@@ -77,6 +77,10 @@ pub use order::AccessOrder;
 pub use stats::PoolStats;
 pub use stream_pool::{OwnedStream, StreamLease, StreamPool, StreamPoolConfig};
 
+/// The most devices a pool keeps a table for; a backend reporting more gets
+/// [`Error::TooManyDevices`] instead of a huge allocation.
+pub const MAX_DEVICES: u32 = 1024;
+
 /// The epoch crate the pools use, for `no_std` callers that register their own
 /// handles ([`StreamPool::with_collector`], the `*_in` calls).
 pub use crossbeam_epoch as epoch_crate;

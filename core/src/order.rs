@@ -12,6 +12,11 @@ use crate::sync::epoch::Guard;
 ///
 /// DALI's null order is `Option<AccessOrder>::None` here.
 ///
+/// An order holds a raw handle and does not keep its stream alive: an order
+/// taken from a lease ([`StreamLease::order`](crate::StreamLease::order)) must
+/// not be used after the lease ended, or the backend gets a handle that may
+/// have been destroyed.
+///
 /// ```
 /// use gpupool_core::{AccessOrder, DeviceId, StreamHandle};
 /// let s = AccessOrder::stream(StreamHandle(0x1000), DeviceId(0));

@@ -19,6 +19,7 @@ pub(crate) struct Counters {
     pub(crate) busy_hits: AtomicUsize,
     pub(crate) promoted: AtomicUsize,
     pub(crate) destroyed: AtomicUsize,
+    pub(crate) quarantined: AtomicUsize,
     pub(crate) returned: AtomicUsize,
 }
 
@@ -38,18 +39,20 @@ impl Counters {
     pub(crate) fn snapshot(&self) -> PoolStats {
         // Relaxed: a snapshot of independent tallies (module doc).
         let r = |c: &AtomicUsize| c.load(Ordering::Relaxed);
+        // `returned` first: a lease counted there was counted as served before
+        // it, so a lease that comes and goes between the loads can only make
+        // `live_leases` look higher for an instant, never wrap.
         let returned = r(&self.returned);
         let (created, reused, busy_hits) = (r(&self.created), r(&self.reused), r(&self.busy_hits));
-        let leased = created + reused + busy_hits;
+        let leased = created.wrapping_add(reused).wrapping_add(busy_hits);
         PoolStats {
             created,
             reused,
             busy_hits,
             promoted: r(&self.promoted),
             destroyed: r(&self.destroyed),
+            quarantined: r(&self.quarantined),
             leases: leased,
-            // Read separately, so a lease returned between the two loads can make
-            // `returned` look ahead for an instant.
             live_leases: leased.saturating_sub(returned),
         }
     }
@@ -66,8 +69,13 @@ pub struct PoolStats {
     pub busy_hits: usize,
     /// Finished busy streams moved to the ready list by a scan (stream pool).
     pub promoted: usize,
-    /// Handles the pool destroyed (purge, drop, or a failure on return).
+    /// Handles the pool destroyed (purge, or a lease discarded), not counting
+    /// the final destruction when the pool is dropped.
     pub destroyed: usize,
+    /// Handles set aside after a backend call on them failed (a query on
+    /// return or during a scan, a destroy): never leased again, destroyed
+    /// again by the next purge or the pool's drop.
+    pub quarantined: usize,
     /// Leases handed out in total.
     pub leases: usize,
     /// Leases out right now (handed out and not yet returned or released).
@@ -78,13 +86,14 @@ impl core::ops::Add for PoolStats {
     type Output = PoolStats;
     fn add(self, o: PoolStats) -> PoolStats {
         PoolStats {
-            created: self.created + o.created,
-            reused: self.reused + o.reused,
-            busy_hits: self.busy_hits + o.busy_hits,
-            promoted: self.promoted + o.promoted,
-            destroyed: self.destroyed + o.destroyed,
-            leases: self.leases + o.leases,
-            live_leases: self.live_leases + o.live_leases,
+            created: self.created.wrapping_add(o.created),
+            reused: self.reused.wrapping_add(o.reused),
+            busy_hits: self.busy_hits.wrapping_add(o.busy_hits),
+            promoted: self.promoted.wrapping_add(o.promoted),
+            destroyed: self.destroyed.wrapping_add(o.destroyed),
+            leases: self.leases.wrapping_add(o.leases),
+            live_leases: self.live_leases.wrapping_add(o.live_leases),
+            quarantined: self.quarantined.wrapping_add(o.quarantined),
         }
     }
 }

@@ -32,7 +32,7 @@ use crate::order::AccessOrder;
 use crate::stack::{Bag, Chain, Stack};
 use crate::stats::{Counters, ParkedError, PoolStats};
 use crate::sync::epoch::{self, Collector, Guard};
-use crate::table::DeviceTable;
+use crate::table::{checked_device_count, DeviceTable};
 
 /// How a [`StreamPool`] creates streams and scans its busy list.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -73,26 +73,41 @@ pub struct OwnedStream {
 }
 
 impl OwnedStream {
-    /// Takes ownership of a raw stream that belongs to `device`.
+    /// Takes ownership of a raw stream that belongs to `device`. The null
+    /// handle and CUDA's other special streams are refused.
     ///
-    /// The caller hands over the stream: nothing else may use it as its own from
-    /// now on (a pool would otherwise lease it to two users). The null handle is
-    /// refused.
-    pub fn from_raw_parts(handle: StreamHandle, device: DeviceId) -> Result<Self, Error<()>> {
-        if handle.is_null() {
-            return Err(Error::NullHandle);
-        }
+    /// # Safety
+    /// The caller hands the stream over, as with `File::from_raw_fd`:
+    /// 1. `handle` is a live stream of `device`, created by the backend it will
+    ///    be used with;
+    /// 2. nothing else owns it or will use it as its own from now on (a pool
+    ///    that took it twice would lease one stream to two users, and stream
+    ///    order is what keeps scratch memory from being reused while a kernel
+    ///    still reads it).
+    pub unsafe fn from_raw_parts(
+        handle: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Self, Error<()>> {
+        check_poolable(handle)?;
         Ok(OwnedStream { handle, device })
     }
 
     /// Takes ownership of a raw stream, asking the backend which device it
-    /// belongs to. The null handle and the other special streams are refused.
-    pub fn adopt<B: StreamBackend>(
+    /// belongs to. The null handle and CUDA's other special streams are refused.
+    ///
+    /// # Safety
+    /// As for [`from_raw_parts`](Self::from_raw_parts), except that the backend
+    /// supplies the device: `handle` is a live stream of `backend` that nothing
+    /// else owns from now on.
+    pub unsafe fn adopt<B: StreamBackend>(
         backend: &B,
         handle: StreamHandle,
     ) -> Result<Self, Error<B::Error>> {
-        if handle.is_special() {
+        if handle.is_null() {
             return Err(Error::NullHandle);
+        }
+        if handle.is_special() {
+            return Err(Error::SpecialHandle);
         }
         let device = backend
             .stream_device(handle)
@@ -133,12 +148,26 @@ impl OwnedStream {
     }
 }
 
+/// Refuses the handles no pool may hold.
+fn check_poolable(handle: StreamHandle) -> Result<(), Error<()>> {
+    if handle.is_null() {
+        Err(Error::NullHandle)
+    } else if handle.is_special() {
+        Err(Error::SpecialHandle)
+    } else {
+        Ok(())
+    }
+}
+
 /// One device's lists.
 struct StreamSlot {
     /// Streams known idle when they were returned. LIFO.
     ready: Stack<StreamHandle>,
     /// Streams returned with work pending. Never popped one at a time.
     busy: Bag<StreamHandle>,
+    /// Streams a backend call failed on (query, destroy): never leased again;
+    /// purge and drop try to destroy them.
+    quarantine: Bag<StreamHandle>,
     counters: Counters,
 }
 
@@ -147,6 +176,7 @@ impl StreamSlot {
         StreamSlot {
             ready: Stack::new(),
             busy: Bag::new(),
+            quarantine: Bag::new(),
             counters: Counters::default(),
         }
     }
@@ -255,7 +285,7 @@ impl<B: StreamBackend> StreamPool<B> {
         let stream = if let Some(s) = slot.ready.pop(guard) {
             Counters::bump(&slot.counters.reused);
             s
-        } else if let Some(s) = self.scan_busy(device, slot)? {
+        } else if let Some(s) = self.scan_busy(device, slot) {
             Counters::bump(&slot.counters.busy_hits);
             s
         } else {
@@ -324,7 +354,8 @@ impl<B: StreamBackend> StreamPool<B> {
     ///
     /// Returns how many streams were destroyed. A failed destroy does not stop
     /// the purge: that stream stays in the pool (so it is not lost and the next
-    /// purge tries again), the first error is returned, later ones are parked.
+    /// purge tries again) but is never leased again; the first error is
+    /// returned, later ones are parked.
     #[cfg(feature = "std")]
     pub fn purge(&self) -> Result<usize, Error<B::Error>> {
         self.pinning.pin(|g| self.purge_in(g))
@@ -340,10 +371,12 @@ impl<B: StreamBackend> StreamPool<B> {
         for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
             let device = DeviceId(i as u32);
             let mut busy = slot.busy.take_all();
+            let mut quarantined = slot.quarantine.take_all();
             let ready = slot.ready.drain(guard);
             let doomed = ready
                 .into_iter()
-                .chain(core::iter::from_fn(|| busy.pop_first()));
+                .chain(core::iter::from_fn(|| busy.pop_first()))
+                .chain(core::iter::from_fn(|| quarantined.pop_first()));
             for s in doomed {
                 match self.backend.destroy_stream(s, device) {
                     Ok(()) => {
@@ -351,9 +384,10 @@ impl<B: StreamBackend> StreamPool<B> {
                         Counters::bump(&slot.counters.destroyed);
                     }
                     Err(e) => {
-                        // Not destroyed: keep it pooled (busy, so it is queried
-                        // before reuse) for the next purge or the pool's drop.
-                        slot.busy.push(s);
+                        // Not destroyed: set it aside (never leased again) for the
+                        // next purge or the pool's drop.
+                        slot.quarantine.push(s);
+                        Counters::bump(&slot.counters.quarantined);
                         let e = Error::Backend {
                             op: BackendOp::DestroyStream,
                             source: e,
@@ -401,8 +435,8 @@ impl<B: StreamBackend> StreamPool<B> {
         self.devices.get().map(|t| t.len())
     }
 
-    /// Takes the first error met where none could be returned (a lease's `Drop`,
-    /// or a purge's second failure), if any.
+    /// Takes the first error met where none could be returned (a lease's
+    /// `Drop`, a failed query during a scan, a purge's second failure), if any.
     pub fn take_error(&self) -> Option<Error<B::Error>> {
         self.parked.take()
     }
@@ -417,14 +451,7 @@ impl<B: StreamBackend> StreamPool<B> {
     fn slot(&self, device: DeviceSelector) -> Result<(DeviceId, &StreamSlot), Error<B::Error>> {
         let table = self
             .devices
-            .get_or_try_init(
-                || {
-                    self.backend
-                        .device_count()
-                        .map_err(Error::backend(BackendOp::DeviceCount))
-                },
-                StreamSlot::new,
-            )?
+            .get_or_try_init(|| checked_device_count(&self.backend), StreamSlot::new)?
             .ok_or(Error::NoDevice)?;
         let device = match device {
             DeviceSelector::Id(d) => d,
@@ -443,20 +470,17 @@ impl<B: StreamBackend> StreamPool<B> {
     }
 
     /// Looks for a finished stream in the busy list (module documentation).
-    /// Everything not leased goes back where it belongs, also on error.
-    fn scan_busy(
-        &self,
-        device: DeviceId,
-        slot: &StreamSlot,
-    ) -> Result<Option<StreamHandle>, Error<B::Error>> {
+    /// Everything not leased goes back where it belongs. A stream whose query
+    /// fails is quarantined and the error parked; the scan goes on, so one
+    /// broken stream cannot stop `get` from serving the device.
+    fn scan_busy(&self, device: DeviceId, slot: &StreamSlot) -> Option<StreamHandle> {
         if slot.busy.is_empty() {
-            return Ok(None);
+            return None;
         }
         let mut rest = slot.busy.take_all();
         rest.reverse(); // oldest first
         let mut pending = Chain::empty();
         let mut found = None;
-        let mut error = None;
         let mut queried = 0;
         while let Some(&s) = rest.first() {
             if queried == self.config.scan_limit {
@@ -471,13 +495,7 @@ impl<B: StreamBackend> StreamPool<B> {
                 Ok(Completion::Pending) => {
                     rest.move_first_to(&mut pending);
                 }
-                Err(e) => {
-                    error = Some(Error::Backend {
-                        op: BackendOp::QueryStream,
-                        source: e,
-                    });
-                    break;
-                }
+                Err(e) => self.quarantine_first(&mut rest, slot, e),
             }
         }
         if found.is_some() {
@@ -495,10 +513,7 @@ impl<B: StreamBackend> StreamPool<B> {
                     }
                     Err(e) => {
                         // The lease is served; the error is reported later.
-                        self.parked.park(Error::Backend {
-                            op: BackendOp::QueryStream,
-                            source: e,
-                        });
+                        self.quarantine_first(&mut rest, slot, e);
                         break;
                     }
                 }
@@ -506,22 +521,35 @@ impl<B: StreamBackend> StreamPool<B> {
             Counters::add(&slot.counters.promoted, promoted);
         }
         // Unqueried streams go back below the pending ones, so the next scan
-        // (oldest first) reaches them before re-querying these.
+        // (oldest first) reaches them before re-querying these. Streams other
+        // threads returned meanwhile end up below both and are scanned first
+        // next time, although they are the newest: a bag only grows on top.
         rest.reverse();
         slot.busy.put_back(rest);
         slot.busy.put_back(pending);
-        match error {
-            Some(e) => Err(e),
-            None => Ok(found),
+        found
+    }
+
+    /// Moves the first stream of `chain` to the quarantine and parks `e`.
+    fn quarantine_first(&self, chain: &mut Chain<StreamHandle>, slot: &StreamSlot, e: B::Error) {
+        if let Some(s) = chain.pop_first() {
+            slot.quarantine.push(s);
+            Counters::bump(&slot.counters.quarantined);
         }
+        self.parked.park(Error::Backend {
+            op: BackendOp::QueryStream,
+            source: e,
+        });
     }
 
     /// Returns a leased stream (lease `Drop` and `reset`). The lease's device is
-    /// the stream's own, so nothing is checked. On a failed query the stream
-    /// goes to the busy list, so it is not lost, and the error is returned.
+    /// the stream's own, so nothing is checked. On a failed query the stream is
+    /// quarantined (kept for purge, never leased again) and the error returned.
     fn give_back(&self, stream: StreamHandle, device: DeviceId) -> Result<(), Error<B::Error>> {
         let Some(slot) = self.devices.get().and_then(|t| t.get(device.index())) else {
-            // Unreachable: a lease exists only after its slot was found.
+            // A lease exists only after its slot was found, and the table lives
+            // as long as the pool the lease borrows.
+            debug_assert!(false, "a lease outlived its pool's device table");
             return Err(Error::NoDevice);
         };
         Counters::bump(&slot.counters.returned);
@@ -535,7 +563,8 @@ impl<B: StreamBackend> StreamPool<B> {
                 Ok(())
             }
             Err(e) => {
-                slot.busy.push(stream);
+                slot.quarantine.push(stream);
+                Counters::bump(&slot.counters.quarantined);
                 Err(Error::Backend {
                     op: BackendOp::QueryStream,
                     source: e,
@@ -563,10 +592,11 @@ impl<B: StreamBackend> Drop for StreamPool<B> {
             for (i, slot) in table.iter().enumerate() {
                 let device = DeviceId(i as u32);
                 let mut busy = slot.busy.take_all();
+                let mut quarantined = slot.quarantine.take_all();
                 for s in slot.ready.drain(guard) {
                     let _ = self.backend.destroy_stream(s, device);
                 }
-                while let Some(s) = busy.pop_first() {
+                while let Some(s) = busy.pop_first().or_else(|| quarantined.pop_first()) {
                     let _ = self.backend.destroy_stream(s, device);
                 }
             }
@@ -634,7 +664,8 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
     }
 
     /// Returns the stream to the pool now, reporting a failure (which `Drop`
-    /// would park). On a failed query the stream still goes back to the pool.
+    /// would park). On a failed query the stream is quarantined by the pool:
+    /// not lost, destroyed by the next purge, never leased again.
     pub fn reset(self) -> Result<(), Error<B::Error>> {
         let this = ManuallyDrop::new(self);
         this.pool.give_back(this.stream, this.device)

@@ -99,3 +99,17 @@ impl<S> Drop for DeviceTable<S> {
         drop(self.take());
     }
 }
+
+/// Asks `backend` for its device count, refusing counts above
+/// [`MAX_DEVICES`](crate::MAX_DEVICES).
+pub(crate) fn checked_device_count<B: crate::Backend>(
+    backend: &B,
+) -> Result<u32, crate::Error<B::Error>> {
+    let count = backend
+        .device_count()
+        .map_err(crate::Error::backend(crate::BackendOp::DeviceCount))?;
+    if count > crate::MAX_DEVICES {
+        return Err(crate::Error::TooManyDevices { count });
+    }
+    Ok(count)
+}

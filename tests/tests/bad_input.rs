@@ -87,7 +87,9 @@ fn an_event_put_under_another_device_comes_back() {
 fn an_adopted_handle_with_an_out_of_range_device_is_refused_at_put() {
     let gpu = mock(1);
     let pool = EventPool::new(gpu.clone());
-    let fake = OwnedEvent::from_raw_parts(EventHandle(0x55), DeviceId(9)).unwrap();
+    // SAFETY: deliberately breaks the contract (no such device): the pool must
+    // refuse the event by its device before any backend call uses the handle.
+    let fake = unsafe { OwnedEvent::from_raw_parts(EventHandle(0x55), DeviceId(9)) }.unwrap();
     let r = pool.put(fake, None).unwrap_err();
     assert!(matches!(
         r.error,
@@ -102,23 +104,31 @@ fn an_adopted_handle_with_an_out_of_range_device_is_refused_at_put() {
 #[test]
 fn null_handles_are_refused() {
     let gpu = mock(1);
-    assert_eq!(
-        OwnedStream::from_raw_parts(StreamHandle::NULL, DeviceId(0)),
-        Err(Error::NullHandle)
-    );
-    assert_eq!(
-        OwnedEvent::from_raw_parts(EventHandle::NULL, DeviceId(0)),
-        Err(Error::NullHandle)
-    );
-    for special in [
-        StreamHandle::NULL,
-        StreamHandle::LEGACY,
-        StreamHandle::PER_THREAD,
-    ] {
+    // SAFETY (all blocks below): the handles are refused before anything uses
+    // them, which is what is tested.
+    unsafe {
         assert_eq!(
-            OwnedStream::adopt(&gpu, special).unwrap_err(),
+            OwnedStream::from_raw_parts(StreamHandle::NULL, DeviceId(0)),
+            Err(Error::NullHandle)
+        );
+        assert_eq!(
+            OwnedEvent::from_raw_parts(EventHandle::NULL, DeviceId(0)),
+            Err(Error::NullHandle)
+        );
+        assert_eq!(
+            OwnedStream::adopt(&gpu, StreamHandle::NULL).unwrap_err(),
             Error::NullHandle
         );
+        for special in [StreamHandle::LEGACY, StreamHandle::PER_THREAD] {
+            assert_eq!(
+                OwnedStream::from_raw_parts(special, DeviceId(0)),
+                Err(Error::SpecialHandle)
+            );
+            assert_eq!(
+                OwnedStream::adopt(&gpu, special).unwrap_err(),
+                Error::SpecialHandle
+            );
+        }
     }
     let streams = StreamPool::new(gpu.clone());
     let events = EventPool::new(gpu.clone());
@@ -132,7 +142,9 @@ fn null_handles_are_refused() {
 #[test]
 fn adopting_an_unknown_stream_is_a_backend_error() {
     let gpu = mock(1);
-    let err = OwnedStream::adopt(&gpu, StreamHandle(0xdead)).unwrap_err();
+    // SAFETY: deliberately not a live stream: the backend refuses it when asked
+    // for its device, before the pool could hold it.
+    let err = unsafe { OwnedStream::adopt(&gpu, StreamHandle(0xdead)) }.unwrap_err();
     assert_eq!(err.backend_op(), Some(BackendOp::StreamDevice));
 }
 
@@ -218,8 +230,48 @@ fn a_failed_query_on_return_is_parked_and_the_stream_is_not_lost() {
     assert_eq!(parked.backend_op(), Some(BackendOp::QueryStream));
     assert!(pool.take_error().is_none());
     assert_eq!(pool.live_leases(), 0);
-    // The stream went to the busy list; a scan finds it idle.
-    assert_eq!(pool.get(0).unwrap().get(), s);
+    // The stream is quarantined: not leased again, but not lost either.
+    assert_eq!(pool.total_stats().quarantined, 1);
+    assert_ne!(pool.get(0).unwrap().get(), s);
+    assert!(gpu.is_live_stream(s));
+    assert_eq!(pool.purge().unwrap(), 2);
+    assert_eq!(gpu.live_streams(), 0);
+}
+
+#[test]
+fn a_stream_failing_its_query_in_a_scan_is_set_aside_and_get_still_serves() {
+    let gpu = mock(1);
+    let pool = StreamPool::new(gpu.clone());
+    let leases: Vec<_> = (0..3).map(|_| pool.get(0).unwrap()).collect();
+    let handles: Vec<_> = leases.iter().map(|l| l.get()).collect();
+    for &h in &handles {
+        gpu.enqueue_work(h).unwrap();
+    }
+    drop(leases); // all busy
+    gpu.complete_everything();
+    // The scan's first query (the oldest stream) fails: that stream is
+    // quarantined and the scan goes on to the next one.
+    gpu.fail_nth(CallKind::QueryStream, 1);
+    let got = pool.get(0).unwrap();
+    assert_eq!(got.get(), handles[1]);
+    assert_eq!(
+        pool.take_error().unwrap().backend_op(),
+        Some(BackendOp::QueryStream)
+    );
+    let stats = pool.total_stats();
+    assert_eq!(
+        (stats.quarantined, stats.busy_hits, stats.promoted),
+        (1, 1, 1)
+    );
+    // Every later scan skips it for good.
+    drop(got);
+    let a = pool.get(0).unwrap();
+    let b = pool.get(0).unwrap();
+    let c = pool.get(0).unwrap();
+    assert!(![a.get(), b.get(), c.get()].contains(&handles[0]));
+    drop((a, b, c));
+    assert_eq!(pool.purge().unwrap(), 4);
+    assert_eq!(gpu.live_streams(), 0);
 }
 
 #[test]
@@ -237,7 +289,8 @@ fn a_failed_query_on_reset_or_put_is_returned() {
     let r = pool.put(owned, None).unwrap_err();
     assert_eq!(r.error.backend_op(), Some(BackendOp::QueryStream));
     pool.put(r.value, None).unwrap();
-    assert_eq!(pool.purge().unwrap(), 1);
+    // The stream that failed on reset was quarantined; both are destroyed.
+    assert_eq!(pool.purge().unwrap(), 2);
     assert_eq!(gpu.live_streams(), 0);
 }
 
@@ -253,4 +306,17 @@ fn a_failed_destroy_in_purge_keeps_the_stream_for_the_next_purge() {
     assert_eq!(gpu.live_streams(), 1);
     assert_eq!(pool.purge().unwrap(), 1);
     assert_eq!(gpu.live_streams(), 0);
+}
+
+#[test]
+fn an_absurd_device_count_is_refused_without_allocating_a_table() {
+    let gpu = mock(gpupool_core::MAX_DEVICES + 1);
+    let pool = StreamPool::new(gpu.clone());
+    assert_eq!(
+        pool.get(0).unwrap_err(),
+        Error::TooManyDevices {
+            count: gpupool_core::MAX_DEVICES + 1
+        }
+    );
+    assert_eq!(pool.device_count(), None);
 }

@@ -117,8 +117,12 @@ fn release_put_and_destroy() {
     let raw = gpu
         .create_event(DeviceId(0), EventFlags::DISABLE_TIMING)
         .unwrap();
-    pool.put(OwnedEvent::from_raw_parts(raw, DeviceId(0)).unwrap(), None)
-        .unwrap();
+    // SAFETY: `raw` was just created on device 0 and is handed over here.
+    pool.put(
+        unsafe { OwnedEvent::from_raw_parts(raw, DeviceId(0)) }.unwrap(),
+        None,
+    )
+    .unwrap();
     assert_eq!(pool.get(0).unwrap().get(), raw);
     let doomed = pool.get(1).unwrap().release();
     let h = doomed.handle();

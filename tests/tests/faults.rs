@@ -72,7 +72,8 @@ fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
                 op: BackendOp::CreateStream,
                 source,
             }),
-            Ok(raw) => match OwnedStream::adopt(gpu, raw) {
+            // SAFETY: `raw` was just created and is handed over here.
+            Ok(raw) => match unsafe { OwnedStream::adopt(gpu, raw) } {
                 Ok(owned) => {
                     if let Err(r) = streams.put(owned, None) {
                         errors.push(r.error);

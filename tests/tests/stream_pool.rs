@@ -220,7 +220,8 @@ fn adopting_a_foreign_stream_asks_the_backend_for_its_device() {
         .create_stream(DeviceId(1), StreamOptions::default())
         .unwrap();
     let pool = StreamPool::new(gpu.clone());
-    let owned = OwnedStream::adopt(&gpu, raw).unwrap();
+    // SAFETY: `raw` was just created and is handed over here.
+    let owned = unsafe { OwnedStream::adopt(&gpu, raw) }.unwrap();
     assert_eq!(owned.device(), DeviceId(1));
     pool.put(owned, None).unwrap();
     assert_eq!(pool.get(1).unwrap().get(), raw);
