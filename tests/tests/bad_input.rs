@@ -104,8 +104,8 @@ fn an_adopted_handle_with_an_out_of_range_device_is_refused_at_put() {
 #[test]
 fn null_handles_are_refused() {
     let gpu = mock(1);
-    // SAFETY (all blocks below): the handles are refused before anything uses
-    // them, which is what is tested.
+    // SAFETY: the handles are refused before anything uses them, which is
+    // what is tested.
     unsafe {
         assert_eq!(
             OwnedStream::from_raw_parts(StreamHandle::NULL, DeviceId(0)),
