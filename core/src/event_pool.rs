@@ -24,7 +24,7 @@ use crate::stack::{Bag, Stack};
 use crate::stats::{Counters, ParkedError, PoolStats};
 use crate::sync::epoch::{self, Collector, Guard};
 use crate::sync::Arc;
-use crate::table::{checked_device_count, DeviceTable};
+use crate::table::{DeviceSlot, DeviceTable};
 
 /// An event owned by the caller, outside any pool: what [`EventLease::release`]
 /// hands out and [`EventPool::put`] takes back. Not `Clone`; dropping it
@@ -95,13 +95,17 @@ struct EventSlot {
     counters: Counters,
 }
 
-impl EventSlot {
+impl DeviceSlot for EventSlot {
     fn new() -> Self {
         EventSlot {
             ready: Stack::new(),
             quarantine: Bag::new(),
             counters: Counters::default(),
         }
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
     }
 }
 
@@ -134,7 +138,7 @@ impl<B: EventBackend> fmt::Debug for EventPool<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EventPool")
             .field("flags", &self.flags)
-            .field("devices", &self.devices.get().map(|t| t.len()))
+            .field("devices", &self.devices.len())
             .finish_non_exhaustive()
     }
 }
@@ -320,19 +324,12 @@ impl<B: EventBackend> EventPool<B> {
 
     /// Tallies for one device, or `None` before first use or out of range.
     pub fn stats(&self, device: DeviceId) -> Option<PoolStats> {
-        self.devices
-            .get()
-            .and_then(|t| t.get(device.index()))
-            .map(|s| s.counters.snapshot())
+        self.devices.stats(device)
     }
 
     /// Tallies summed over all devices.
     pub fn total_stats(&self) -> PoolStats {
-        self.devices
-            .get()
-            .unwrap_or(&[])
-            .iter()
-            .fold(PoolStats::default(), |acc, s| acc + s.counters.snapshot())
+        self.devices.total_stats()
     }
 
     /// Leases out right now, over all devices.
@@ -342,7 +339,7 @@ impl<B: EventBackend> EventPool<B> {
 
     /// The number of devices, once the pool has asked the backend.
     pub fn device_count(&self) -> Option<usize> {
-        self.devices.get().map(|t| t.len())
+        self.devices.len()
     }
 
     /// Takes the first error met where none could be returned, if any.
@@ -367,30 +364,13 @@ impl<B: EventBackend> EventPool<B> {
     }
 
     fn slot(&self, device: DeviceSelector) -> Result<(DeviceId, &EventSlot), Error<B::Error>> {
-        let table = self
-            .devices
-            .get_or_try_init(|| checked_device_count(&self.backend), EventSlot::new)?
-            .ok_or(Error::NoDevice)?;
-        let device = match device {
-            DeviceSelector::Id(d) => d,
-            DeviceSelector::Current => self
-                .backend
-                .current_device()
-                .map_err(Error::backend(BackendOp::CurrentDevice))?,
-        };
-        match table.get(device.index()) {
-            Some(slot) => Ok((device, slot)),
-            None => Err(Error::DeviceOutOfRange {
-                device,
-                count: table.len() as u32,
-            }),
-        }
+        self.devices.resolve(&self.backend, device)
     }
 
     /// The slot of a leased event's device: always there, since a lease exists
     /// only after its slot was found and borrows the pool that owns the table.
     fn leased_slot(&self, device: DeviceId) -> Option<&EventSlot> {
-        let slot = self.devices.get().and_then(|t| t.get(device.index()));
+        let slot = self.devices.slot_of(device);
         debug_assert!(slot.is_some(), "a lease outlived its pool's device table");
         slot
     }

@@ -32,7 +32,7 @@ use crate::order::AccessOrder;
 use crate::stack::{Bag, Chain, Stack};
 use crate::stats::{Counters, ParkedError, PoolStats};
 use crate::sync::epoch::{self, Collector, Guard};
-use crate::table::{checked_device_count, DeviceTable};
+use crate::table::{DeviceSlot, DeviceTable};
 
 /// How a [`StreamPool`] creates streams and scans its busy list.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -171,7 +171,7 @@ struct StreamSlot {
     counters: Counters,
 }
 
-impl StreamSlot {
+impl DeviceSlot for StreamSlot {
     fn new() -> Self {
         StreamSlot {
             ready: Stack::new(),
@@ -179,6 +179,10 @@ impl StreamSlot {
             quarantine: Bag::new(),
             counters: Counters::default(),
         }
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
     }
 }
 
@@ -209,7 +213,7 @@ impl<B: StreamBackend> fmt::Debug for StreamPool<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StreamPool")
             .field("config", &self.config)
-            .field("devices", &self.devices.get().map(|t| t.len()))
+            .field("devices", &self.devices.len())
             .finish_non_exhaustive()
     }
 }
@@ -410,19 +414,12 @@ impl<B: StreamBackend> StreamPool<B> {
     /// Tallies for one device, or `None` before the pool has met the backend or
     /// for a device out of range.
     pub fn stats(&self, device: DeviceId) -> Option<PoolStats> {
-        self.devices
-            .get()
-            .and_then(|t| t.get(device.index()))
-            .map(|s| s.counters.snapshot())
+        self.devices.stats(device)
     }
 
     /// Tallies summed over all devices.
     pub fn total_stats(&self) -> PoolStats {
-        self.devices
-            .get()
-            .unwrap_or(&[])
-            .iter()
-            .fold(PoolStats::default(), |acc, s| acc + s.counters.snapshot())
+        self.devices.total_stats()
     }
 
     /// Leases out right now, over all devices.
@@ -432,7 +429,7 @@ impl<B: StreamBackend> StreamPool<B> {
 
     /// The number of devices, once the pool has asked the backend.
     pub fn device_count(&self) -> Option<usize> {
-        self.devices.get().map(|t| t.len())
+        self.devices.len()
     }
 
     /// Takes the first error met where none could be returned (a lease's
@@ -449,24 +446,7 @@ impl<B: StreamBackend> StreamPool<B> {
     /// The device a call is about, and its slot. Resolves "current" once, builds
     /// the table on first use, checks the range.
     fn slot(&self, device: DeviceSelector) -> Result<(DeviceId, &StreamSlot), Error<B::Error>> {
-        let table = self
-            .devices
-            .get_or_try_init(|| checked_device_count(&self.backend), StreamSlot::new)?
-            .ok_or(Error::NoDevice)?;
-        let device = match device {
-            DeviceSelector::Id(d) => d,
-            DeviceSelector::Current => self
-                .backend
-                .current_device()
-                .map_err(Error::backend(BackendOp::CurrentDevice))?,
-        };
-        match table.get(device.index()) {
-            Some(slot) => Ok((device, slot)),
-            None => Err(Error::DeviceOutOfRange {
-                device,
-                count: table.len() as u32,
-            }),
-        }
+        self.devices.resolve(&self.backend, device)
     }
 
     /// Looks for a finished stream in the busy list (module documentation).
@@ -546,7 +526,7 @@ impl<B: StreamBackend> StreamPool<B> {
     /// the stream's own, so nothing is checked. On a failed query the stream is
     /// quarantined (kept for purge, never leased again) and the error returned.
     fn give_back(&self, stream: StreamHandle, device: DeviceId) -> Result<(), Error<B::Error>> {
-        let Some(slot) = self.devices.get().and_then(|t| t.get(device.index())) else {
+        let Some(slot) = self.devices.slot_of(device) else {
             // A lease exists only after its slot was found, and the table lives
             // as long as the pool the lease borrows.
             debug_assert!(false, "a lease outlived its pool's device table");
@@ -575,7 +555,7 @@ impl<B: StreamBackend> StreamPool<B> {
 
     /// Marks a lease as released (no longer live, not returned to the pool).
     fn forget_lease(&self, device: DeviceId) {
-        if let Some(slot) = self.devices.get().and_then(|t| t.get(device.index())) {
+        if let Some(slot) = self.devices.slot_of(device) {
             Counters::bump(&slot.counters.returned);
         }
     }

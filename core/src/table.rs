@@ -113,3 +113,65 @@ pub(crate) fn checked_device_count<B: crate::Backend>(
     }
     Ok(count)
 }
+
+/// What a pool keeps per device: made empty, with its tallies.
+pub(crate) trait DeviceSlot {
+    /// An empty slot.
+    fn new() -> Self;
+    /// The slot's tallies.
+    fn counters(&self) -> &crate::stats::Counters;
+}
+
+impl<S: DeviceSlot> DeviceTable<S> {
+    /// The device a pool call is about, and its slot: resolves "current" once,
+    /// builds the table on first use, checks the range.
+    pub(crate) fn resolve<B: crate::Backend>(
+        &self,
+        backend: &B,
+        device: crate::DeviceSelector,
+    ) -> Result<(crate::DeviceId, &S), crate::Error<B::Error>> {
+        use crate::{BackendOp, DeviceSelector, Error};
+        let table = self
+            .get_or_try_init(|| checked_device_count(backend), S::new)?
+            .ok_or(Error::NoDevice)?;
+        let device = match device {
+            DeviceSelector::Id(d) => d,
+            DeviceSelector::Current => backend
+                .current_device()
+                .map_err(Error::backend(BackendOp::CurrentDevice))?,
+        };
+        match table.get(device.index()) {
+            Some(slot) => Ok((device, slot)),
+            None => Err(Error::DeviceOutOfRange {
+                device,
+                count: table.len() as u32,
+            }),
+        }
+    }
+
+    /// The slot of `device`, if the table is built and the device in range.
+    #[inline]
+    pub(crate) fn slot_of(&self, device: crate::DeviceId) -> Option<&S> {
+        self.get().and_then(|t| t.get(device.index()))
+    }
+
+    /// One device's tallies.
+    pub(crate) fn stats(&self, device: crate::DeviceId) -> Option<crate::PoolStats> {
+        self.slot_of(device).map(|s| s.counters().snapshot())
+    }
+
+    /// The tallies summed over all devices.
+    pub(crate) fn total_stats(&self) -> crate::PoolStats {
+        self.get()
+            .unwrap_or(&[])
+            .iter()
+            .fold(crate::PoolStats::default(), |acc, s| {
+                acc + s.counters().snapshot()
+            })
+    }
+
+    /// The number of devices, once the table is built.
+    pub(crate) fn len(&self) -> Option<usize> {
+        self.get().map(|t| t.len())
+    }
+}
