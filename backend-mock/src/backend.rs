@@ -1,14 +1,20 @@
-//! The core's backend traits ([`Backend`], [`StreamBackend`], [`EventBackend`])
-//! for [`MockBackend`].
+//! The core's backend traits ([`Backend`], [`StreamBackend`], [`EventBackend`],
+//! [`MemoryBackend`]) for [`MockBackend`].
 //!
 //! Every call goes through [`MockBackend::call`]: it counts itself, fires an
 //! armed fault (a failing call has no other effect), then runs the operation on
 //! the state; an argument error is logged as a [`Misuse`](crate::Misuse).
+//! Afterwards the free-pending blocks whose stream has passed the free are
+//! reclaimed.
+
+use core::ptr::NonNull;
 
 use gpupool_core::{
-    Backend, Completion, DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend,
-    StreamHandle, StreamOptions,
+    Backend, Completion, DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend,
+    MemoryKind, StreamBackend, StreamHandle, StreamOptions,
 };
+
+use crate::error::BlockLayout;
 
 use crate::state::State;
 use crate::sync::lock;
@@ -23,11 +29,15 @@ impl MockBackend {
     ) -> Result<T, MockError> {
         let mut state = lock(&self.inner);
         state.begin_call(kind)?;
-        op(&mut state).inspect_err(|error| {
-            state.misuses.push(Misuse {
-                call: kind,
-                error: error.clone(),
-            });
+        let result = op(&mut state);
+        state.reclaim();
+        result.inspect_err(|error| {
+            if !matches!(error, MockError::OutOfMemory { .. }) {
+                state.misuses.push(Misuse {
+                    call: kind,
+                    error: error.clone(),
+                });
+            }
         })
     }
 }
@@ -128,6 +138,108 @@ impl EventBackend for MockBackend {
     fn synchronize_event(&self, event: EventHandle, device: DeviceId) -> Result<(), MockError> {
         self.call(CallKind::SynchronizeEvent, |st| {
             st.synchronize_event(event, device)
+        })
+    }
+}
+
+/// Memory: see the crate documentation's model. Every kind is host memory from
+/// `std::alloc`; every check failure is logged as a misuse and has no effect.
+impl MemoryBackend for MockBackend {
+    /// Checks the device, then the layout (a zero size or an alignment that
+    /// is not a power of two is [`MockError::InvalidLayout`]).
+    fn allocate(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, MockError> {
+        self.call(CallKind::Allocate, |st| {
+            st.allocate(kind, device, size, align, None)
+        })
+    }
+
+    /// Frees at once. A free of a block that queued work still uses is
+    /// recorded as a [`Hazard`](crate::Hazard) and goes ahead.
+    unsafe fn deallocate(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) -> Result<(), MockError> {
+        let given = BlockLayout {
+            kind,
+            device,
+            size,
+            align,
+        };
+        self.call(CallKind::Deallocate, |st| st.deallocate(given, ptr))
+    }
+
+    /// As [`allocate`](Self::allocate), after checking that `stream` belongs
+    /// to `device`. The block is usable at once.
+    fn allocate_async(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        size: usize,
+        align: usize,
+        stream: StreamHandle,
+    ) -> Result<NonNull<u8>, MockError> {
+        self.call(CallKind::AllocateAsync, |st| {
+            st.allocate(kind, device, size, align, Some(stream))
+        })
+    }
+
+    /// The block becomes free-pending at `stream`'s current position and goes
+    /// back to `std::alloc` once the stream has passed it.
+    unsafe fn deallocate_async(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+        stream: StreamHandle,
+    ) -> Result<(), MockError> {
+        let given = BlockLayout {
+            kind,
+            device,
+            size,
+            align,
+        };
+        self.call(CallKind::DeallocateAsync, |st| {
+            st.deallocate_async(given, ptr, stream)
+        })
+    }
+
+    /// Copies the bytes **at once** (so a round trip is observable as soon as
+    /// the call returns) and queues one work item on `stream` that uses both
+    /// ranges until it completes. `dst` must lie inside a live block; `src`
+    /// inside a live block or outside every block (foreign host memory, not
+    /// tracked); the ranges must not overlap.
+    unsafe fn copy_async(
+        &self,
+        dst: NonNull<u8>,
+        src: NonNull<u8>,
+        size: usize,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        self.call(CallKind::CopyAsync, |st| {
+            let (to, from) = (dst.as_ptr().addr(), src.as_ptr().addr());
+            st.copy_async(to, from, size, stream, device)?;
+            // SAFETY: the trait's contract makes `src` valid for reads and
+            // `dst` valid for writes of `size` bytes (every kind is host
+            // memory in this mock) until the copy has run, which is now. The
+            // checks above found `dst` inside a live block of this mock and
+            // the ranges disjoint, which `copy_nonoverlapping` requires; we
+            // hold the state lock, so no free of this mock can run meanwhile.
+            // `u8` needs no alignment.
+            unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), size) };
+            Ok(())
         })
     }
 }

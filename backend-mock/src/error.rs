@@ -1,9 +1,10 @@
 //! [`MockError`], what a mock call can fail with, and [`Misuse`], the record
-//! the mock keeps of every call that handed it a bad handle or device.
+//! the mock keeps of every call that handed it a bad handle, device, pointer
+//! or range.
 
 use core::fmt;
 
-use gpupool_core::{DeviceId, EventHandle, StreamHandle};
+use gpupool_core::{DeviceId, EventHandle, MemoryKind, StreamHandle};
 
 use crate::CallKind;
 
@@ -44,6 +45,84 @@ pub enum MockError {
         /// The device the handle belongs to.
         actual: DeviceId,
     },
+    /// An allocation was asked with a size of zero, an alignment that is not a
+    /// nonzero power of two, or a size that overflows `isize` once rounded up
+    /// to the alignment.
+    InvalidLayout {
+        /// The size asked for.
+        size: usize,
+        /// The alignment asked for.
+        align: usize,
+    },
+    /// The system allocator had no memory for the block. Not a misuse (it is
+    /// not logged), since the caller did nothing wrong.
+    OutOfMemory {
+        /// The size asked for.
+        size: usize,
+        /// The alignment asked for.
+        align: usize,
+    },
+    /// A free named an address where no block of this mock starts: never
+    /// allocated, inside a block rather than at its start, or already returned
+    /// to the system allocator (a double free the mock can no longer tell from
+    /// a wild pointer, since the address may have been reused by then).
+    InvalidPointer(usize),
+    /// A free named a block that is already freed in stream order and not yet
+    /// reclaimed.
+    DoubleFree(usize),
+    /// A free named a block with another kind, device, size or alignment than
+    /// it was allocated with.
+    BlockMismatch {
+        /// The start of the block.
+        addr: usize,
+        /// What the block was allocated with.
+        allocated: BlockLayout,
+        /// What the free said.
+        given: BlockLayout,
+    },
+    /// A copy named a range that overlaps memory of this mock without lying
+    /// inside one live block (it straddles a block's end, or the block is
+    /// free-pending), or a destination outside every block of this mock, or a
+    /// range that wraps around the address space.
+    InvalidRange {
+        /// The start of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A copy whose source and destination overlap.
+    OverlappingCopy {
+        /// The destination's start.
+        dst: usize,
+        /// The source's start.
+        src: usize,
+        /// The length of both.
+        len: usize,
+    },
+}
+
+/// What a block was allocated with, or what a free claims it was: carried by
+/// [`MockError::BlockMismatch`].
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BlockLayout {
+    /// The kind of memory.
+    pub kind: MemoryKind,
+    /// The device it was allocated for.
+    pub device: DeviceId,
+    /// Its size in bytes.
+    pub size: usize,
+    /// Its alignment.
+    pub align: usize,
+}
+
+impl fmt::Display for BlockLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} on {}, {} bytes aligned to {}",
+            self.kind, self.device, self.size, self.align
+        )
+    }
 }
 
 impl MockError {
@@ -64,15 +143,45 @@ impl fmt::Display for MockError {
             MockError::CrossDevice { given, actual } => {
                 write!(f, "the handle belongs to {actual}, not to {given}")
             }
+            MockError::InvalidLayout { size, align } => {
+                write!(f, "invalid layout: {size} bytes aligned to {align}")
+            }
+            MockError::OutOfMemory { size, align } => {
+                write!(f, "out of memory for {size} bytes aligned to {align}")
+            }
+            MockError::InvalidPointer(addr) => {
+                write!(f, "no block of this mock starts at {addr:#x}")
+            }
+            MockError::DoubleFree(addr) => {
+                write!(f, "the block at {addr:#x} is already freed")
+            }
+            MockError::BlockMismatch {
+                addr,
+                allocated,
+                given,
+            } => write!(
+                f,
+                "the block at {addr:#x} is {allocated}, but was freed as {given}"
+            ),
+            MockError::InvalidRange { addr, len } => write!(
+                f,
+                "the {len} bytes at {addr:#x} do not lie inside one live block"
+            ),
+            MockError::OverlappingCopy { dst, src, len } => write!(
+                f,
+                "copy of {len} bytes from {src:#x} to {dst:#x}: the ranges overlap"
+            ),
         }
     }
 }
 
 impl std::error::Error for MockError {}
 
-/// A call that handed the mock a bad handle or device: a double destroy, an
-/// unknown or destroyed handle, a device out of range, a handle used with the
-/// wrong device.
+/// A call that handed the mock a bad handle, device, pointer or range: a
+/// double destroy, an unknown or destroyed handle, a device out of range, a
+/// handle used with the wrong device, a bad layout, a double free or a free of
+/// an unknown pointer, a free that misnames its block, a copy of a bad range.
+/// Injected failures and [`MockError::OutOfMemory`] are not misuses.
 ///
 /// The pools must never cause one; tests assert
 /// [`MockBackend::misuses`](crate::MockBackend::misuses) is empty.

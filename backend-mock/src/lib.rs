@@ -1,10 +1,12 @@
 //! # gpupool-mock
 //!
 //! A deterministic simulated GPU for `gpupool`: a [`MockBackend`] implements the
-//! core's [`Backend`], [`StreamBackend`] and [`EventBackend`] traits with no GPU
-//! at all, and models what matters for a pool's correctness. It is usable from
-//! many threads, under loom (`--cfg loom`, create it inside `loom::model`) and
-//! under Miri (it contains no `unsafe`).
+//! core's [`Backend`], [`StreamBackend`], [`EventBackend`] and [`MemoryBackend`]
+//! traits with no GPU at all, and models what matters for a pool's (and a
+//! scratchpad's) correctness. It is usable from many threads, under loom
+//! (`--cfg loom`, create it inside `loom::model`) and under Miri with strict
+//! provenance. Its only `unsafe` is the allocator calls behind each block and
+//! the memcpy of `copy_async`.
 //!
 //! ## The model
 //!
@@ -30,16 +32,93 @@
 //!   `0x1000` up, events from `usize::MAX / 2 + 1` up.
 //! - **Accounting**: every backend call is counted by kind ([`calls`](MockBackend::calls)),
 //!   failed ones included; live streams and events are counted; every call with a
-//!   bad handle or device is logged as a [`Misuse`].
+//!   bad handle, device, layout, pointer or range is logged as a [`Misuse`].
 //! - **Fault injection**: [`fail_nth`](MockBackend::fail_nth) makes the n-th call
-//!   of a kind fail with [`MockError::Injected`], with no effect.
+//!   of a kind fail with [`MockError::Injected`], with no effect (an injected
+//!   allocation allocates nothing; an injected free frees nothing).
 //!
 //! The order of checks in every backend call: count it, fire an armed fault,
-//! check the device, then the handles. Nothing panics on bad input.
+//! check the device, then the handles, then pointers and sizes. Nothing panics
+//! on bad input.
+//!
+//! ## Memory
+//!
+//! - **Every kind** (host, pinned, device, managed) is real host memory from
+//!   `std::alloc` with the requested size and alignment, tagged with its kind
+//!   and device. Pointers keep the allocator's provenance; device memory is
+//!   dereferenceable here, but [`host_access`](MockBackend::host_access) flags
+//!   a host access to it.
+//! - **Synchronous free**: the block goes back to `std::alloc` at once.
+//! - **Bad frees** (synchronous or stream-ordered) are errors and [`Misuse`]s
+//!   with no effect: an address where no block starts, or whose block was
+//!   already reclaimed ([`MockError::InvalidPointer`]), a free-pending block
+//!   ([`MockError::DoubleFree`]), or a kind, device, size or alignment other
+//!   than the allocation's ([`MockError::BlockMismatch`]).
+//! - **Stream-ordered free**: the block becomes *free-pending* at the stream's
+//!   current position and goes back to `std::alloc` only once the stream has
+//!   completed everything queued before the free; this is checked after every
+//!   call, and happens as soon as the stream drains or is destroyed. Until then
+//!   the memory is not handed out again, so a reuse cannot alias it.
+//! - **Uses**: a simulated kernel ([`use_memory`](MockBackend::use_memory)) or a
+//!   `copy_async` queues a work item that *uses* its ranges until it completes.
+//!   A use on stream `U` is *ordered before* a later item or free on stream `S`
+//!   if `U == S`, or if `S` has a pending wait queued before it on an event
+//!   recorded on `U` after the use (followed transitively through the waits of
+//!   the awaited streams). A resolved wait needs no tracking: its work is done.
+//! - **Hazards** ([`hazards`](MockBackend::hazards), see [`HazardKind`]) are
+//!   recorded, never returned as errors: a synchronous free of a block in use;
+//!   a stream-ordered free while another stream's use is not ordered before it;
+//!   work on a range not inside a live block (used after free, free-pending
+//!   included) or overlapping another stream's unordered use (one of the two
+//!   writing; a copy's source is only read); a host access to a range in use,
+//!   freed, or device memory.
+//! - **Copies run at enqueue time**: `copy_async` copies the bytes during the
+//!   call, so a host → device → host round trip is observable as soon as the
+//!   calls return. Callers must still synchronize before the host reads the
+//!   result, as on a GPU; `host_access` flags a read that did not. A source
+//!   outside every mock block is foreign host memory (a caller's pageable
+//!   slice) and is not tracked; a destination must lie inside a live block.
+//! - **Accounting**: live, free-pending and peak bytes per kind, live blocks.
+//!   Dropping the last clone of the mock returns every block still allocated
+//!   to `std::alloc`, so a test that leaks simulated memory leaks no real memory.
+//!
+//! ```
+//! use gpupool_core::{DeviceId, EventBackend, MemoryBackend, MemoryKind, StreamBackend};
+//! use gpupool_mock::{HazardKind, MockBackend};
+//!
+//! let gpu = MockBackend::new(1);
+//! let d = DeviceId(0);
+//! let (a, b) = (gpu.create_stream(d, Default::default()).unwrap(),
+//!               gpu.create_stream(d, Default::default()).unwrap());
+//! let p = gpu.allocate(MemoryKind::Device, d, 1024, 256).unwrap();
+//! gpu.use_memory(b, p.as_ptr(), 1024).unwrap(); // a kernel on b
+//!
+//! // Freeing on a without waiting for b's kernel is a hazard...
+//! // SAFETY: deliberately wrong stream order; the mock only records it.
+//! unsafe { gpu.deallocate_async(MemoryKind::Device, d, p, 1024, 256, a) }.unwrap();
+//! assert_eq!(gpu.hazards()[0].kind, HazardKind::FreedWhileInUse);
+//! // ...since a is idle, the memory went back at once, under b's kernel.
+//! assert_eq!(gpu.live_bytes(MemoryKind::Device), 0);
+//!
+//! // The right way: a waits for an event recorded on b after the kernel.
+//! gpu.clear_hazards();
+//! let e = gpu.create_event(d, Default::default()).unwrap();
+//! let q = gpu.allocate(MemoryKind::Device, d, 1024, 256).unwrap();
+//! gpu.use_memory(b, q.as_ptr(), 1024).unwrap();
+//! gpu.record_event(e, b, d).unwrap();
+//! gpu.stream_wait_event(a, d, e).unwrap();
+//! // SAFETY: b's use is ordered before the free through the event.
+//! unsafe { gpu.deallocate_async(MemoryKind::Device, d, q, 1024, 256, a) }.unwrap();
+//! assert!(gpu.hazards().is_empty());
+//! assert_eq!(gpu.pending_free_bytes(MemoryKind::Device), 1024);
+//! gpu.complete_all(b).unwrap(); // b's kernel ends; a's wait resolves
+//! assert_eq!(gpu.live_bytes(MemoryKind::Device), 0);
+//! ```
 //!
 //! [`Backend`]: gpupool_core::Backend
 //! [`StreamBackend`]: gpupool_core::StreamBackend
 //! [`EventBackend`]: gpupool_core::EventBackend
+//! [`MemoryBackend`]: gpupool_core::MemoryBackend
 //!
 //! ## Example
 //!
@@ -75,6 +154,8 @@
 
 mod backend;
 mod error;
+mod heap;
+mod memory;
 mod queue;
 mod state;
 mod sync;
@@ -82,9 +163,10 @@ mod sync;
 use core::fmt;
 
 pub use gpupool_core::BackendOp as CallKind;
-use gpupool_core::{DeviceId, EventFlags, EventHandle, StreamHandle};
+use gpupool_core::{DeviceId, EventFlags, EventHandle, MemoryKind, StreamHandle};
 
-pub use error::{Misuse, MockError};
+pub use error::{BlockLayout, Misuse, MockError};
+pub use memory::{Hazard, HazardKind};
 
 use queue::StreamKey;
 use state::State;
@@ -121,6 +203,8 @@ impl fmt::Debug for MockBackend {
             .field("policy", &state.policy)
             .field("live_streams", &state.streams.created().count())
             .field("live_events", &state.events.len())
+            .field("live_blocks", &state.memory.live_blocks())
+            .field("hazards", &state.memory.hazards.len())
             .field("misuses", &state.misuses.len())
             .finish_non_exhaustive()
     }
@@ -150,6 +234,7 @@ impl MockBackend {
         state.policy = policy;
         if policy == CompletionPolicy::Immediate {
             state.streams.settle_all(policy);
+            state.reclaim();
         }
     }
 
@@ -167,6 +252,7 @@ impl MockBackend {
         let policy = state.policy;
         state.streams.settle(policy);
         state.streams.push_work(key, policy);
+        state.reclaim();
         Ok(())
     }
 
@@ -178,7 +264,9 @@ impl MockBackend {
         let key = state.harness_key(stream)?;
         let policy = state.policy;
         state.streams.settle(policy);
-        Ok(state.streams.complete_front_work(key))
+        let done = state.streams.complete_front_work(key);
+        state.reclaim();
+        Ok(done)
     }
 
     /// Completes everything queued on `stream`, as a host synchronize would:
@@ -188,12 +276,16 @@ impl MockBackend {
         let mut state = lock(&self.inner);
         let key = state.harness_key(stream)?;
         state.streams.drain_stream(key);
+        state.reclaim();
         Ok(())
     }
 
-    /// Completes everything queued on every stream of every device.
+    /// Completes everything queued on every stream of every device (so every
+    /// free-pending block is reclaimed).
     pub fn complete_everything(&self) {
-        lock(&self.inner).streams.drain_everything();
+        let mut state = lock(&self.inner);
+        state.streams.drain_everything();
+        state.reclaim();
     }
 
     /// How many work items queued on `stream` have not completed. Waits are
@@ -205,6 +297,90 @@ impl MockBackend {
         let policy = state.policy;
         state.streams.settle(policy);
         Ok(state.streams.get(key).map_or(0, |s| s.pending_work()))
+    }
+
+    // ---- simulated memory use ----------------------------------------------
+    //
+    // Test harness too: not counted, no faults; a bad stream is an error, not a
+    // misuse. What they find is recorded as a `Hazard`, and they go ahead.
+
+    /// Simulates a kernel on `stream` that reads and writes `[ptr, ptr + len)`:
+    /// queues one work item that uses the range until it completes (as
+    /// [`enqueue_work`](Self::enqueue_work) does, policy included). Records a
+    /// [`Hazard`] if the range is not inside a live block
+    /// ([`UsedAfterFree`](HazardKind::UsedAfterFree), or
+    /// [`OutOfBounds`](HazardKind::OutOfBounds) if it overlaps one), or if it
+    /// overlaps a range that pending work on another stream uses and that
+    /// stream's use is not ordered before this item by a pending wait
+    /// ([`ConcurrentUse`](HazardKind::ConcurrentUse)). An empty range is
+    /// checked against nothing. The pointer is only compared, never read.
+    pub fn use_memory(
+        &self,
+        stream: StreamHandle,
+        ptr: *const u8,
+        len: usize,
+    ) -> Result<(), MockError> {
+        let mut state = lock(&self.inner);
+        let key = state.harness_key(stream)?;
+        state.use_memory(key, ptr.addr(), len);
+        state.reclaim();
+        Ok(())
+    }
+
+    /// Declares that the host reads or writes `[ptr, ptr + len)` now. Records a
+    /// [`Hazard`] if pending work on any stream uses an overlapping range
+    /// ([`HostAccessWhileInUse`](HazardKind::HostAccessWhileInUse)), if the
+    /// range is not inside a live block ([`UsedAfterFree`](HazardKind::UsedAfterFree)
+    /// or [`OutOfBounds`](HazardKind::OutOfBounds)), or if the block is
+    /// [`MemoryKind::Device`] memory ([`HostAccessToDevice`](HazardKind::HostAccessToDevice)).
+    /// An empty range is checked against nothing. Never fails today; the
+    /// `Result` leaves room for checks to come.
+    pub fn host_access(&self, ptr: *const u8, len: usize) -> Result<(), MockError> {
+        let mut state = lock(&self.inner);
+        state.host_access(ptr.addr(), len);
+        state.reclaim();
+        Ok(())
+    }
+
+    /// Every hazard found so far, in order. A correct caller causes none;
+    /// tests assert this is empty.
+    pub fn hazards(&self) -> Vec<Hazard> {
+        lock(&self.inner).memory.hazards.clone()
+    }
+
+    /// Forgets the hazards found so far.
+    pub fn clear_hazards(&self) {
+        lock(&self.inner).memory.hazards.clear();
+    }
+
+    /// Bytes of `kind` allocated and not yet returned to `std::alloc`,
+    /// free-pending blocks included (sizes as requested). Zero at the end of a
+    /// test that leaked nothing (after the streams are drained or destroyed).
+    pub fn live_bytes(&self, kind: MemoryKind) -> usize {
+        let mut state = lock(&self.inner);
+        state.reclaim();
+        state.memory.live_bytes(kind)
+    }
+
+    /// Bytes of `kind` freed in stream order whose stream has not passed the
+    /// free yet.
+    pub fn pending_free_bytes(&self, kind: MemoryKind) -> usize {
+        let mut state = lock(&self.inner);
+        state.reclaim();
+        state.memory.pending_free_bytes(kind)
+    }
+
+    /// The highest [`live_bytes`](Self::live_bytes) of `kind` has been.
+    pub fn peak_live_bytes(&self, kind: MemoryKind) -> usize {
+        lock(&self.inner).memory.peak_live_bytes(kind)
+    }
+
+    /// Blocks of every kind not yet returned to `std::alloc`, free-pending
+    /// ones included.
+    pub fn live_blocks(&self) -> usize {
+        let mut state = lock(&self.inner);
+        state.reclaim();
+        state.memory.live_blocks()
     }
 
     // ---- accounting --------------------------------------------------------

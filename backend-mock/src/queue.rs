@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use gpupool_core::DeviceId;
+use gpupool_core::{DeviceId, StreamHandle};
 
 use crate::CompletionPolicy;
 
@@ -36,6 +36,17 @@ pub(crate) enum StreamKey {
     Created(usize),
 }
 
+impl StreamKey {
+    /// The handle a report names the stream by: the created stream's own, or
+    /// [`StreamHandle::NULL`] for an implicit stream.
+    pub(crate) fn handle(self) -> StreamHandle {
+        match self {
+            StreamKey::Implicit(_) => StreamHandle::NULL,
+            StreamKey::Created(h) => StreamHandle(h),
+        }
+    }
+}
+
 /// A position in a stream: reached when the stream's `completed` position is at
 /// least `pos`, or when the stream no longer exists (destroyed streams finish
 /// their work; an implicit stream never used has none).
@@ -43,6 +54,20 @@ pub(crate) enum StreamKey {
 pub(crate) struct Point {
     pub(crate) stream: StreamKey,
     pub(crate) pos: u64,
+}
+
+/// The points that are certainly reached before some item starts, per stream:
+/// see [`Streams::frontier`].
+#[derive(Debug)]
+pub(crate) struct Frontier(BTreeMap<StreamKey, u64>);
+
+impl Frontier {
+    /// Whether `point` is reached before the item the frontier was computed for.
+    pub(crate) fn covers(&self, point: Point) -> bool {
+        self.0
+            .get(&point.stream)
+            .is_some_and(|&pos| pos >= point.pos)
+    }
 }
 
 /// One queued item.
@@ -259,6 +284,37 @@ impl Streams {
                 Some(Item::Wait(point)) => todo.push(point),
             }
         }
+    }
+
+    /// What is guaranteed to have completed, on every stream, before the item
+    /// that follows `from` on `from.stream` starts: the stream's own items up
+    /// to `from.pos`, and, through the pending waits among them (followed
+    /// transitively), the points those waits name. Waits already resolved
+    /// need no following: their points are reached, so everything before them
+    /// is complete.
+    pub(crate) fn frontier(&self, from: Point) -> Frontier {
+        let mut reach = BTreeMap::new();
+        reach.insert(from.stream, from.pos);
+        if self.waits == 0 {
+            return Frontier(reach);
+        }
+        let mut todo = vec![from];
+        while let Some(point) = todo.pop() {
+            let Some(stream) = self.map.get(&point.stream) else {
+                continue;
+            };
+            let queued = stream.queue.iter().zip(stream.completed + 1..);
+            for (item, _) in queued.take_while(|&(_, pos)| pos <= point.pos) {
+                if let Item::Wait(awaited) = *item {
+                    let known = reach.entry(awaited.stream).or_insert(0);
+                    if awaited.pos > *known {
+                        *known = awaited.pos;
+                        todo.push(awaited);
+                    }
+                }
+            }
+        }
+        Frontier(reach)
     }
 
     /// Drains everything submitted to `key` so far.

@@ -1,12 +1,13 @@
-//! The whole simulated machine as plain data: devices, streams, events, call
-//! counters, armed faults and the misuse log, with the checks every backend
-//! call goes through. [`MockBackend`](crate::MockBackend) keeps one [`State`]
+//! The whole simulated machine as plain data: devices, streams, events,
+//! memory, call counters, armed faults and the misuse log, with the checks
+//! every backend call goes through. (The memory operations are in `memory.rs`.) [`MockBackend`](crate::MockBackend) keeps one [`State`]
 //! behind its mutex; nothing here locks or calls out.
 
 use std::collections::{BTreeMap, HashMap};
 
 use gpupool_core::{Completion, DeviceId, EventFlags, EventHandle, StreamHandle};
 
+use crate::memory::Memory;
 use crate::queue::{Point, Stream, StreamKey, Streams};
 use crate::{CallKind, CompletionPolicy, Misuse, MockError};
 
@@ -36,6 +37,9 @@ pub(crate) struct State {
     pub(crate) policy: CompletionPolicy,
     pub(crate) streams: Streams,
     pub(crate) events: BTreeMap<usize, Event>,
+    /// Blocks, uses, byte counters and hazards. Dropping it returns every
+    /// block still allocated to `std::alloc`.
+    pub(crate) memory: Memory,
     /// The next handle to hand out: monotonic, never reused.
     next_stream: usize,
     next_event: usize,
@@ -54,6 +58,7 @@ impl State {
             policy: CompletionPolicy::Manual,
             streams: Streams::default(),
             events: BTreeMap::new(),
+            memory: Memory::default(),
             next_stream: FIRST_STREAM,
             next_event: FIRST_EVENT,
             calls: HashMap::new(),

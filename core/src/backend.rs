@@ -8,6 +8,7 @@
 //! is tracked by the pools and leases, not by the handle.
 
 use core::fmt;
+use core::ptr::NonNull;
 
 /// The ordinal of a device, as the driver counts them (`0..device_count`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -231,6 +232,123 @@ pub trait EventBackend: Backend {
     fn synchronize_event(&self, event: EventHandle, device: DeviceId) -> Result<(), Self::Error>;
 }
 
+/// The four kinds of memory a backend provides.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemoryKind {
+    /// Ordinary pageable host memory.
+    Host,
+    /// Page-locked host memory, reachable by the device's copy engines.
+    Pinned,
+    /// Device memory: not dereferenceable on the host.
+    Device,
+    /// Managed (unified) memory, migrated between host and device on demand.
+    Managed,
+}
+
+impl MemoryKind {
+    /// The four kinds, in index order.
+    pub const ALL: [MemoryKind; 4] = [
+        MemoryKind::Host,
+        MemoryKind::Pinned,
+        MemoryKind::Device,
+        MemoryKind::Managed,
+    ];
+
+    /// The kind's index into per-kind tables (`0..4`).
+    #[inline]
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether host code may read and write memory of this kind.
+    #[inline]
+    pub const fn is_host_accessible(self) -> bool {
+        !matches!(self, MemoryKind::Device)
+    }
+}
+
+/// Memory operations.
+///
+/// A block is named by its address: a host pointer for host-accessible kinds,
+/// a device address (as a pointer without provenance) for device memory.
+/// Sizes are nonzero and alignments are nonzero powers of two; the callers in
+/// this crate check both before calling.
+///
+/// Stream-ordered calls take the stream the memory is used on: an allocation is
+/// usable by work issued on `stream` after the call (and by the host at once,
+/// for host-accessible kinds); a free takes effect when `stream` reaches it, so
+/// work issued on `stream` before the free may still use the block, and the
+/// backend must not hand the memory out again before then.
+pub trait MemoryBackend: Backend {
+    /// Allocates `size` bytes of `kind` memory for `device`, aligned to
+    /// `align`, synchronously.
+    fn allocate(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, Self::Error>;
+
+    /// Frees a block synchronously.
+    ///
+    /// # Safety
+    /// `ptr` was returned by [`allocate`](Self::allocate) or
+    /// [`allocate_async`](Self::allocate_async) of this backend with the same
+    /// `kind`, `device`, `size` and `align`, and is not freed yet; no work that
+    /// may still use it is pending on any stream, and nothing uses it afterwards.
+    unsafe fn deallocate(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) -> Result<(), Self::Error>;
+
+    /// Allocates a block in stream order on `stream` (of `device`).
+    fn allocate_async(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        size: usize,
+        align: usize,
+        stream: StreamHandle,
+    ) -> Result<NonNull<u8>, Self::Error>;
+
+    /// Frees a block in stream order on `stream` (of `device`).
+    ///
+    /// # Safety
+    /// As for [`deallocate`](Self::deallocate), except that work already issued
+    /// on `stream` may still use the block; work on other streams that uses it
+    /// must be ordered before this point of `stream`.
+    unsafe fn deallocate_async(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+        stream: StreamHandle,
+    ) -> Result<(), Self::Error>;
+
+    /// Copies `size` bytes from `src` to `dst` in stream order on `stream` (of
+    /// `device`). Either side may be any kind; a pageable host source may be
+    /// reused as soon as the call returns.
+    ///
+    /// # Safety
+    /// `src` and `dst` are valid for `size` bytes of their kinds until the copy
+    /// has run on `stream`, and do not overlap.
+    unsafe fn copy_async(
+        &self,
+        dst: NonNull<u8>,
+        src: NonNull<u8>,
+        size: usize,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
+}
+
 macro_rules! forward_backend {
     ($($ptr:ty),*) => {$(
         impl<B: Backend + ?Sized> Backend for $ptr {
@@ -279,3 +397,30 @@ macro_rules! forward_backend {
 }
 
 forward_backend!(&B, alloc::sync::Arc<B>, alloc::boxed::Box<B>);
+
+macro_rules! forward_memory {
+    ($($ptr:ty),*) => {$(
+        impl<B: MemoryBackend + ?Sized> MemoryBackend for $ptr {
+            fn allocate(&self, k: MemoryKind, d: DeviceId, size: usize, align: usize) -> Result<NonNull<u8>, Self::Error> {
+                (**self).allocate(k, d, size, align)
+            }
+            unsafe fn deallocate(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).deallocate(k, d, p, size, align) }
+            }
+            fn allocate_async(&self, k: MemoryKind, d: DeviceId, size: usize, align: usize, s: StreamHandle) -> Result<NonNull<u8>, Self::Error> {
+                (**self).allocate_async(k, d, size, align, s)
+            }
+            unsafe fn deallocate_async(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize, s: StreamHandle) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).deallocate_async(k, d, p, size, align, s) }
+            }
+            unsafe fn copy_async(&self, dst: NonNull<u8>, src: NonNull<u8>, size: usize, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).copy_async(dst, src, size, s, d) }
+            }
+        }
+    )*};
+}
+
+forward_memory!(&B, alloc::sync::Arc<B>, alloc::boxed::Box<B>);

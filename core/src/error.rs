@@ -34,6 +34,16 @@ pub enum BackendOp {
     QueryEvent,
     /// Synchronizing an event.
     SynchronizeEvent,
+    /// Allocating memory synchronously.
+    Allocate,
+    /// Freeing memory synchronously.
+    Deallocate,
+    /// Allocating memory in stream order.
+    AllocateAsync,
+    /// Freeing memory in stream order.
+    DeallocateAsync,
+    /// Copying memory in stream order.
+    CopyAsync,
 }
 
 /// Why a pool call failed. `E` is the backend's error type.
@@ -71,6 +81,16 @@ pub enum Error<E> {
     /// One of CUDA's special streams (legacy default, per-thread default) was
     /// offered for pooling; they belong to no pool and cannot be destroyed.
     SpecialHandle,
+    /// An alignment that is zero or not a power of two.
+    InvalidAlignment {
+        /// The alignment asked for.
+        align: usize,
+    },
+    /// A size that overflows: `count * size_of::<T>()` past `usize`, a request
+    /// past `isize::MAX` bytes, or a block size that cannot double any more.
+    SizeOverflow,
+    /// Host access was asked of memory the host cannot touch (device memory).
+    NotHostAccessible,
     /// The backend reports more devices than a pool keeps a table for
     /// ([`MAX_DEVICES`](crate::MAX_DEVICES)).
     TooManyDevices {
@@ -110,6 +130,11 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 write!(f, "the handle belongs to {actual}, not to {given}")
             }
             Error::NullHandle => f.write_str("the null handle cannot be pooled"),
+            Error::InvalidAlignment { align } => {
+                write!(f, "alignment {align} is not a nonzero power of two")
+            }
+            Error::SizeOverflow => f.write_str("the requested size overflows"),
+            Error::NotHostAccessible => f.write_str("device memory is not host-accessible"),
             Error::SpecialHandle => {
                 f.write_str("a special stream (legacy, per-thread) cannot be pooled")
             }

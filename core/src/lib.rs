@@ -60,7 +60,9 @@ mod error;
 pub mod event_pool;
 #[doc(hidden)]
 pub mod internals;
+mod monotonic;
 mod order;
+pub mod scratchpad;
 mod stack;
 mod stats;
 pub mod stream_pool;
@@ -69,11 +71,15 @@ mod table;
 
 pub use backend::{
     Backend, Completion, DeviceId, DeviceSelector, EventBackend, EventFlags, EventHandle,
-    StreamBackend, StreamHandle, StreamOptions,
+    MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
 };
 pub use error::{BackendOp, Error, Rejected};
 pub use event_pool::{EventLease, EventPool, OwnedEvent, SharedEvent};
+pub use monotonic::{Block, DEFAULT_FIRST_BLOCK};
 pub use order::AccessOrder;
+pub use scratchpad::{
+    DeviceSlice, KernelContext, ScratchBackend, ScratchStats, Scratchpad, ScratchpadConfig,
+};
 pub use stats::PoolStats;
 pub use stream_pool::{OwnedStream, StreamLease, StreamPool, StreamPoolConfig};
 

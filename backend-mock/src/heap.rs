@@ -1,0 +1,64 @@
+//! [`Allocation`]: one block of real host memory from `std::alloc`, owned,
+//! returned to the allocator when dropped.
+//!
+//! This file holds the crate's allocator `unsafe`; the only other `unsafe` block
+//! is the memcpy of `copy_async` (in `backend.rs`). Everything above it (kinds,
+//! stream order, hazards) is safe bookkeeping.
+
+use core::alloc::Layout;
+use core::ptr::NonNull;
+
+/// A block of `layout.size()` bytes aligned to `layout.align()`, from
+/// `std::alloc::alloc`, freed with the same layout on drop.
+///
+/// Invariants: `ptr` was returned by `std::alloc::alloc(layout)`, has not been
+/// freed, and `layout.size() > 0`. The pointer keeps the allocator's
+/// provenance; callers get copies of it, never a pointer rebuilt from an address.
+#[derive(Debug)]
+pub(crate) struct Allocation {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: an `Allocation` owns its block exclusively, like a `Box<[u8]>`; it
+// never reads or writes the memory itself and hands out only the pointer value,
+// so moving the owner to another thread (under the mock's mutex) is sound. Any
+// access through the handed-out pointer is governed by the caller's contract.
+unsafe impl Send for Allocation {}
+
+impl Allocation {
+    /// Allocates a block of `layout`; `None` if the size is zero or the
+    /// allocator fails.
+    pub(crate) fn new(layout: Layout) -> Option<Self> {
+        if layout.size() == 0 {
+            return None;
+        }
+        // SAFETY: `layout` has a nonzero size (checked above), the one
+        // requirement of `alloc`.
+        let raw = unsafe { std::alloc::alloc(layout) };
+        NonNull::new(raw).map(|ptr| Allocation { ptr, layout })
+    }
+
+    /// The start of the block, with the allocation's provenance.
+    pub(crate) fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
+    /// The start address (for lookups; never turned back into a pointer).
+    pub(crate) fn addr(&self) -> usize {
+        self.ptr.as_ptr().addr()
+    }
+
+    /// The size and alignment it was allocated with.
+    pub(crate) fn layout(&self) -> Layout {
+        self.layout
+    }
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        // SAFETY: by the type's invariants `ptr` came from `alloc(layout)` with
+        // this very layout and is freed only here, once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}

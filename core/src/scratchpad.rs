@@ -1,0 +1,819 @@
+//! [`Scratchpad`]: monotonic, stream-ordered scratch memory in four kinds
+//! (host, pinned, device, managed), safe by construction.
+//!
+//! Each kind has its own [`MonotonicResource`](crate::monotonic) over a
+//! fixed-order upstream, created on the kind's first non-empty allocation:
+//!
+//! | kind | allocated in | released in |
+//! |---|---|---|
+//! | host | host order | host order |
+//! | pinned | host order | the pinned release order (default: the device order) |
+//! | device | the device order | the device order |
+//! | managed | host order | the managed release order (default: the device order) |
+//!
+//! Host-visible allocations come back as `&mut [MaybeUninit<T>]` and device
+//! allocations as a [`DeviceSlice`]; both borrow the scratchpad, so no scratch
+//! memory can be touched through them after [`reset`](Scratchpad::reset) or
+//! drop, which need `&mut self` or ownership.
+//!
+//! # Reuse across iterations
+//!
+//! DALI's scratchpad must be short-lived: kept, it grows without bound (its
+//! #4790). This one can be [`reset`](Scratchpad::reset) and reused:
+//! - a kind that used more than one block releases them all (in its release
+//!   order) and takes one block of their total size next time, so a loop
+//!   converges to one block per kind;
+//! - a kind that used one block keeps it. Device memory is reused at once: it is
+//!   allocated and released in the device order, so the next round's work on
+//!   that stream runs after the last round's. Pinned and managed memory is
+//!   written by the host as soon as it is handed out, so when their release
+//!   order is a stream, reset records an event there and the block is handed
+//!   out again only once the event has completed; if it has not when the next
+//!   round needs the block, the block is released in stream order and a fresh
+//!   one taken instead.
+//!
+//! In a steady loop whose rounds need the same memory and whose streams keep
+//! up, resets ask upstream for nothing.
+
+use alloc::vec::Vec;
+use core::cell::{Cell, RefCell};
+use core::fmt;
+use core::marker::PhantomData;
+use core::mem::{size_of, MaybeUninit};
+use core::ops::Range;
+use core::ptr::NonNull;
+
+use crate::backend::{
+    Completion, DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend, MemoryKind,
+    StreamBackend, StreamHandle,
+};
+use crate::error::{BackendOp, Error};
+use crate::monotonic::{check_request, Block, FixedOrder, MonotonicResource, Upstream};
+use crate::order::AccessOrder;
+
+/// What a scratchpad needs of its backend: memory, and streams and events for
+/// stream-ordered reuse. Implemented for every such backend.
+pub trait ScratchBackend: MemoryBackend + StreamBackend + EventBackend {}
+impl<B: MemoryBackend + StreamBackend + EventBackend + ?Sized> ScratchBackend for B {}
+
+/// How a [`Scratchpad`] is set up besides its device order.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub struct ScratchpadConfig {
+    /// The order pinned blocks are released in; `None`: the device order.
+    pub pinned_release: Option<AccessOrder>,
+    /// The order managed blocks are released in; `None`: the device order.
+    pub managed_release: Option<AccessOrder>,
+    /// The first block size per kind, indexed by [`MemoryKind::index`]; 0 means
+    /// 64 KiB.
+    pub initial_sizes: [usize; 4],
+    /// The device memory is allocated for; `None`: the device order's device,
+    /// or for host order the current device (resolved on first use).
+    pub device: Option<DeviceId>,
+}
+
+/// A typed range of scratch device memory: its address, length and device. It
+/// borrows the scratchpad, so it cannot outlive the memory. The host cannot
+/// dereference it; pass [`as_ptr`](Self::as_ptr) to kernels and copies.
+pub struct DeviceSlice<'a, T> {
+    ptr: NonNull<T>,
+    len: usize,
+    device: DeviceId,
+    _memory: PhantomData<&'a mut [T]>,
+}
+
+impl<T> DeviceSlice<'_, T> {
+    /// The device address of the first element (dangling, well aligned, for an
+    /// empty slice).
+    #[inline]
+    pub fn as_ptr(&self) -> *mut T {
+        self.ptr.as_ptr()
+    }
+
+    /// The device address as an integer (a `CUdeviceptr` on CUDA).
+    #[inline]
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// Number of elements.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no element.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes.
+    #[inline]
+    pub fn byte_len(&self) -> usize {
+        self.len * size_of::<T>()
+    }
+
+    /// The device the memory belongs to.
+    #[inline]
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+}
+
+impl<T> fmt::Debug for DeviceSlice<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceSlice")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len)
+            .field("device", &self.device)
+            .finish()
+    }
+}
+
+/// Per-kind statistics of a scratchpad.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScratchStats {
+    /// Bytes held from upstream, per kind.
+    pub reserved: [usize; 4],
+    /// Blocks held, per kind.
+    pub blocks: [usize; 4],
+    /// Bytes requested since the last reset, per kind.
+    pub requested: [usize; 4],
+    /// The most bytes held at once, per kind.
+    pub high_water: [usize; 4],
+    /// Blocks taken from upstream, over the scratchpad's life.
+    pub upstream_allocations: usize,
+    /// Blocks given back to upstream, over the scratchpad's life.
+    pub upstream_releases: usize,
+}
+
+/// The event that fences a kept block of a host-visible kind.
+struct Fence {
+    event: EventHandle,
+    device: DeviceId,
+    /// Whether the kept block waits for the event.
+    armed: bool,
+}
+
+struct KindState {
+    res: MonotonicResource,
+    fence: Option<Fence>,
+    high_water: usize,
+}
+
+/// Scratch memory in four kinds. See the [module documentation](self).
+///
+/// ```
+/// use gpupool_core::{AccessOrder, DeviceId, StreamPool};
+/// use gpupool_core::scratchpad::Scratchpad;
+/// use gpupool_mock::MockBackend;
+///
+/// let gpu = MockBackend::new(1);
+/// let streams = StreamPool::new(gpu.clone());
+/// let stream = streams.get(0).unwrap();
+/// let mut scratch = Scratchpad::new(&gpu, stream.order());
+/// for _round in 0..3 {
+///     let staging = scratch.pinned::<f32>(1024).unwrap(); // &mut [MaybeUninit<f32>]
+///     staging.iter_mut().for_each(|x| { x.write(1.0); });
+///     let on_gpu = scratch.device::<f32>(1024).unwrap();  // DeviceSlice<f32>
+///     assert_eq!(on_gpu.len(), 1024);
+///     gpu.complete_everything();        // (on a GPU: the kernels of this round run)
+///     scratch.reset().unwrap();         // stream-ordered: blocks kept for the next round
+/// }
+/// ```
+pub struct Scratchpad<'b, B: ScratchBackend> {
+    backend: &'b B,
+    device_order: AccessOrder,
+    config: ScratchpadConfig,
+    /// Per kind, created on the kind's first non-empty allocation.
+    kinds: RefCell<[Option<KindState>; 4]>,
+    /// The resolved device, once known.
+    device: Cell<Option<DeviceId>>,
+    upstream_allocations: Cell<usize>,
+    upstream_releases: Cell<usize>,
+}
+
+// SAFETY: the scratchpad owns its blocks (raw pointers into memory nobody else
+// frees) and its bookkeeping; moving it to another thread moves that ownership.
+// The backend is only reached through `&B`, which is `Send` because `B: Sync`
+// (every `Backend` is). It is not `Sync`: allocation goes through `RefCell`.
+unsafe impl<B: ScratchBackend> Send for Scratchpad<'_, B> {}
+
+impl<B: ScratchBackend> fmt::Debug for Scratchpad<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scratchpad")
+            .field("device_order", &self.device_order)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
+    /// A scratchpad whose device memory follows `device_order` (and pinned and
+    /// managed memory is released in it). Allocates nothing yet.
+    pub fn new(backend: &'b B, device_order: AccessOrder) -> Self {
+        Self::with_config(backend, device_order, ScratchpadConfig::default())
+    }
+
+    /// A scratchpad with explicit release orders, first block sizes or device.
+    pub fn with_config(
+        backend: &'b B,
+        device_order: AccessOrder,
+        config: ScratchpadConfig,
+    ) -> Self {
+        Scratchpad {
+            backend,
+            device_order,
+            config,
+            kinds: RefCell::new([None, None, None, None]),
+            device: Cell::new(config.device.or(device_order.device())),
+            upstream_allocations: Cell::new(0),
+            upstream_releases: Cell::new(0),
+        }
+    }
+
+    /// The order device memory is allocated and released in.
+    pub fn device_order(&self) -> AccessOrder {
+        self.device_order
+    }
+
+    /// The order blocks of `kind` are released in.
+    pub fn release_order(&self, kind: MemoryKind) -> AccessOrder {
+        match kind {
+            MemoryKind::Host => AccessOrder::Host,
+            MemoryKind::Pinned => self.config.pinned_release.unwrap_or(self.device_order),
+            MemoryKind::Device => self.device_order,
+            MemoryKind::Managed => self.config.managed_release.unwrap_or(self.device_order),
+        }
+    }
+
+    /// The order blocks of `kind` are allocated in.
+    fn alloc_order(&self, kind: MemoryKind) -> AccessOrder {
+        match kind {
+            MemoryKind::Device => self.device_order,
+            _ => AccessOrder::Host,
+        }
+    }
+
+    /// The device the memory is for (resolved once).
+    pub fn device_id(&self) -> Result<DeviceId, Error<B::Error>> {
+        if let Some(d) = self.device.get() {
+            return Ok(d);
+        }
+        let d = self
+            .backend
+            .current_device()
+            .map_err(Error::backend(BackendOp::CurrentDevice))?;
+        self.device.set(Some(d));
+        Ok(d)
+    }
+
+    fn upstream(&self, kind: MemoryKind, device: DeviceId) -> FixedOrder<'b, B> {
+        FixedOrder {
+            backend: self.backend,
+            kind,
+            device,
+            alloc: self.alloc_order(kind),
+            release: self.release_order(kind),
+        }
+    }
+
+    /// `bytes` of `kind` memory aligned to `align`: a raw pointer, or `None`
+    /// for zero bytes (which touches nothing). The memory stays valid until
+    /// [`reset`](Self::reset) or drop.
+    ///
+    /// Errors: an alignment that is not a nonzero power of two, a size past
+    /// `isize::MAX`, a failed upstream; the scratchpad is unchanged by any of them.
+    pub fn alloc(
+        &self,
+        kind: MemoryKind,
+        bytes: usize,
+        align: usize,
+    ) -> Result<Option<NonNull<u8>>, Error<B::Error>> {
+        check_request(bytes, align)?;
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let device = self.device_id()?;
+        let up = Counting {
+            inner: self.upstream(kind, device),
+            allocations: &self.upstream_allocations,
+            releases: &self.upstream_releases,
+        };
+        let mut kinds = self.kinds.borrow_mut();
+        let st = kinds[kind.index()].get_or_insert_with(|| KindState {
+            res: MonotonicResource::new(self.config.initial_sizes[kind.index()]),
+            fence: None,
+            high_water: 0,
+        });
+        self.settle_fence(st, &up)?;
+        let p = st.res.allocate(&up, bytes, align)?;
+        st.high_water = st.high_water.max(st.res.reserved());
+        Ok(p)
+    }
+
+    /// If the kept block of a kind waits on its fence: hand it out again if the
+    /// event completed; otherwise release it in its stream order, so the next
+    /// allocation takes a fresh block.
+    fn settle_fence<U: Upstream<Error = B::Error>>(
+        &self,
+        st: &mut KindState,
+        up: &U,
+    ) -> Result<(), Error<B::Error>> {
+        let Some(fence) = st.fence.as_mut() else {
+            return Ok(());
+        };
+        if !fence.armed {
+            return Ok(());
+        }
+        if let Ok(Completion::Complete) = self.backend.query_event(fence.event, fence.device) {
+            fence.armed = false;
+            return Ok(());
+        }
+        // Still in use (or unknown): do not reuse; release in stream order.
+        let next = st.res.reserved();
+        for block in st.res.take_blocks(next) {
+            // SAFETY: the block came from this upstream and is forgotten by the
+            // resource; the release order is a stream (fences exist only then),
+            // so work still using it finishes first.
+            if let Err(e) = unsafe { up.release(block) } {
+                st.res.keep_block(block);
+                return Err(e);
+            }
+        }
+        fence.armed = false;
+        Ok(())
+    }
+
+    fn alloc_typed<T>(
+        &self,
+        kind: MemoryKind,
+        count: usize,
+    ) -> Result<NonNull<T>, Error<B::Error>> {
+        let bytes = count
+            .checked_mul(size_of::<T>())
+            .ok_or(Error::SizeOverflow)?;
+        match self.alloc(kind, bytes, core::mem::align_of::<T>())? {
+            Some(p) => Ok(p.cast()),
+            None => Ok(NonNull::dangling()),
+        }
+    }
+
+    /// `count` uninitialised `T`s of a host-visible kind (host, pinned, managed).
+    // A bump allocator: every call hands out a fresh region, disjoint from all
+    // others, so `&self` may return `&mut` (as bumpalo's `alloc` does).
+    #[allow(clippy::mut_from_ref)]
+    pub fn uninit<T>(
+        &self,
+        kind: MemoryKind,
+        count: usize,
+    ) -> Result<&mut [MaybeUninit<T>], Error<B::Error>> {
+        if !kind.is_host_accessible() {
+            return Err(Error::NotHostAccessible);
+        }
+        let p = self.alloc_typed::<T>(kind, count)?;
+        // SAFETY: `p` is aligned for `T` and valid for `count` elements of a
+        // host-accessible block (or dangling with `count * size_of::<T>() == 0`).
+        // The range was handed out by this call only and lives until `reset` or
+        // drop, which need `&mut self` or ownership and so end this borrow first.
+        Ok(unsafe { core::slice::from_raw_parts_mut(p.as_ptr().cast::<MaybeUninit<T>>(), count) })
+    }
+
+    /// `count` uninitialised `T`s of pageable host memory.
+    // A bump allocator: every call hands out a fresh region, disjoint from all
+    // others, so `&self` may return `&mut` (as bumpalo's `alloc` does).
+    #[allow(clippy::mut_from_ref)]
+    pub fn host<T>(&self, count: usize) -> Result<&mut [MaybeUninit<T>], Error<B::Error>> {
+        self.uninit(MemoryKind::Host, count)
+    }
+
+    /// `count` uninitialised `T`s of pinned host memory.
+    // A bump allocator: every call hands out a fresh region, disjoint from all
+    // others, so `&self` may return `&mut` (as bumpalo's `alloc` does).
+    #[allow(clippy::mut_from_ref)]
+    pub fn pinned<T>(&self, count: usize) -> Result<&mut [MaybeUninit<T>], Error<B::Error>> {
+        self.uninit(MemoryKind::Pinned, count)
+    }
+
+    /// `count` uninitialised `T`s of managed memory.
+    // A bump allocator: every call hands out a fresh region, disjoint from all
+    // others, so `&self` may return `&mut` (as bumpalo's `alloc` does).
+    #[allow(clippy::mut_from_ref)]
+    pub fn managed<T>(&self, count: usize) -> Result<&mut [MaybeUninit<T>], Error<B::Error>> {
+        self.uninit(MemoryKind::Managed, count)
+    }
+
+    /// `count` `T`s of device memory.
+    pub fn device_slice<T>(&self, count: usize) -> Result<DeviceSlice<'_, T>, Error<B::Error>> {
+        let ptr = self.alloc_typed::<T>(MemoryKind::Device, count)?;
+        Ok(DeviceSlice {
+            ptr,
+            len: count,
+            device: self.device_id()?,
+            _memory: PhantomData,
+        })
+    }
+
+    /// Shorthand for [`device_slice`](Self::device_slice).
+    pub fn device<T>(&self, count: usize) -> Result<DeviceSlice<'_, T>, Error<B::Error>> {
+        self.device_slice(count)
+    }
+
+    /// A copy of `src` in host-visible `kind` memory (DALI's `ToHost`,
+    /// `ToPinned`, `ToManaged`).
+    // A bump allocator: every call hands out a fresh region, disjoint from all
+    // others, so `&self` may return `&mut` (as bumpalo's `alloc` does).
+    #[allow(clippy::mut_from_ref)]
+    pub fn copy_of<T: Copy>(
+        &self,
+        kind: MemoryKind,
+        src: &[T],
+    ) -> Result<&mut [T], Error<B::Error>> {
+        let dst = self.uninit::<T>(kind, src.len())?;
+        for (d, s) in dst.iter_mut().zip(src) {
+            d.write(*s);
+        }
+        // SAFETY: every element was just initialised.
+        Ok(unsafe { &mut *(dst as *mut [MaybeUninit<T>] as *mut [T]) })
+    }
+
+    /// `src` packed one after another into one block of host-visible `kind`
+    /// memory, and the range each part occupies.
+    // A bump allocator: every call hands out a fresh region, disjoint from all
+    // others, so `&self` may return `&mut` (as bumpalo's `alloc` does).
+    #[allow(clippy::mut_from_ref)]
+    pub fn to_contiguous_host<T: Copy>(
+        &self,
+        kind: MemoryKind,
+        parts: &[&[T]],
+    ) -> Result<Packed<'_, T>, Error<B::Error>> {
+        let (total, ranges) = pack_ranges(parts)?;
+        let dst = self.uninit::<T>(kind, total)?;
+        for (part, r) in parts.iter().zip(&ranges) {
+            for (d, s) in dst[r.clone()].iter_mut().zip(part.iter()) {
+                d.write(*s);
+            }
+        }
+        // SAFETY: the ranges cover `0..total` exactly, so every element was
+        // just initialised.
+        Ok((
+            unsafe { &mut *(dst as *mut [MaybeUninit<T>] as *mut [T]) },
+            ranges,
+        ))
+    }
+
+    /// A device copy of `src`, copied on `stream` (of the scratchpad's device):
+    /// DALI's `ToGPU`. `src` may be reused as soon as this returns.
+    pub fn to_device<T: Copy>(
+        &self,
+        stream: StreamHandle,
+        src: &[T],
+    ) -> Result<DeviceSlice<'_, T>, Error<B::Error>> {
+        let dst = self.device_slice::<T>(src.len())?;
+        let bytes = dst.byte_len();
+        if bytes > 0 {
+            // SAFETY: `dst` is `bytes` of fresh device memory, `src` is a live
+            // slice of `bytes`; they do not overlap. The backend's contract lets
+            // a pageable source be reused once the call returns.
+            unsafe {
+                self.backend
+                    .copy_async(
+                        dst.ptr.cast(),
+                        NonNull::from(src).cast(),
+                        bytes,
+                        stream,
+                        dst.device,
+                    )
+                    .map_err(Error::backend(BackendOp::CopyAsync))?;
+            }
+        }
+        Ok(dst)
+    }
+
+    /// `parts` packed into one block of device memory with a single copy on
+    /// `stream`, through a pinned staging block that is released in the order
+    /// of `stream` once the copy has been issued (DALI's `ToContiguousGPU`).
+    pub fn to_contiguous_device<T: Copy>(
+        &self,
+        stream: StreamHandle,
+        parts: &[&[T]],
+    ) -> Result<PackedDevice<'_, T>, Error<B::Error>> {
+        let (total, ranges) = pack_ranges(parts)?;
+        let dst = self.device_slice::<T>(total)?;
+        let bytes = dst.byte_len();
+        if bytes == 0 {
+            return Ok((dst, ranges));
+        }
+        let device = dst.device;
+        let align = core::mem::align_of::<T>().max(256);
+        let staging = self
+            .backend
+            .allocate(MemoryKind::Pinned, device, bytes, align)
+            .map_err(Error::backend(BackendOp::Allocate))?;
+        let base = staging.as_ptr().cast::<T>();
+        for (part, r) in parts.iter().zip(&ranges) {
+            // SAFETY: the staging block holds `total` `T`s, aligned; `r` lies in
+            // `0..total`; `part` has `r.len()` elements and is a different object.
+            unsafe { core::ptr::copy_nonoverlapping(part.as_ptr(), base.add(r.start), r.len()) };
+        }
+        // SAFETY: both blocks are live and `bytes` long; they do not overlap.
+        let copied = unsafe {
+            self.backend
+                .copy_async(dst.ptr.cast(), staging, bytes, stream, device)
+        };
+        let freed = match copied {
+            // SAFETY: the staging block came from `allocate` with these
+            // arguments; the copy that reads it is ordered before this free on
+            // `stream`, and nothing else uses it.
+            Ok(()) => unsafe {
+                self.backend
+                    .deallocate_async(MemoryKind::Pinned, device, staging, bytes, align, stream)
+                    .map_err(Error::backend(BackendOp::DeallocateAsync))
+            },
+            // SAFETY: as above; no copy was issued, so nothing uses it.
+            Err(_) => unsafe {
+                self.backend
+                    .deallocate(MemoryKind::Pinned, device, staging, bytes, align)
+                    .map_err(Error::backend(BackendOp::Deallocate))
+            },
+        };
+        copied.map_err(Error::backend(BackendOp::CopyAsync))?;
+        freed?;
+        Ok((dst, ranges))
+    }
+
+    /// Ends the round: every allocation is over (the `&mut` proves no slice is
+    /// left), and the memory is reused in stream order (module documentation).
+    /// On error the kind concerned releases what it can; the scratchpad stays
+    /// usable.
+    pub fn reset(&mut self) -> Result<(), Error<B::Error>> {
+        let device = match self.device.get() {
+            Some(d) => d,
+            None => return Ok(()), // nothing was ever allocated
+        };
+        let mut first_error = None;
+        for kind in MemoryKind::ALL {
+            let up = Counting {
+                inner: self.upstream(kind, device),
+                allocations: &self.upstream_allocations,
+                releases: &self.upstream_releases,
+            };
+            let release = self.release_order(kind);
+            let kinds = self.kinds.get_mut();
+            let Some(st) = kinds[kind.index()].as_mut() else {
+                continue;
+            };
+            if let Err(e) = Self::reset_kind(self.backend, kind, release, st, &up) {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    fn reset_kind<U: Upstream<Error = B::Error>>(
+        backend: &B,
+        kind: MemoryKind,
+        release: AccessOrder,
+        st: &mut KindState,
+        up: &U,
+    ) -> Result<(), Error<B::Error>> {
+        let n = st.res.blocks().len();
+        let armed = st.fence.as_ref().is_some_and(|f| f.armed);
+        if n == 0 {
+            return Ok(());
+        }
+        if n > 1 || armed {
+            // Release everything; next time one block of the total size.
+            let total = st.res.reserved();
+            let mut first_error = None;
+            for block in st.res.take_blocks(total) {
+                // SAFETY: each block came from this upstream and is released
+                // once, in the kind's release order.
+                if let Err(e) = unsafe { up.release(block) } {
+                    first_error.get_or_insert(e);
+                }
+            }
+            if let Some(f) = st.fence.as_mut() {
+                f.armed = false;
+            }
+            return first_error.map_or(Ok(()), Err);
+        }
+        let block = st.res.take_blocks(0)[0];
+        st.res.keep_block(block);
+        let AccessOrder::Stream { stream, device } = release else {
+            return Ok(()); // host order: reusable now
+        };
+        if !kind.is_host_accessible() {
+            return Ok(()); // device memory: allocated and released on this stream
+        }
+        // Fence the kept block with an event recorded on the release stream.
+        let fence = match st.fence.take() {
+            Some(f) if f.device == device => f,
+            other => {
+                if let Some(old) = other {
+                    let _ = backend.destroy_event(old.event, old.device);
+                }
+                match backend.create_event(device, EventFlags::DISABLE_TIMING) {
+                    Ok(event) => Fence {
+                        event,
+                        device,
+                        armed: false,
+                    },
+                    Err(e) => {
+                        Self::drop_kept(st, up)?;
+                        return Err(Error::Backend {
+                            op: BackendOp::CreateEvent,
+                            source: e,
+                        });
+                    }
+                }
+            }
+        };
+        let recorded = backend.record_event(fence.event, stream, device);
+        st.fence = Some(Fence {
+            armed: recorded.is_ok(),
+            ..fence
+        });
+        if let Err(e) = recorded {
+            Self::drop_kept(st, up)?;
+            return Err(Error::Backend {
+                op: BackendOp::RecordEvent,
+                source: e,
+            });
+        }
+        Ok(())
+    }
+
+    /// Releases a kept block that could not be fenced.
+    fn drop_kept<U: Upstream<Error = B::Error>>(
+        st: &mut KindState,
+        up: &U,
+    ) -> Result<(), Error<B::Error>> {
+        let total = st.res.reserved();
+        for block in st.res.take_blocks(total) {
+            // SAFETY: the block came from this upstream; released once, in the
+            // kind's (stream) release order.
+            unsafe { up.release(block)? };
+        }
+        Ok(())
+    }
+
+    /// Releases everything now and reports the first failure (dropping does the
+    /// same and discards failures).
+    pub fn release(mut self) -> Result<(), Error<B::Error>> {
+        self.release_all()
+    }
+
+    fn release_all(&mut self) -> Result<(), Error<B::Error>> {
+        let Some(device) = self.device.get() else {
+            return Ok(());
+        };
+        let mut first_error = None;
+        for kind in MemoryKind::ALL {
+            let up = Counting {
+                inner: self.upstream(kind, device),
+                allocations: &self.upstream_allocations,
+                releases: &self.upstream_releases,
+            };
+            let Some(mut st) = self.kinds.get_mut()[kind.index()].take() else {
+                continue;
+            };
+            for block in st.res.take_blocks(0) {
+                // SAFETY: each block came from this upstream and is released
+                // once, newest first, in the kind's release order.
+                if let Err(e) = unsafe { up.release(block) } {
+                    first_error.get_or_insert(e);
+                }
+            }
+            if let Some(f) = st.fence.take() {
+                if let Err(e) = self.backend.destroy_event(f.event, f.device) {
+                    first_error.get_or_insert(Error::Backend {
+                        op: BackendOp::DestroyEvent,
+                        source: e,
+                    });
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Statistics per kind.
+    pub fn stats(&self) -> ScratchStats {
+        let mut s = ScratchStats {
+            upstream_allocations: self.upstream_allocations.get(),
+            upstream_releases: self.upstream_releases.get(),
+            ..ScratchStats::default()
+        };
+        for (i, st) in self.kinds.borrow().iter().enumerate() {
+            if let Some(st) = st {
+                s.reserved[i] = st.res.reserved();
+                s.blocks[i] = st.res.blocks().len();
+                s.requested[i] = st.res.requested();
+                s.high_water[i] = st.high_water;
+            }
+        }
+        s
+    }
+
+    /// The blocks held for `kind` (address, size), oldest first: for tests.
+    #[doc(hidden)]
+    pub fn blocks(&self, kind: MemoryKind) -> Vec<(usize, usize)> {
+        self.kinds.borrow()[kind.index()]
+            .as_ref()
+            .map(|st| {
+                st.res
+                    .blocks()
+                    .iter()
+                    .map(|b| (b.ptr.as_ptr() as usize, b.size))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The first block size of `kind`.
+    pub fn first_block_size(&self, kind: MemoryKind) -> usize {
+        match &self.kinds.borrow()[kind.index()] {
+            Some(st) => st.res.first_block(),
+            None => MonotonicResource::new(self.config.initial_sizes[kind.index()]).first_block(),
+        }
+    }
+}
+
+impl<B: ScratchBackend> Drop for Scratchpad<'_, B> {
+    fn drop(&mut self) {
+        // Never panics: failures are discarded (use `release` to see them).
+        let _ = self.release_all();
+    }
+}
+
+/// Counts the upstream calls a scratchpad makes.
+struct Counting<'c, U> {
+    inner: U,
+    allocations: &'c Cell<usize>,
+    releases: &'c Cell<usize>,
+}
+
+impl<U: Upstream> Upstream for Counting<'_, U> {
+    type Error = U::Error;
+
+    fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, Error<U::Error>> {
+        let p = self.inner.allocate(size, align)?;
+        self.allocations.set(self.allocations.get() + 1);
+        Ok(p)
+    }
+
+    unsafe fn release(&self, block: Block) -> Result<(), Error<U::Error>> {
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { self.inner.release(block)? };
+        self.releases.set(self.releases.get() + 1);
+        Ok(())
+    }
+}
+
+/// Packed parts: the block, and the range of each part in it.
+pub type Packed<'a, T> = (&'a mut [T], Vec<Range<usize>>);
+
+/// Parts packed in device memory: the slice, and the range of each part in it.
+pub type PackedDevice<'a, T> = (DeviceSlice<'a, T>, Vec<Range<usize>>);
+
+/// The total length of `parts` and the range each occupies when packed.
+fn pack_ranges<T, E>(parts: &[&[T]]) -> Result<(usize, Vec<Range<usize>>), Error<E>> {
+    let mut total = 0usize;
+    let mut ranges = Vec::with_capacity(parts.len());
+    for p in parts {
+        let end = total.checked_add(p.len()).ok_or(Error::SizeOverflow)?;
+        ranges.push(total..end);
+        total = end;
+    }
+    Ok((total, ranges))
+}
+
+/// What a kernel needs to run: the order it runs in and, optionally, a
+/// scratchpad for its temporary memory (DALI's `KernelContext`).
+pub struct KernelContext<'s, 'b, B: ScratchBackend> {
+    /// The stream (or host) order the kernel runs in.
+    pub order: AccessOrder,
+    /// Scratch memory for the kernel, borrowed.
+    pub scratchpad: Option<&'s Scratchpad<'b, B>>,
+}
+
+impl<'s, 'b, B: ScratchBackend> KernelContext<'s, 'b, B> {
+    /// A context running in `order` with no scratchpad.
+    pub fn new(order: AccessOrder) -> Self {
+        KernelContext {
+            order,
+            scratchpad: None,
+        }
+    }
+
+    /// A context running in `order` with `scratchpad`.
+    pub fn with_scratchpad(order: AccessOrder, scratchpad: &'s Scratchpad<'b, B>) -> Self {
+        KernelContext {
+            order,
+            scratchpad: Some(scratchpad),
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! Compile-fail tests: scratch memory cannot outlive its scratchpad, and a
+//! scratchpad cannot be reset while a slice of it is alive.
+
+#[test]
+#[cfg_attr(miri, ignore = "trybuild runs the compiler")]
+fn scratch_memory_cannot_outlive_its_scratchpad() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("ui/*.rs");
+}

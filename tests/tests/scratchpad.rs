@@ -1,0 +1,405 @@
+//! The scratchpad (SPEC.md 2, and gpupool's differences in SPEC.md 0) on the
+//! mock machine: growth, alignment, laziness, bad input, stream-ordered release
+//! and reuse, hazards, fault injection, copy helpers.
+
+use std::mem::MaybeUninit;
+
+use gpupool_core::{
+    AccessOrder, DeviceId, Error, KernelContext, MemoryBackend, MemoryKind, Scratchpad,
+    ScratchpadConfig, StreamPool,
+};
+use gpupool_mock::{CallKind, MockBackend};
+use gpupool_tests::mock;
+
+const KINDS: [MemoryKind; 4] = MemoryKind::ALL;
+
+fn upstream_calls(gpu: &MockBackend) -> u64 {
+    [
+        CallKind::Allocate,
+        CallKind::AllocateAsync,
+        CallKind::Deallocate,
+        CallKind::DeallocateAsync,
+    ]
+    .iter()
+    .map(|&k| gpu.calls(k))
+    .sum()
+}
+
+fn live_bytes(gpu: &MockBackend) -> usize {
+    KINDS.iter().map(|&k| gpu.live_bytes(k)).sum()
+}
+
+#[test]
+fn constructing_a_scratchpad_allocates_nothing_and_zero_bytes_initialise_nothing() {
+    let gpu = mock(1);
+    let streams = StreamPool::new(gpu.clone());
+    let s = streams.get(0).unwrap();
+    let calls = gpu.total_calls();
+    let scratch = Scratchpad::new(&gpu, s.order());
+    for kind in KINDS {
+        assert_eq!(scratch.alloc(kind, 0, 16).unwrap(), None);
+    }
+    assert!(scratch.host::<u64>(0).unwrap().is_empty());
+    assert!(scratch.device::<u64>(0).unwrap().is_empty());
+    assert_eq!(gpu.total_calls(), calls, "nothing reached the backend");
+    assert_eq!(scratch.stats().blocks, [0; 4]);
+}
+
+#[test]
+fn kinds_are_initialised_lazily_and_each_on_its_own() {
+    let gpu = mock(1);
+    let streams = StreamPool::new(gpu.clone());
+    let s = streams.get(0).unwrap();
+    let scratch = Scratchpad::new(&gpu, s.order());
+    scratch.pinned::<u8>(10).unwrap();
+    assert_eq!(scratch.stats().blocks, [0, 1, 0, 0]);
+    scratch.device::<u8>(10).unwrap();
+    assert_eq!(scratch.stats().blocks, [0, 1, 1, 0]);
+    assert_eq!(gpu.calls(CallKind::Allocate), 1, "pinned: host order");
+    assert_eq!(
+        gpu.calls(CallKind::AllocateAsync),
+        1,
+        "device: the device order"
+    );
+}
+
+#[test]
+fn growth_doubles_from_64_kib_until_the_request_fits_then_doubles_again() {
+    let gpu = mock(1);
+    let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+    assert_eq!(scratch.first_block_size(MemoryKind::Host), 64 * 1024);
+    let k = 1024;
+    scratch.alloc(MemoryKind::Host, 1, 1).unwrap();
+    scratch.alloc(MemoryKind::Host, 64 * k, 1).unwrap(); // does not fit the rest
+    scratch.alloc(MemoryKind::Host, 200 * k, 1).unwrap(); // next 256 KiB
+    scratch.alloc(MemoryKind::Host, 1000 * k, 1).unwrap(); // 512 KiB doubles to 1 MiB
+    scratch.alloc(MemoryKind::Host, 1, 1).unwrap(); // fits in the 1 MiB block
+    let sizes: Vec<usize> = scratch
+        .blocks(MemoryKind::Host)
+        .iter()
+        .map(|b| b.1)
+        .collect();
+    assert_eq!(sizes, [64 * k, 128 * k, 256 * k, 1024 * k]);
+    assert_eq!(
+        gpu.live_bytes(MemoryKind::Host),
+        sizes.iter().sum::<usize>()
+    );
+}
+
+#[test]
+fn initial_sizes_are_per_kind_and_zero_means_64_kib() {
+    let gpu = mock(1);
+    let config = ScratchpadConfig {
+        initial_sizes: [1024, 0, 4096, 0],
+        ..ScratchpadConfig::default()
+    };
+    let scratch = Scratchpad::with_config(&gpu, AccessOrder::host(), config);
+    let sizes: Vec<usize> = KINDS.iter().map(|&k| scratch.first_block_size(k)).collect();
+    assert_eq!(sizes, [1024, 64 * 1024, 4096, 64 * 1024]);
+}
+
+#[test]
+fn allocations_are_aligned_and_packed_inside_a_block() {
+    let gpu = mock(1);
+    let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+    let a = scratch.alloc(MemoryKind::Host, 3, 1).unwrap().unwrap();
+    let b = scratch.alloc(MemoryKind::Host, 8, 8).unwrap().unwrap();
+    let c = scratch.alloc(MemoryKind::Host, 1, 1).unwrap().unwrap();
+    let d = scratch.alloc(MemoryKind::Host, 64, 256).unwrap().unwrap();
+    let (a, b, c, d) = (
+        a.as_ptr() as usize,
+        b.as_ptr() as usize,
+        c.as_ptr() as usize,
+        d.as_ptr() as usize,
+    );
+    assert_eq!(b % 8, 0);
+    assert_eq!(
+        b,
+        (a + 3).next_multiple_of(8),
+        "packed right after, aligned"
+    );
+    assert_eq!(c, b + 8);
+    assert_eq!(d % 256, 0);
+    assert_eq!(d, (c + 1).next_multiple_of(256));
+    assert_eq!(scratch.stats().blocks[0], 1);
+    let floats = scratch.host::<f64>(3).unwrap();
+    assert_eq!(floats.as_ptr() as usize % std::mem::align_of::<f64>(), 0);
+}
+
+#[test]
+fn bad_alignment_and_sizes_are_typed_errors_and_the_scratchpad_stays_usable() {
+    let gpu = mock(1);
+    let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+    for align in [0, 3, 6, 1000] {
+        assert_eq!(
+            scratch.alloc(MemoryKind::Host, 8, align).unwrap_err(),
+            Error::InvalidAlignment { align }
+        );
+    }
+    assert_eq!(
+        scratch
+            .alloc(MemoryKind::Host, isize::MAX as usize + 1, 1)
+            .unwrap_err(),
+        Error::SizeOverflow
+    );
+    assert_eq!(
+        scratch.host::<u64>(usize::MAX / 4).unwrap_err(),
+        Error::SizeOverflow
+    );
+    assert_eq!(
+        scratch.uninit::<u8>(MemoryKind::Device, 4).unwrap_err(),
+        Error::NotHostAccessible
+    );
+    assert_eq!(gpu.calls(CallKind::Allocate), 0);
+    let ok = scratch.copy_of(MemoryKind::Host, &[1u32, 2, 3]).unwrap();
+    assert_eq!(ok, &[1, 2, 3]);
+}
+
+#[test]
+fn a_failing_upstream_is_an_error_that_changes_nothing_and_leaks_nothing() {
+    for kind in KINDS {
+        for op in [CallKind::Allocate, CallKind::AllocateAsync] {
+            let gpu = mock(1);
+            let streams = StreamPool::new(gpu.clone());
+            let s = streams.get(0).unwrap();
+            {
+                let scratch = Scratchpad::new(&gpu, s.order());
+                scratch.alloc(kind, 100, 8).unwrap();
+                gpu.fail_nth(op, 1);
+                let big = scratch.alloc(kind, 1 << 20, 8);
+                if gpu.armed_faults() == 0 {
+                    assert_eq!(big.unwrap_err().backend_op(), Some(op), "{kind:?}");
+                    assert_eq!(scratch.stats().blocks[kind.index()], 1, "{kind:?}: unchanged");
+                    scratch.alloc(kind, 1 << 20, 8).unwrap();
+                } else {
+                    big.unwrap(); // this kind does not make that call
+                    gpu.clear_faults();
+                }
+                assert_eq!(scratch.stats().blocks[kind.index()], 2);
+            }
+            gpu.complete_everything();
+            assert_eq!(live_bytes(&gpu), 0, "{kind:?} {op:?}: leaked");
+        }
+    }
+}
+
+#[test]
+fn drop_releases_every_block_in_its_release_order() {
+    let gpu = mock(1);
+    let streams = StreamPool::new(gpu.clone());
+    let s = streams.get(0).unwrap();
+    {
+        let scratch = Scratchpad::new(&gpu, s.order());
+        for kind in KINDS {
+            scratch.alloc(kind, 100_000, 64).unwrap();
+        }
+        gpu.use_memory(s.get(), scratch.device::<u8>(16).unwrap().as_ptr(), 16)
+            .unwrap();
+    }
+    // Host blocks are freed at once; pinned, device and managed in stream order.
+    assert_eq!(gpu.live_bytes(MemoryKind::Host), 0);
+    assert!(gpu.pending_free_bytes(MemoryKind::Device) > 0);
+    assert_eq!(gpu.calls(CallKind::DeallocateAsync), 3);
+    gpu.complete_all(s.get()).unwrap();
+    assert_eq!(live_bytes(&gpu), 0);
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+}
+
+#[test]
+fn a_scratchpad_can_be_moved_while_its_memory_stays_valid() {
+    let gpu = mock(1);
+    let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+    let first = scratch.alloc(MemoryKind::Host, 16, 8).unwrap().unwrap();
+    let moved = Box::new(scratch);
+    let second = moved.alloc(MemoryKind::Host, 16, 8).unwrap().unwrap();
+    assert_eq!(second.as_ptr() as usize, first.as_ptr() as usize + 16);
+    let again = *moved;
+    drop(again);
+    assert_eq!(live_bytes(&gpu), 0);
+}
+
+#[test]
+fn reset_reuses_blocks_and_a_steady_loop_asks_upstream_for_nothing() {
+    let gpu = mock(1);
+    let streams = StreamPool::new(gpu.clone());
+    let s = streams.get(0).unwrap();
+    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let round = |scratch: &Scratchpad<'_, MockBackend>| {
+        for (i, kind) in KINDS.into_iter().enumerate() {
+            for j in 0..4 {
+                let bytes = 1000 * (i + 1) + 30_000 * j;
+                let p = scratch.alloc(kind, bytes, 64).unwrap().unwrap();
+                if kind.is_host_accessible() {
+                    gpu.host_access(p.as_ptr(), bytes).unwrap();
+                }
+                gpu.use_memory(s.get(), p.as_ptr(), bytes).unwrap();
+            }
+        }
+    };
+    for _ in 0..3 {
+        round(&scratch);
+        gpu.complete_all(s.get()).unwrap();
+        scratch.reset().unwrap();
+    }
+    let before = upstream_calls(&gpu);
+    for _ in 0..1000 {
+        round(&scratch);
+        gpu.complete_all(s.get()).unwrap();
+        scratch.reset().unwrap();
+    }
+    assert_eq!(
+        upstream_calls(&gpu) - before,
+        0,
+        "upstream calls in 1,000 warm rounds"
+    );
+    assert_eq!(
+        scratch.stats().blocks,
+        [1, 1, 1, 1],
+        "converged to one block per kind"
+    );
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+    drop(scratch);
+    gpu.complete_everything();
+    assert_eq!(live_bytes(&gpu), 0);
+}
+
+#[test]
+fn a_pinned_block_still_read_by_the_stream_is_not_handed_out_again() {
+    let gpu = mock(1);
+    let streams = StreamPool::new(gpu.clone());
+    let s = streams.get(0).unwrap();
+    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
+    gpu.use_memory(s.get(), p, 4096).unwrap(); // a copy still reading it
+    scratch.reset().unwrap();
+    // The stream has not passed the reset: the block must not come back.
+    let q = scratch.pinned::<u8>(4096).unwrap().as_ptr() as *const u8;
+    assert_ne!(q, p);
+    gpu.host_access(q, 4096).unwrap();
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+    // Once the stream has passed it, a reset's block is reused.
+    gpu.complete_all(s.get()).unwrap();
+    scratch.reset().unwrap();
+    let r = scratch.pinned::<u8>(4096).unwrap().as_ptr() as *const u8;
+    assert_eq!(r, q);
+}
+
+#[test]
+fn the_hazard_detector_reports_a_wrong_release_order() {
+    // A test double of a mistake: pinned memory declared released in host order
+    // while the stream still reads it. The mock must report the reuse.
+    let gpu = mock(1);
+    let streams = StreamPool::new(gpu.clone());
+    let s = streams.get(0).unwrap();
+    let config = ScratchpadConfig {
+        pinned_release: Some(AccessOrder::host()),
+        ..ScratchpadConfig::default()
+    };
+    let mut scratch = Scratchpad::with_config(&gpu, s.order(), config);
+    let p = scratch.pinned::<u8>(4096).unwrap().as_ptr() as *const u8;
+    gpu.use_memory(s.get(), p, 4096).unwrap();
+    scratch.reset().unwrap(); // host order: reused at once
+    let q = scratch.pinned::<u8>(4096).unwrap().as_ptr() as *const u8;
+    assert_eq!(q, p);
+    gpu.host_access(q, 4096).unwrap();
+    assert!(
+        !gpu.hazards().is_empty(),
+        "the detector missed a reuse while in use"
+    );
+}
+
+#[test]
+fn copy_helpers_round_trip_data_exactly() {
+    let gpu = mock(1);
+    let streams = StreamPool::new(gpu.clone());
+    let s = streams.get(0).unwrap();
+    let scratch = Scratchpad::new(&gpu, s.order());
+    let src: Vec<u32> = (0..1000).map(|i| i * 7 + 1).collect();
+    let on_device = scratch.to_device(s.get(), &src).unwrap();
+    let back = scratch.host::<u32>(src.len()).unwrap();
+    // SAFETY: both ranges are live scratch blocks of the right size.
+    unsafe {
+        gpu.copy_async(
+            std::ptr::NonNull::new(back.as_mut_ptr().cast()).unwrap(),
+            std::ptr::NonNull::new(on_device.as_ptr().cast()).unwrap(),
+            on_device.byte_len(),
+            s.get(),
+            DeviceId(0),
+        )
+        .unwrap();
+    }
+    gpu.complete_all(s.get()).unwrap();
+    // SAFETY: the copy wrote every element.
+    let back: &[u32] = unsafe { &*(back as *const [MaybeUninit<u32>] as *const [u32]) };
+    assert_eq!(back, &src[..]);
+
+    let parts: [&[u16]; 3] = [&[1, 2, 3], &[], &[9, 8]];
+    let (host, ranges) = scratch
+        .to_contiguous_host(MemoryKind::Pinned, &parts)
+        .unwrap();
+    assert_eq!(host, &[1, 2, 3, 9, 8]);
+    assert_eq!(ranges, [0..3, 3..3, 3..5]);
+
+    let copies = gpu.calls(CallKind::CopyAsync);
+    let (dev, ranges) = scratch.to_contiguous_device(s.get(), &parts).unwrap();
+    assert_eq!(
+        gpu.calls(CallKind::CopyAsync),
+        copies + 1,
+        "one copy for all parts"
+    );
+    assert_eq!(ranges, [0..3, 3..3, 3..5]);
+    let back = scratch.host::<u16>(5).unwrap();
+    // SAFETY: live blocks of the right size.
+    unsafe {
+        gpu.copy_async(
+            std::ptr::NonNull::new(back.as_mut_ptr().cast()).unwrap(),
+            std::ptr::NonNull::new(dev.as_ptr().cast()).unwrap(),
+            dev.byte_len(),
+            s.get(),
+            DeviceId(0),
+        )
+        .unwrap();
+    }
+    gpu.complete_all(s.get()).unwrap();
+    // SAFETY: the copy wrote every element.
+    let back: &[u16] = unsafe { &*(back as *const [MaybeUninit<u16>] as *const [u16]) };
+    assert_eq!(back, &[1, 2, 3, 9, 8]);
+    assert_eq!(
+        gpu.pending_free_bytes(MemoryKind::Pinned),
+        0,
+        "staging released after the copy"
+    );
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+}
+
+#[test]
+fn a_kernel_context_carries_the_order_and_a_borrowed_scratchpad() {
+    let gpu = mock(1);
+    let streams = StreamPool::new(gpu.clone());
+    let s = streams.get(0).unwrap();
+    let scratch = Scratchpad::new(&gpu, s.order());
+    let ctx = KernelContext::with_scratchpad(s.order(), &scratch);
+    let tmp = ctx.scratchpad.unwrap().device::<f32>(256).unwrap();
+    assert_eq!(ctx.order, s.order());
+    assert_eq!(tmp.len(), 256);
+    let bare: KernelContext<'_, '_, MockBackend> = KernelContext::new(AccessOrder::host());
+    assert!(bare.scratchpad.is_none());
+}
+
+#[test]
+fn release_reports_and_drop_never_panics_on_upstream_failure() {
+    let gpu = mock(1);
+    let streams = StreamPool::new(gpu.clone());
+    let s = streams.get(0).unwrap();
+    let scratch = Scratchpad::new(&gpu, s.order());
+    scratch.alloc(MemoryKind::Device, 10, 8).unwrap();
+    gpu.fail_nth(CallKind::DeallocateAsync, 1);
+    assert_eq!(
+        scratch.release().unwrap_err().backend_op(),
+        Some(gpupool_core::BackendOp::DeallocateAsync)
+    );
+    let scratch = Scratchpad::new(&gpu, s.order());
+    scratch.alloc(MemoryKind::Pinned, 10, 8).unwrap();
+    gpu.fail_nth(CallKind::DeallocateAsync, 1);
+    drop(scratch); // must not panic
+}
