@@ -105,26 +105,8 @@ impl MonotonicResource {
         if bytes == 0 {
             return Ok(None);
         }
-        if let Some(cur) = self.blocks.last() {
-            let base = cur.ptr.as_ptr() as usize;
-            // Padding to reach `align` from the current position; the block's
-            // address is never near `usize::MAX`, but check anyway.
-            let pos = base.checked_add(self.used).ok_or(Error::SizeOverflow)?;
-            let pad = pos.wrapping_neg() & (align - 1);
-            let offset = self.used + pad;
-            if let Some(end) = offset.checked_add(bytes) {
-                if end <= cur.size {
-                    // `wrapping_add`: device addresses carry no provenance, so
-                    // in-bounds arithmetic (`add`) is not available for them; the
-                    // result stays inside the block either way, and host blocks
-                    // keep their provenance.
-                    let ptr = NonNull::new(cur.ptr.as_ptr().wrapping_add(offset))
-                        .ok_or(Error::SizeOverflow)?;
-                    self.used = end;
-                    self.requested += bytes;
-                    return Ok(Some(ptr));
-                }
-            }
+        if let Some(p) = self.try_bump(bytes, align) {
+            return Ok(Some(p));
         }
         let mut size = self.next_block;
         while size < bytes {
@@ -144,6 +126,36 @@ impl MonotonicResource {
         self.requested += bytes;
         self.next_block = size.saturating_mul(2).min(isize::MAX as usize);
         Ok(Some(ptr))
+    }
+
+    /// Bumps `bytes` (nonzero, at most `isize::MAX`) aligned to `align` (a
+    /// power of two) inside the current block, if they fit.
+    #[inline]
+    pub(crate) fn try_bump(&mut self, bytes: usize, align: usize) -> Option<NonNull<u8>> {
+        let cur = self.blocks.last()?;
+        let base = cur.ptr.as_ptr() as usize;
+        // Padding to reach `align` from the current position. `base + used`
+        // cannot overflow: it lies inside (or one past) a live block.
+        let pad = base.wrapping_add(self.used).wrapping_neg() & (align - 1);
+        let offset = self.used + pad;
+        let end = offset.checked_add(bytes)?;
+        if end > cur.size {
+            return None;
+        }
+        // `wrapping_add`: device addresses carry no provenance, so in-bounds
+        // arithmetic (`add`) is not available for them; the result stays inside
+        // the block either way, and host blocks keep their provenance.
+        let ptr = NonNull::new(cur.ptr.as_ptr().wrapping_add(offset))?;
+        self.used = end;
+        self.requested += bytes;
+        Some(ptr)
+    }
+
+    /// Empties the current (only) block for reuse, keeping it.
+    pub(crate) fn rewind(&mut self) {
+        debug_assert!(self.blocks.len() <= 1);
+        self.used = 0;
+        self.requested = 0;
     }
 
     /// The blocks held, oldest first.

@@ -1,7 +1,7 @@
 //! [`Scratchpad`]: monotonic, stream-ordered scratch memory in four kinds
 //! (host, pinned, device, managed), safe by construction.
 //!
-//! Each kind has its own [`MonotonicResource`](crate::monotonic) over a
+//! Each kind has its own monotonic (bump) resource over a
 //! fixed-order upstream, created on the kind's first non-empty allocation:
 //!
 //! | kind | allocated in | released in |
@@ -294,6 +294,14 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if bytes == 0 {
             return Ok(None);
         }
+        // Fast path: room in the current block, and no fence to settle.
+        if let Some(Some(st)) = self.kinds.borrow_mut().get_mut(kind.index()) {
+            if !st.fence.as_ref().is_some_and(|f| f.armed) {
+                if let Some(p) = st.res.try_bump(bytes, align) {
+                    return Ok(Some(p));
+                }
+            }
+        }
         let device = self.device_id()?;
         let up = Counting {
             inner: self.upstream(kind, device),
@@ -553,6 +561,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         };
         let mut first_error = None;
         for kind in MemoryKind::ALL {
+            if self.kinds.get_mut()[kind.index()].is_none() {
+                continue;
+            }
             let up = Counting {
                 inner: self.upstream(kind, device),
                 allocations: &self.upstream_allocations,
@@ -601,8 +612,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             }
             return first_error.map_or(Ok(()), Err);
         }
-        let block = st.res.take_blocks(0)[0];
-        st.res.keep_block(block);
+        st.res.rewind();
         let AccessOrder::Stream { stream, device } = release else {
             return Ok(()); // host order: reusable now
         };

@@ -10,6 +10,9 @@
 use gpupool_core::{DeviceId, EventBackend, StreamBackend, StreamHandle};
 use gpupool_mock::MockBackend;
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
 /// What the acceptance tests need from a machine besides the backend traits.
 pub trait TestGpu: Clone + Send + Sync + 'static {
     /// The backend the pools are built over.

@@ -169,7 +169,11 @@ fn a_failing_upstream_is_an_error_that_changes_nothing_and_leaks_nothing() {
                 let big = scratch.alloc(kind, 1 << 20, 8);
                 if gpu.armed_faults() == 0 {
                     assert_eq!(big.unwrap_err().backend_op(), Some(op), "{kind:?}");
-                    assert_eq!(scratch.stats().blocks[kind.index()], 1, "{kind:?}: unchanged");
+                    assert_eq!(
+                        scratch.stats().blocks[kind.index()],
+                        1,
+                        "{kind:?}: unchanged"
+                    );
                     scratch.alloc(kind, 1 << 20, 8).unwrap();
                 } else {
                     big.unwrap(); // this kind does not make that call

@@ -1,0 +1,166 @@
+//! A pooled stream used through cudarc's safe API: lease a stream from the
+//! process-wide pool, wrap it as cudarc's `CudaStream`, load a hand-written PTX
+//! kernel (`y[i] = 2 * x[i] + 1` over `f32`), launch it on the leased stream,
+//! copy the result back and check every element.
+//!
+//! ```sh
+//! cargo run --release -p gpupool-cuda --example 02-cudarc-kernel
+//! ```
+//!
+//! Prints `OK` and exits 0 when every element is right; exits 1 with the
+//! reason on any failure. On a machine without a CUDA driver (or without a
+//! GPU) it says so and exits 0: there is nothing to check there, and CI runs
+//! it to show that the backend degrades to an error instead of a panic.
+
+use std::error::Error;
+use std::process::ExitCode;
+
+use gpupool_core::Error as PoolError;
+use gpupool_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use gpupool_cuda::cudarc::nvrtc::Ptx;
+use gpupool_cuda::CudaError;
+
+/// `affine(float *y, const float *x, unsigned n)`: `y[i] = 2 * x[i] + 1` for
+/// every `i < n`, one thread per element. Written by hand for `sm_70` and
+/// later (the driver JIT-compiles it for the GPU at hand, an H200 is `sm_90`).
+const AFFINE_PTX: &str = "
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry affine(
+    .param .u64 affine_param_0,
+    .param .u64 affine_param_1,
+    .param .u32 affine_param_2
+)
+{
+    .reg .pred  %p<2>;
+    .reg .b32   %r<6>;
+    .reg .f32   %f<3>;
+    .reg .b64   %rd<8>;
+
+    ld.param.u64        %rd1, [affine_param_0];
+    ld.param.u64        %rd2, [affine_param_1];
+    ld.param.u32        %r1, [affine_param_2];
+    mov.u32             %r2, %ctaid.x;
+    mov.u32             %r3, %ntid.x;
+    mov.u32             %r4, %tid.x;
+    mad.lo.s32          %r5, %r2, %r3, %r4;
+    setp.ge.u32         %p1, %r5, %r1;
+    @%p1 bra            AFFINE_DONE;
+    cvta.to.global.u64  %rd3, %rd1;
+    cvta.to.global.u64  %rd4, %rd2;
+    mul.wide.u32        %rd5, %r5, 4;
+    add.s64             %rd6, %rd4, %rd5;
+    ld.global.f32       %f1, [%rd6];
+    fma.rn.f32          %f2, %f1, 0f40000000, 0f3F800000;
+    add.s64             %rd7, %rd3, %rd5;
+    st.global.f32       [%rd7], %f2;
+AFFINE_DONE:
+    ret;
+}
+";
+
+/// Elements in the test vector: several blocks, the last one partly full.
+const N: u32 = 100_003;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => {
+            println!("OK");
+            ExitCode::SUCCESS
+        }
+        Err(Skip(why)) => {
+            println!("skipped: {why}");
+            ExitCode::SUCCESS
+        }
+        Err(Fail(e)) => {
+            eprintln!("FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+use Outcome::{Fail, Skip};
+
+/// Why `run` did not print OK.
+enum Outcome {
+    /// Nothing to run on (no driver, no GPU).
+    Skip(String),
+    /// Something went wrong.
+    Fail(Box<dyn Error>),
+}
+
+impl<E: Into<Box<dyn Error>>> From<E> for Outcome {
+    fn from(e: E) -> Self {
+        Fail(e.into())
+    }
+}
+
+fn run() -> Result<(), Outcome> {
+    let pool = gpupool_cuda::streams();
+    let lease = match pool.get(0) {
+        Ok(lease) => lease,
+        Err(PoolError::Backend {
+            source: CudaError::NoDriver,
+            ..
+        }) => {
+            return Err(Skip(
+                "no CUDA driver on this machine (libcuda not found)".into(),
+            ))
+        }
+        Err(PoolError::NoDevice) => return Err(Skip("the CUDA driver reports no GPU".into())),
+        Err(e) => return Err(e.into()),
+    };
+    println!(
+        "leased stream {:#x} on {} from the process-wide pool",
+        lease.get().0,
+        lease.device()
+    );
+
+    let host_x: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let host_y = {
+        // SAFETY: `stream`, and the slices allocated on it (which keep it and
+        // free their memory on it when dropped), all go out of scope at the
+        // end of this block, before the lease is returned.
+        let stream = unsafe { gpupool_cuda::cudarc_stream(&lease) }?;
+        let module = stream.context().load_module(Ptx::from_src(AFFINE_PTX))?;
+        let affine = module.load_function("affine")?;
+
+        let x = stream.clone_htod(&host_x)?;
+        let mut y = stream.alloc_zeros::<f32>(N as usize)?;
+        let n = N;
+        let mut launch = stream.launch_builder(&affine);
+        launch.arg(&mut y).arg(&x).arg(&n);
+        // SAFETY: `affine` takes (float *y, const float *x, unsigned n): `y`
+        // and `x` hold `n` elements each, and the grid covers `n` threads.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(N)) }?;
+        let host_y = stream.clone_dtoh(&y)?;
+        stream.synchronize()?;
+        host_y
+    };
+
+    let wrong: Vec<(usize, f32)> = host_y
+        .iter()
+        .enumerate()
+        .filter(|&(i, &y)| y != 2.0 * host_x[i] + 1.0)
+        .map(|(i, &y)| (i, y))
+        .take(5)
+        .collect();
+    if host_y.len() != N as usize || !wrong.is_empty() {
+        return Err(Fail(
+            format!(
+                "{} elements back, first wrong (index, value): {wrong:?}",
+                host_y.len()
+            )
+            .into(),
+        ));
+    }
+    drop(lease);
+    let stats = pool.total_stats();
+    println!(
+        "checked {N} elements; pool: {} stream(s) created, {} live lease(s)",
+        stats.created, stats.live_leases
+    );
+    Ok(())
+}

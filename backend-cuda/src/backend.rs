@@ -1,0 +1,304 @@
+//! [`CudaBackend`]: the core's [`Backend`], [`StreamBackend`] and
+//! [`EventBackend`] over the CUDA driver API, through cudarc.
+//!
+//! Every call first reaches the process-wide driver state (loading `libcuda`
+//! on the very first call, see [`crate::driver`]), checks the device ordinal,
+//! then makes the driver call under the context rules of that module. Special
+//! streams (0, 1, 2) mean "the default stream of the current context", so a
+//! call on one first makes the given device's primary context current for the
+//! call (DALI #3957: waiting on the default stream of a device that is not the
+//! current one failed with "invalid resource handle").
+
+use std::sync::Arc;
+
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::safe::CudaContext;
+use cudarc::driver::sys;
+use gpupool_core::{
+    Backend, Completion, DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend,
+    StreamHandle, StreamOptions,
+};
+
+use crate::driver::{driver, Driver};
+use crate::error::{check, CudaError};
+
+/// The CUDA backend: streams and events of the driver API, on each device's
+/// primary context.
+///
+/// It is a zero-sized handle to state shared by the whole process (the loaded
+/// driver, one retained primary context per device), so it is free to create,
+/// copy and compare. Creating one calls nothing; the first call loads the
+/// driver, and fails with [`CudaError::NoDriver`] on a machine without one.
+///
+/// Streams are created non-blocking (`CU_STREAM_NON_BLOCKING`), with the
+/// requested priority clamped to the device's range; events with the flags
+/// given (the pools default to `CU_EVENT_DISABLE_TIMING`).
+///
+/// # Raw handles
+///
+/// The trait methods take raw `CUstream` / `CUevent` values. The driver checks
+/// some misuse (a destroyed handle often gives `CUDA_ERROR_INVALID_HANDLE`),
+/// but not all: a value that is not a live stream or event created through
+/// this backend (or the CUDA runtime in this process) is undefined behaviour
+/// inside the driver, which no Rust type can rule out. The pools only pass
+/// handles they created and still own; call the trait methods directly only
+/// with such handles.
+///
+/// ```
+/// use gpupool_core::{EventPool, StreamPool};
+/// use gpupool_cuda::CudaBackend;
+///
+/// let streams = StreamPool::new(CudaBackend::new()); // no driver call yet
+/// let events = EventPool::new(CudaBackend::new());
+/// if let Ok(lease) = streams.get(0) {
+///     // ... launch work on lease.get() ...
+///     drop(lease); // back to the pool
+/// }
+/// # drop(events);
+/// ```
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CudaBackend {
+    _private: (),
+}
+
+impl CudaBackend {
+    /// A handle to the process's CUDA driver. Calls nothing.
+    pub const fn new() -> Self {
+        CudaBackend { _private: () }
+    }
+
+    /// cudarc's handle to `device`'s primary context, the one the pooled
+    /// streams and events live on: for loading modules and launching kernels
+    /// through cudarc's safe API (see [`cudarc_stream`](crate::cudarc_stream)).
+    ///
+    /// Retains the context on first use; the context stays retained for the
+    /// life of the process. cudarc makes the context current on the calling
+    /// thread whenever its safe API uses it.
+    pub fn context(&self, device: DeviceId) -> Result<Arc<CudaContext>, CudaError> {
+        let primary = driver()?.device(device)?.primary()?;
+        Ok(primary.context().clone())
+    }
+}
+
+/// The driver, and `device` checked against it.
+#[inline]
+fn checked(device: DeviceId) -> Result<&'static Driver, CudaError> {
+    let drv = driver()?;
+    drv.device(device)?;
+    Ok(drv)
+}
+
+#[inline]
+fn raw_stream(s: StreamHandle) -> sys::CUstream {
+    s.0 as sys::CUstream
+}
+
+#[inline]
+fn raw_event(e: EventHandle) -> sys::CUevent {
+    e.0 as sys::CUevent
+}
+
+/// Runs `op` in the right context for `stream` (module documentation): the
+/// device's primary context for a special stream, any current context for a
+/// created one.
+#[inline]
+fn on_stream<T>(
+    drv: &Driver,
+    stream: StreamHandle,
+    device: DeviceId,
+    op: impl FnOnce() -> Result<T, CudaError>,
+) -> Result<T, CudaError> {
+    if stream.is_special() {
+        drv.with_context(device, |_| op())
+    } else {
+        drv.ensure_context(device)?;
+        op()
+    }
+}
+
+/// `CUDA_SUCCESS` is complete, `CUDA_ERROR_NOT_READY` pending, anything else
+/// an error.
+#[inline]
+fn completion(r: sys::CUresult) -> Result<Completion, CudaError> {
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(Completion::Complete),
+        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(Completion::Pending),
+        other => Err(CudaError::Driver(DriverError(other))),
+    }
+}
+
+/// A destroy that meets a driver already shut down (`CUDA_ERROR_DEINITIALIZED`,
+/// at process exit) has nothing left to destroy: success, as in DALI (#6166).
+#[inline]
+fn teardown_ok(r: Result<(), CudaError>) -> Result<(), CudaError> {
+    match r {
+        Err(e) if e.is_deinitialized() => Ok(()),
+        other => other,
+    }
+}
+
+impl Backend for CudaBackend {
+    type Error = CudaError;
+
+    /// `cuDeviceGetCount`, asked once per process. `Ok(0)` when `cuInit` finds
+    /// no device (`CUDA_ERROR_NO_DEVICE`); [`CudaError::NoDriver`] without
+    /// `libcuda`; [`CudaError::Init`] when `cuInit` fails otherwise.
+    fn device_count(&self) -> Result<u32, CudaError> {
+        Ok(driver()?.count())
+    }
+
+    /// The device of the calling thread's current context, or device 0 when
+    /// no context is current (the runtime API's default).
+    fn current_device(&self) -> Result<DeviceId, CudaError> {
+        driver()?.current_device()
+    }
+}
+
+impl StreamBackend for CudaBackend {
+    fn create_stream(
+        &self,
+        device: DeviceId,
+        options: StreamOptions,
+    ) -> Result<StreamHandle, CudaError> {
+        let drv = driver()?;
+        drv.with_context(device, |primary| {
+            let kind = result::stream::StreamKind::NonBlocking;
+            let s = match options.priority {
+                None => result::stream::create(kind)?,
+                Some(p) => result::stream::create_with_priority(kind, primary.clamp_priority(p))?,
+            };
+            Ok(StreamHandle(s as usize))
+        })
+    }
+
+    fn destroy_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), CudaError> {
+        if stream.is_special() {
+            return Err(CudaError::SpecialStream(stream));
+        }
+        teardown_ok((|| {
+            let drv = checked(device)?;
+            drv.ensure_context(device)?;
+            // SAFETY: a created stream the caller owns and gives up (type
+            // documentation); work still queued on it completes.
+            unsafe { result::stream::destroy(raw_stream(stream)) }?;
+            Ok(())
+        })())
+    }
+
+    fn query_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Completion, CudaError> {
+        let drv = checked(device)?;
+        on_stream(drv, stream, device, || {
+            // SAFETY: a live stream of `device`, or a special stream of the
+            // context made current by `on_stream` (type documentation).
+            completion(unsafe { sys::cuStreamQuery(raw_stream(stream)) })
+        })
+    }
+
+    fn synchronize_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), CudaError> {
+        let drv = checked(device)?;
+        on_stream(drv, stream, device, || {
+            // SAFETY: as in `query_stream`.
+            unsafe { result::stream::synchronize(raw_stream(stream)) }?;
+            Ok(())
+        })
+    }
+
+    fn stream_wait_event(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+        event: EventHandle,
+    ) -> Result<(), CudaError> {
+        let drv = checked(device)?;
+        on_stream(drv, stream, device, || {
+            // SAFETY: as in `query_stream`, and `event` is a live event (of
+            // any device: CUDA allows waiting across devices).
+            unsafe {
+                result::stream::wait_event(
+                    raw_stream(stream),
+                    raw_event(event),
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            }?;
+            Ok(())
+        })
+    }
+
+    /// `cuStreamGetCtx`, and the device of that context. A special stream
+    /// belongs to the current context, so it gives
+    /// [`current_device`](Backend::current_device) (as DALI's
+    /// `DeviceFromStream` does).
+    fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, CudaError> {
+        let drv = driver()?;
+        if stream.is_special() {
+            return drv.current_device();
+        }
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: a live created stream (type documentation); `ctx` is a
+        // valid place for the driver to write the context to.
+        check(unsafe { sys::cuStreamGetCtx(raw_stream(stream), &mut ctx) })?;
+        drv.device_of_context(ctx)
+    }
+}
+
+impl EventBackend for CudaBackend {
+    /// `cuEventCreate` on `device`'s primary context. The bits of
+    /// [`EventFlags`] are CUDA's `CU_EVENT_*` values and are passed unchanged.
+    fn create_event(&self, device: DeviceId, flags: EventFlags) -> Result<EventHandle, CudaError> {
+        let drv = driver()?;
+        drv.with_context(device, |_| {
+            let mut event: sys::CUevent = std::ptr::null_mut();
+            // SAFETY: `event` is a valid place for the new handle; the driver
+            // rejects flag bits it does not know.
+            check(unsafe { sys::cuEventCreate(&mut event, flags.0) })?;
+            Ok(EventHandle(event as usize))
+        })
+    }
+
+    fn destroy_event(&self, event: EventHandle, device: DeviceId) -> Result<(), CudaError> {
+        teardown_ok((|| {
+            let drv = checked(device)?;
+            drv.ensure_context(device)?;
+            // SAFETY: a live event the caller owns and gives up (type
+            // documentation); destroying a pending event is allowed.
+            unsafe { result::event::destroy(raw_event(event)) }?;
+            Ok(())
+        })())
+    }
+
+    /// `cuEventRecord`. `device` is the stream's device, which must also be
+    /// the event's (CUDA records only within one context).
+    fn record_event(
+        &self,
+        event: EventHandle,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), CudaError> {
+        let drv = checked(device)?;
+        on_stream(drv, stream, device, || {
+            // SAFETY: a live event, and a live stream of `device` or a special
+            // stream of the context made current by `on_stream`.
+            unsafe { result::event::record(raw_event(event), raw_stream(stream)) }?;
+            Ok(())
+        })
+    }
+
+    fn query_event(&self, event: EventHandle, device: DeviceId) -> Result<Completion, CudaError> {
+        let drv = checked(device)?;
+        drv.ensure_context(device)?;
+        // SAFETY: a live event (type documentation).
+        completion(unsafe { sys::cuEventQuery(raw_event(event)) })
+    }
+
+    fn synchronize_event(&self, event: EventHandle, device: DeviceId) -> Result<(), CudaError> {
+        let drv = checked(device)?;
+        drv.ensure_context(device)?;
+        // SAFETY: a live event (type documentation).
+        unsafe { result::event::synchronize(raw_event(event)) }?;
+        Ok(())
+    }
+}

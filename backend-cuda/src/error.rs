@@ -1,0 +1,157 @@
+//! [`CudaError`]: what a call to the CUDA backend can fail with.
+//!
+//! Most failures are the driver's own, kept as cudarc's [`DriverError`] so the
+//! `CUresult` is there to match on. The others are found before the driver is
+//! asked: no `libcuda` on this machine, a device ordinal out of range, one of
+//! CUDA's special streams where a real one is needed.
+
+use core::fmt;
+
+use cudarc::driver::{result::DriverError, sys};
+use gpupool_core::{DeviceId, StreamHandle};
+
+/// Why a call to the CUDA backend failed.
+///
+/// `Display` and `Debug` never call into the driver unless it is loaded, so an
+/// error can be printed on a machine without `libcuda`.
+///
+/// ```
+/// use gpupool_core::{Error, StreamPool};
+/// use gpupool_cuda::{CudaBackend, CudaError};
+///
+/// match StreamPool::new(CudaBackend::new()).get(0) {
+///     Ok(lease) => println!("a stream on {}", lease.device()),
+///     Err(Error::Backend { source: CudaError::NoDriver, .. }) => println!("no CUDA driver here"),
+///     Err(Error::NoDevice) => println!("a driver, but no GPU"),
+///     Err(e) => println!("CUDA failed: {e}"),
+/// }
+/// ```
+#[derive(Copy, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CudaError {
+    /// The CUDA driver library (`libcuda.so` / `nvcuda.dll`) could not be
+    /// loaded: this machine has no NVIDIA driver.
+    NoDriver,
+    /// `cuInit` failed; every later call fails the same way (the driver does
+    /// not retry its initialisation either). `CUDA_ERROR_NO_DEVICE` is not
+    /// reported here: it means zero devices, not a failure.
+    Init(DriverError),
+    /// A driver call failed with this `CUresult`.
+    Driver(DriverError),
+    /// The device ordinal is not below the device count.
+    DeviceOutOfRange {
+        /// The device asked for.
+        device: DeviceId,
+        /// How many devices the driver reports.
+        count: u32,
+    },
+    /// One of CUDA's special streams (0, 1, 2) was passed where a created
+    /// stream is needed (destroying it, asking which context owns it).
+    SpecialStream(StreamHandle),
+}
+
+impl CudaError {
+    /// The driver's `CUresult`, for [`Init`](Self::Init) and
+    /// [`Driver`](Self::Driver).
+    pub fn code(&self) -> Option<sys::CUresult> {
+        match self {
+            CudaError::Init(e) | CudaError::Driver(e) => Some(e.0),
+            _ => None,
+        }
+    }
+
+    /// Whether this is [`NoDriver`](Self::NoDriver): no `libcuda` on this
+    /// machine.
+    pub fn is_no_driver(&self) -> bool {
+        matches!(self, CudaError::NoDriver)
+    }
+
+    /// Whether the driver is shutting down (`CUDA_ERROR_DEINITIALIZED`, seen
+    /// from destructors that run during process exit).
+    pub fn is_deinitialized(&self) -> bool {
+        self.code() == Some(sys::CUresult::CUDA_ERROR_DEINITIALIZED)
+    }
+}
+
+impl From<DriverError> for CudaError {
+    fn from(e: DriverError) -> Self {
+        CudaError::Driver(e)
+    }
+}
+
+/// Writes a driver error as `NAME (code): description`. The description comes
+/// from `cuGetErrorString`, asked only when the driver is loaded: cudarc's own
+/// `Debug` and `Display` call it unconditionally, which panics without `libcuda`.
+fn write_driver_error(f: &mut fmt::Formatter<'_>, e: &DriverError) -> fmt::Result {
+    write!(f, "{:?} ({})", e.0, e.0 as u32)?;
+    if crate::driver::is_loaded() {
+        if let Ok(text) = e.error_string() {
+            write!(f, ": {}", text.to_string_lossy())?;
+        }
+    }
+    Ok(())
+}
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CudaError::NoDriver => f.write_str(
+                "no CUDA driver: the libcuda shared library could not be loaded on this machine",
+            ),
+            CudaError::Init(e) => {
+                f.write_str("the CUDA driver failed to initialise: ")?;
+                write_driver_error(f, e)
+            }
+            CudaError::Driver(e) => {
+                f.write_str("CUDA driver call failed: ")?;
+                write_driver_error(f, e)
+            }
+            CudaError::DeviceOutOfRange { device, count } => {
+                write!(f, "{device} is out of range: there are {count} devices")
+            }
+            CudaError::SpecialStream(s) => write!(
+                f,
+                "stream handle {:#x} is one of CUDA's special streams, not a created one",
+                s.0
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CudaError::NoDriver => f.write_str("NoDriver"),
+            CudaError::Init(e) => f.debug_tuple("Init").field(&e.0).finish(),
+            CudaError::Driver(e) => f.debug_tuple("Driver").field(&e.0).finish(),
+            CudaError::DeviceOutOfRange { device, count } => f
+                .debug_struct("DeviceOutOfRange")
+                .field("device", device)
+                .field("count", count)
+                .finish(),
+            CudaError::SpecialStream(s) => f.debug_tuple("SpecialStream").field(s).finish(),
+        }
+    }
+}
+
+impl std::error::Error for CudaError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // `DriverError`'s `Display` asks the driver for a description, which
+        // panics when `libcuda` is absent; a `DriverError` only exists once the
+        // driver answered, but one built by hand could still reach it, so it is
+        // offered as a source only when the driver is loaded.
+        match self {
+            CudaError::Init(e) | CudaError::Driver(e) if crate::driver::is_loaded() => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Turns a `CUresult` into `Ok(())` or a [`CudaError::Driver`].
+#[inline]
+pub(crate) fn check(r: sys::CUresult) -> Result<(), CudaError> {
+    match r {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        other => Err(CudaError::Driver(DriverError(other))),
+    }
+}

@@ -1,0 +1,354 @@
+//! Kernels that keep a stream busy, for tests, examples and benchmarks: a pool
+//! behaves differently for a stream with work still pending, and real work of
+//! a known length is the only way to have one on a GPU.
+//!
+//! - [`spin`] queues a kernel that runs for a given time (a loop on
+//!   `%globaltimer`).
+//! - [`Gate`] queues a kernel that runs until the host opens the gate (or a
+//!   timeout passes), so a test decides exactly when the stream's work ends
+//!   instead of racing a timer.
+//!
+//! The kernels are PTX text (one thread each, `sm_70` and later), loaded into
+//! every device's primary context on first use. As with the backend's own
+//! calls, the stream handles given here must be live streams of the device (or
+//! a special stream): the driver cannot check a made-up handle.
+
+use core::ffi::c_void;
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU32, Ordering};
+use std::ffi::CStr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{sys, DriverError};
+use gpupool_core::{DeviceId, StreamHandle};
+
+use crate::driver::driver;
+use crate::error::{check, CudaError};
+
+/// `gpupool_spin(u64 ns)`: returns once `%globaltimer` has advanced by `ns`.
+/// `gpupool_gate(u64 flags, u64 ns)`: `flags` points at two `u32`s, `open` and
+/// `done`; waits until `open != 0` or `ns` have passed, then sets `done = 1`.
+const KERNELS: &CStr = c"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry gpupool_spin(
+    .param .u64 gpupool_spin_param_0
+)
+{
+    .reg .pred  %p<2>;
+    .reg .b64   %rd<5>;
+
+    ld.param.u64    %rd1, [gpupool_spin_param_0];
+    mov.u64         %rd2, %globaltimer;
+SPIN_LOOP:
+    nanosleep.u32   1000;
+    mov.u64         %rd3, %globaltimer;
+    sub.s64         %rd4, %rd3, %rd2;
+    setp.lt.u64     %p1, %rd4, %rd1;
+    @%p1 bra        SPIN_LOOP;
+    ret;
+}
+
+.visible .entry gpupool_gate(
+    .param .u64 gpupool_gate_param_0,
+    .param .u64 gpupool_gate_param_1
+)
+{
+    .reg .pred  %p<3>;
+    .reg .b32   %r<3>;
+    .reg .b64   %rd<6>;
+
+    ld.param.u64    %rd1, [gpupool_gate_param_0];
+    ld.param.u64    %rd2, [gpupool_gate_param_1];
+    mov.u64         %rd3, %globaltimer;
+GATE_LOOP:
+    ld.volatile.u32 %r1, [%rd1];
+    setp.ne.s32     %p1, %r1, 0;
+    @%p1 bra        GATE_DONE;
+    mov.u64         %rd4, %globaltimer;
+    sub.s64         %rd5, %rd4, %rd3;
+    setp.ge.u64     %p2, %rd5, %rd2;
+    @%p2 bra        GATE_DONE;
+    nanosleep.u32   1000;
+    bra.uni         GATE_LOOP;
+GATE_DONE:
+    mov.u32         %r2, 1;
+    st.volatile.u32 [%rd1+4], %r2;
+    ret;
+}
+";
+
+/// The two kernels of one device, as `CUfunction` addresses.
+#[derive(Copy, Clone)]
+struct Kernels {
+    spin: usize,
+    gate: usize,
+}
+
+/// The kernels of every device, by ordinal, once loaded. A lock is fine here:
+/// this is test support, and the lock is held only to look up or load.
+static LOADED: Mutex<Vec<Kernels>> = Mutex::new(Vec::new());
+
+/// The kernels of `device`. The first call loads the module into *every*
+/// device's primary context: loading allocates device memory, which may wait
+/// for the device's queued work, so it must not happen later, while a test
+/// holds a [`Gate`] closed.
+fn kernels(device: DeviceId) -> Result<Kernels, CudaError> {
+    let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    if loaded.is_empty() {
+        let drv = driver()?;
+        let all = (0..drv.count())
+            .map(|d| drv.with_context(DeviceId(d), |_| load_kernels()))
+            .collect::<Result<Vec<_>, _>>()?;
+        *loaded = all;
+    }
+    loaded
+        .get(device.index())
+        .copied()
+        .ok_or(CudaError::DeviceOutOfRange {
+            device,
+            count: loaded.len() as u32,
+        })
+}
+
+/// Loads the module into the current context.
+fn load_kernels() -> Result<Kernels, CudaError> {
+    let mut module: sys::CUmodule = core::ptr::null_mut();
+    // SAFETY: `KERNELS` is NUL-terminated PTX text; the driver JIT-compiles it
+    // into the current context. The module is never unloaded, so its
+    // functions stay valid for the life of the process.
+    check(unsafe { sys::cuModuleLoadData(&mut module, KERNELS.as_ptr().cast()) })?;
+    let function = |name: &CStr| -> Result<usize, CudaError> {
+        let mut f: sys::CUfunction = core::ptr::null_mut();
+        // SAFETY: `module` was just loaded; `name` is NUL-terminated.
+        check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) })?;
+        Ok(f as usize)
+    };
+    Ok(Kernels {
+        spin: function(c"gpupool_spin")?,
+        gate: function(c"gpupool_gate")?,
+    })
+}
+
+/// Launches a one-thread kernel. `params` point at the kernel's arguments.
+fn launch(
+    function: usize,
+    stream: StreamHandle,
+    params: &mut [*mut c_void],
+) -> Result<(), CudaError> {
+    // SAFETY: `function` is a kernel of the current context whose parameters
+    // match `params` (both are fixed in this module); `stream` is a live
+    // stream of that context or a special one; the driver copies the
+    // arguments before returning.
+    check(unsafe {
+        sys::cuLaunchKernel(
+            function as sys::CUfunction,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            stream.0 as sys::CUstream,
+            params.as_mut_ptr(),
+            core::ptr::null_mut(),
+        )
+    })
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Queues on `stream` (of `device`; a special stream means that device's)
+/// a kernel that runs for `duration`, then returns at once.
+///
+/// The stream stays busy for about `duration` from when the kernel starts, so
+/// a test that must see it pending should use a [`Gate`] instead.
+pub fn spin(stream: StreamHandle, device: DeviceId, duration: Duration) -> Result<(), CudaError> {
+    let k = kernels(device)?;
+    driver()?.with_context(device, |_| {
+        let mut ns = nanos(duration);
+        launch(k.spin, stream, &mut [(&raw mut ns).cast()])
+    })
+}
+
+/// How many gates may exist at once.
+pub const MAX_GATES: usize = 4096;
+
+/// The flags of every gate: `MAX_GATES` pairs of `u32` in one block of
+/// pinned, device-mapped, portable host memory, allocated on first use and
+/// never freed. One block, because allocating or freeing pinned memory may
+/// wait for work queued on the device, which must not happen while a test
+/// holds a gate closed.
+struct Slab {
+    /// The block's host address.
+    base: usize,
+    /// Slots not in use.
+    free: Vec<usize>,
+}
+
+static SLAB: Mutex<Option<Slab>> = Mutex::new(None);
+
+/// Takes a free slot, allocating the block on first use (in the current
+/// context). Returns the slot's index and host address.
+fn take_slot() -> Result<(usize, NonNull<AtomicU32>), CudaError> {
+    let mut slab = SLAB.lock().unwrap_or_else(|p| p.into_inner());
+    if slab.is_none() {
+        let mut host: *mut c_void = core::ptr::null_mut();
+        // SAFETY: `host` is a valid place for the pointer. Portable: pinned in
+        // every context; device-mapped: kernels may read and write it.
+        check(unsafe {
+            sys::cuMemHostAlloc(
+                &mut host,
+                MAX_GATES * 2 * size_of::<u32>(),
+                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+            )
+        })?;
+        *slab = Some(Slab {
+            base: host as usize,
+            free: (0..MAX_GATES).rev().collect(),
+        });
+    }
+    let exhausted = CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    let slab = slab.as_mut().ok_or(exhausted)?;
+    let slot = slab.free.pop().ok_or(exhausted)?;
+    let addr = slab.base + slot * 2 * size_of::<u32>();
+    let flags = NonNull::new(addr as *mut AtomicU32).ok_or(exhausted)?;
+    Ok((slot, flags))
+}
+
+/// Returns a slot whose kernel has finished with it.
+fn give_slot(slot: usize) {
+    let mut slab = SLAB.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(slab) = slab.as_mut() {
+        slab.free.push(slot);
+    }
+}
+
+/// A kernel queued on a stream that runs until the host [opens](Gate::open)
+/// the gate, or until a timeout passes: the stream's later work waits for it,
+/// so the test, not a timer, decides when the stream becomes idle.
+///
+/// Each gate holds one kernel; at most [`MAX_GATES`] exist at once. Dropping
+/// a gate opens it and waits (at most its timeout) until the kernel has seen
+/// that; a gate whose kernel never ran in that time keeps its slot forever
+/// rather than hand it to another gate while the kernel may still read it.
+pub struct Gate {
+    /// Two `u32`s in the slab: `open` (written by the host) and `done`
+    /// (written by the kernel). Every host access goes through `AtomicU32`.
+    flags: NonNull<AtomicU32>,
+    slot: usize,
+    device: DeviceId,
+    timeout: Duration,
+}
+
+// SAFETY: the flags are ordinary (pinned) host memory that only this gate
+// uses while it lives; all host accesses to them are atomic, so a gate may
+// move to, and be shared with, any thread.
+unsafe impl Send for Gate {}
+// SAFETY: as above: `&Gate` only allows atomic accesses.
+unsafe impl Sync for Gate {}
+
+impl core::fmt::Debug for Gate {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Gate")
+            .field("device", &self.device)
+            .field("open", &self.is_open())
+            .field("done", &self.is_done())
+            .finish()
+    }
+}
+
+impl Gate {
+    /// Queues a gate kernel on `stream` (of `device`; a special stream means
+    /// that device's). It keeps the stream busy until [`open`](Self::open) or
+    /// until `timeout` has passed on the GPU, whichever comes first.
+    pub fn hold(
+        stream: StreamHandle,
+        device: DeviceId,
+        timeout: Duration,
+    ) -> Result<Gate, CudaError> {
+        let k = kernels(device)?;
+        driver()?.with_context(device, |_| {
+            let (slot, flags) = take_slot()?;
+            // From here on, dropping `gate` returns the slot (`done` is set by
+            // hand if the kernel is not launched).
+            let gate = Gate {
+                flags,
+                slot,
+                device,
+                timeout,
+            };
+            gate.open_flag().store(0, Ordering::SeqCst);
+            gate.done_flag().store(0, Ordering::SeqCst);
+            let mut dptr: sys::CUdeviceptr = 0;
+            // SAFETY: the slot lies in the slab, allocated device-mapped.
+            let mapped = check(unsafe {
+                sys::cuMemHostGetDevicePointer_v2(&mut dptr, flags.as_ptr().cast(), 0)
+            });
+            let mut ns = nanos(timeout);
+            let launched = mapped.and_then(|()| {
+                launch(
+                    k.gate,
+                    stream,
+                    &mut [(&raw mut dptr).cast(), (&raw mut ns).cast()],
+                )
+            });
+            if let Err(e) = launched {
+                gate.done_flag().store(1, Ordering::SeqCst);
+                return Err(e);
+            }
+            Ok(gate)
+        })
+    }
+
+    fn open_flag(&self) -> &AtomicU32 {
+        // SAFETY: `flags` points at two `u32`s of the slab, which is never
+        // freed, reserved for this gate while it lives.
+        unsafe { self.flags.as_ref() }
+    }
+
+    fn done_flag(&self) -> &AtomicU32 {
+        // SAFETY: the second of the two `u32`s `flags` points at.
+        unsafe { self.flags.add(1).as_ref() }
+    }
+
+    /// Lets the kernel finish; the stream's later work then proceeds.
+    pub fn open(&self) {
+        self.open_flag().store(1, Ordering::SeqCst);
+    }
+
+    /// Whether [`open`](Self::open) was called.
+    pub fn is_open(&self) -> bool {
+        self.open_flag().load(Ordering::SeqCst) != 0
+    }
+
+    /// Whether the kernel has finished (seen the gate open, or timed out).
+    pub fn is_done(&self) -> bool {
+        self.done_flag().load(Ordering::SeqCst) != 0
+    }
+
+    /// The device the gate's kernel runs on.
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+        let deadline = Instant::now() + self.timeout + Duration::from_secs(1);
+        while !self.is_done() {
+            if Instant::now() > deadline {
+                return; // the kernel may still use the slot: never reuse it
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        give_slot(self.slot);
+    }
+}

@@ -1,0 +1,188 @@
+//! Shared by the GPU test files: device checks, the kernels the tests launch
+//! through cudarc, and small waiting helpers.
+//!
+//! Every GPU test is `#[ignore = "needs a CUDA GPU"]`; run them on the GPU
+//! machine with `--include-ignored` (`scripts/gpu-check.sh` does). Run there
+//! without a driver or a GPU, they fail with a message saying so.
+
+#![allow(dead_code)] // each test file uses a different part
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gpupool_core::{Backend, Completion, DeviceId, StreamBackend, StreamHandle};
+use gpupool_cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use gpupool_cuda::cudarc::nvrtc::Ptx;
+use gpupool_cuda::testing::Gate;
+use gpupool_cuda::CudaBackend;
+
+/// How long a gate kernel may run before it lets itself out: far longer than
+/// any test needs, short enough that a failing test does not hang the run.
+pub const GATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The device count; fails the test when there is no driver or no GPU.
+pub fn device_count() -> u32 {
+    let n = CudaBackend::new()
+        .device_count()
+        .unwrap_or_else(|e| panic!("this test needs a CUDA driver and GPU: {e}"));
+    assert!(n > 0, "this test needs a CUDA GPU; the driver reports none");
+    n
+}
+
+/// Whether there are at least `n` devices; prints why the test is skipped if
+/// not.
+pub fn has_devices(n: u32, test: &str) -> bool {
+    let count = device_count();
+    if count < n {
+        eprintln!("{test}: skipped: needs {n} GPUs, the driver reports {count}");
+    }
+    count >= n
+}
+
+/// Makes `device`'s primary context current on the calling thread.
+pub fn make_current(device: DeviceId) {
+    CudaBackend::new()
+        .context(device)
+        .expect("retain the primary context")
+        .bind_to_thread()
+        .expect("bind the primary context");
+}
+
+/// Polls `stream` until it is idle, failing the test after `GATE_TIMEOUT`.
+pub fn wait_idle(stream: StreamHandle, device: DeviceId) {
+    let gpu = CudaBackend::new();
+    let deadline = Instant::now() + GATE_TIMEOUT;
+    while gpu.query_stream(stream, device).expect("query") == Completion::Pending {
+        assert!(
+            Instant::now() < deadline,
+            "stream still busy after {GATE_TIMEOUT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Waits until a gate's kernel has finished.
+pub fn wait_gate(gate: &Gate) {
+    let deadline = Instant::now() + GATE_TIMEOUT + Duration::from_secs(1);
+    while !gate.is_done() {
+        assert!(Instant::now() < deadline, "gate kernel never finished");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// `fill(unsigned *x, unsigned n)`: `x[i] = i + 1`.
+/// `twice_plus_one(unsigned *y, const unsigned *x, unsigned n)`: `y[i] = 2 * x[i] + 1`.
+const KERNELS_PTX: &str = "
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry fill(
+    .param .u64 fill_param_0,
+    .param .u32 fill_param_1
+)
+{
+    .reg .pred  %p<2>;
+    .reg .b32   %r<7>;
+    .reg .b64   %rd<5>;
+
+    ld.param.u64        %rd1, [fill_param_0];
+    ld.param.u32        %r1, [fill_param_1];
+    mov.u32             %r2, %ctaid.x;
+    mov.u32             %r3, %ntid.x;
+    mov.u32             %r4, %tid.x;
+    mad.lo.s32          %r5, %r2, %r3, %r4;
+    setp.ge.u32         %p1, %r5, %r1;
+    @%p1 bra            FILL_DONE;
+    cvta.to.global.u64  %rd2, %rd1;
+    mul.wide.u32        %rd3, %r5, 4;
+    add.s64             %rd4, %rd2, %rd3;
+    add.s32             %r6, %r5, 1;
+    st.global.u32       [%rd4], %r6;
+FILL_DONE:
+    ret;
+}
+
+.visible .entry twice_plus_one(
+    .param .u64 twice_plus_one_param_0,
+    .param .u64 twice_plus_one_param_1,
+    .param .u32 twice_plus_one_param_2
+)
+{
+    .reg .pred  %p<2>;
+    .reg .b32   %r<9>;
+    .reg .b64   %rd<8>;
+
+    ld.param.u64        %rd1, [twice_plus_one_param_0];
+    ld.param.u64        %rd2, [twice_plus_one_param_1];
+    ld.param.u32        %r1, [twice_plus_one_param_2];
+    mov.u32             %r2, %ctaid.x;
+    mov.u32             %r3, %ntid.x;
+    mov.u32             %r4, %tid.x;
+    mad.lo.s32          %r5, %r2, %r3, %r4;
+    setp.ge.u32         %p1, %r5, %r1;
+    @%p1 bra            TWICE_DONE;
+    cvta.to.global.u64  %rd3, %rd1;
+    cvta.to.global.u64  %rd4, %rd2;
+    mul.wide.u32        %rd5, %r5, 4;
+    add.s64             %rd6, %rd4, %rd5;
+    ld.global.u32       %r6, [%rd6];
+    shl.b32             %r7, %r6, 1;
+    add.s32             %r8, %r7, 1;
+    add.s64             %rd7, %rd3, %rd5;
+    st.global.u32       [%rd7], %r8;
+TWICE_DONE:
+    ret;
+}
+";
+
+/// The test kernels, loaded into one device's primary context.
+pub struct Kernels {
+    pub fill: CudaFunction,
+    pub twice_plus_one: CudaFunction,
+}
+
+impl Kernels {
+    /// Loads the kernels on `device`.
+    pub fn load(device: DeviceId) -> Kernels {
+        let ctx = CudaBackend::new().context(device).expect("context");
+        let module = ctx
+            .load_module(Ptx::from_src(KERNELS_PTX))
+            .expect("load the test kernels");
+        Kernels {
+            fill: module.load_function("fill").expect("fill"),
+            twice_plus_one: module
+                .load_function("twice_plus_one")
+                .expect("twice_plus_one"),
+        }
+    }
+
+    /// Queues `x[i] = i + 1` on `stream`.
+    pub fn fill(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &mut gpupool_cuda::cudarc::driver::CudaSlice<u32>,
+    ) {
+        let n = x.len() as u32;
+        let mut launch = stream.launch_builder(&self.fill);
+        launch.arg(x).arg(&n);
+        // SAFETY: `fill(unsigned *x, unsigned n)` with `x` holding `n` elements.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.expect("launch fill");
+    }
+
+    /// Queues `y[i] = 2 * x[i] + 1` on `stream`.
+    pub fn twice_plus_one(
+        &self,
+        stream: &Arc<CudaStream>,
+        y: &mut gpupool_cuda::cudarc::driver::CudaSlice<u32>,
+        x: &gpupool_cuda::cudarc::driver::CudaSlice<u32>,
+    ) {
+        assert_eq!(x.len(), y.len());
+        let n = x.len() as u32;
+        let mut launch = stream.launch_builder(&self.twice_plus_one);
+        launch.arg(y).arg(x).arg(&n);
+        // SAFETY: `twice_plus_one(unsigned *y, const unsigned *x, unsigned n)`
+        // with `x` and `y` holding `n` elements each.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.expect("launch twice_plus_one");
+    }
+}

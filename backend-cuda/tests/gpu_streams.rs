@@ -1,0 +1,298 @@
+//! The stream and event pools over real CUDA streams (needs a GPU: every test
+//! is ignored by default; run with `--include-ignored` on the GPU machine).
+//!
+//! Leasing, returning and reusing on device 0; a busy stream waiting in the
+//! busy list until its work is done; priorities; purge and drop; a thread with
+//! no current context; 16 threads leasing at once.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{device_count, wait_gate, wait_idle, GATE_TIMEOUT};
+use gpupool_core::{
+    Backend, Completion, DeviceId, DeviceSelector, Error, EventBackend, EventPool, StreamBackend,
+    StreamOptions, StreamPool, StreamPoolConfig,
+};
+use gpupool_cuda::cudarc::driver::{result, sys};
+use gpupool_cuda::testing::{spin, Gate};
+use gpupool_cuda::{CudaBackend, CudaError};
+
+const D0: DeviceId = DeviceId(0);
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_returned_stream_is_reused_on_device_0() {
+    device_count();
+    let gpu = CudaBackend::new();
+    let pool = StreamPool::new(gpu);
+    let a = pool.get(0).unwrap();
+    let s = a.get();
+    assert_eq!(a.device(), D0);
+    assert_eq!(gpu.stream_device(s).unwrap(), D0);
+    assert_eq!(gpu.query_stream(s, D0).unwrap(), Completion::Complete);
+    drop(a);
+
+    let b = pool.get(0).unwrap();
+    assert_eq!(b.get(), s, "an idle stream comes back first");
+    let stats = pool.stats(D0).unwrap();
+    assert_eq!((stats.created, stats.reused), (1, 1));
+
+    // Released, put back, leased again.
+    let owned = b.release();
+    pool.put(owned, None).unwrap();
+    assert_eq!(pool.get(0).unwrap().get(), s);
+    assert_eq!(pool.get(DeviceSelector::Current).unwrap().device(), D0);
+
+    let count = device_count();
+    assert!(matches!(
+        pool.get(count),
+        Err(Error::DeviceOutOfRange { count: c, .. }) if c == count
+    ));
+    assert_eq!(pool.live_leases(), 0);
+    assert!(pool.take_error().is_none());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_busy_stream_is_reused_only_after_its_work_is_done() {
+    device_count();
+    let gpu = CudaBackend::new();
+    let pool = StreamPool::new(gpu);
+    let a = pool.get(0).unwrap();
+    let busy = a.get();
+    let gate = Gate::hold(busy, D0, GATE_TIMEOUT).unwrap();
+    assert_eq!(gpu.query_stream(busy, D0).unwrap(), Completion::Pending);
+    drop(a); // pending: to the busy list
+
+    let b = pool.get(0).unwrap();
+    assert_ne!(b.get(), busy, "a pending stream is not leased");
+    let c = pool.get(0).unwrap();
+    assert_ne!(c.get(), busy, "still pending: a scan does not take it");
+    assert_eq!(pool.stats(D0).unwrap().created, 3);
+
+    gate.open();
+    wait_gate(&gate);
+    wait_idle(busy, D0);
+    let d = pool.get(0).unwrap();
+    assert_eq!(d.get(), busy, "finished now: the scan takes it");
+    let stats = pool.stats(D0).unwrap();
+    assert_eq!((stats.created, stats.busy_hits), (3, 1));
+    drop((b, c, d));
+    assert!(pool.take_error().is_none());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_spin_kernel_keeps_its_stream_busy_for_about_its_duration() {
+    device_count();
+    let gpu = CudaBackend::new();
+    let pool = StreamPool::new(gpu);
+    let a = pool.get(0).unwrap();
+    let s = a.get();
+    spin(s, D0, Duration::from_millis(50)).unwrap();
+    assert_eq!(gpu.query_stream(s, D0).unwrap(), Completion::Pending);
+    drop(a); // to the busy list
+
+    let b = pool.get(0).unwrap();
+    assert_ne!(b.get(), s);
+    std::thread::sleep(Duration::from_millis(150));
+    let c = pool.get(0).unwrap();
+    assert_eq!(c.get(), s, "done after 50 ms: reused from the busy list");
+    drop((b, c));
+
+    // Synchronizing waits for the whole spin.
+    let a = pool.get(0).unwrap();
+    spin(a.get(), D0, Duration::from_millis(50)).unwrap();
+    let t0 = Instant::now();
+    gpu.synchronize_stream(a.get(), D0).unwrap();
+    let waited = t0.elapsed();
+    assert!(
+        waited >= Duration::from_millis(40),
+        "waited only {waited:?}"
+    );
+}
+
+/// `cuStreamGetPriority` of a stream.
+fn priority_of(s: gpupool_core::StreamHandle) -> i32 {
+    let mut p = 0;
+    // SAFETY: a live stream leased from a pool; `p` is a valid place.
+    let r = unsafe { sys::cuStreamGetPriority(s.0 as sys::CUstream, &mut p) };
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
+    p
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn priorities_are_clamped_to_the_device_range() {
+    device_count();
+    common::make_current(D0);
+    let (least, greatest) = result::stream::get_priority_range().unwrap();
+    for (asked, expected) in [(-1000, greatest), (1000, least), (least, least)] {
+        let config = StreamPoolConfig {
+            stream: StreamOptions {
+                priority: Some(asked),
+            },
+            ..Default::default()
+        };
+        let pool = StreamPool::with_config(CudaBackend::new(), config);
+        let lease = pool.get(0).unwrap();
+        assert_eq!(priority_of(lease.get()), expected, "asked for {asked}");
+    }
+    let pool = StreamPool::new(CudaBackend::new());
+    assert_eq!(
+        priority_of(pool.get(0).unwrap().get()),
+        0,
+        "default priority"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn purge_and_drop_destroy_everything_in_the_pools() {
+    device_count();
+    let pool = StreamPool::new(CudaBackend::new());
+    let leases: Vec<_> = (0..4).map(|_| pool.get(0).unwrap()).collect();
+    let gates: Vec<_> = leases[..2]
+        .iter()
+        .map(|l| Gate::hold(l.get(), D0, GATE_TIMEOUT).unwrap())
+        .collect();
+    let kept = pool.get(0).unwrap();
+    drop(leases); // two busy, two ready
+    assert_eq!(pool.purge().unwrap(), 4, "busy streams are destroyed too");
+    assert_eq!(pool.stats(D0).unwrap().destroyed, 4);
+    for g in &gates {
+        g.open(); // the kernels of destroyed streams still run to the end
+    }
+    drop(kept); // a lease out during the purge comes back normally
+    assert_eq!(pool.stats(D0).unwrap().live_leases, 0);
+    assert_eq!(pool.purge().unwrap(), 1);
+    assert!(pool.take_error().is_none());
+    let more: Vec<_> = (0..3).map(|_| pool.get(0).unwrap()).collect();
+    drop(more);
+    drop(pool); // destroys three streams; errors would have nowhere to go
+    drop(gates);
+
+    let events = EventPool::new(CudaBackend::new());
+    let leases: Vec<_> = (0..8).map(|_| events.get(0).unwrap()).collect();
+    drop(leases);
+    assert_eq!(events.purge().unwrap(), 8);
+    assert!(events.take_error().is_none());
+    let e = events.get(0).unwrap();
+    assert_eq!(
+        CudaBackend::new().query_event(e.get(), D0).unwrap(),
+        Completion::Complete,
+        "an event never recorded is complete"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_thread_without_a_current_context_can_use_the_pools() {
+    device_count();
+    let pool = StreamPool::new(CudaBackend::new());
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            assert_eq!(result::ctx::get_current().unwrap(), None, "a fresh thread");
+            let gpu = CudaBackend::new();
+            assert_eq!(gpu.current_device().unwrap(), D0, "no context: device 0");
+            let lease = pool.get(DeviceSelector::Current).unwrap();
+            assert_eq!(lease.device(), D0);
+            spin(lease.get(), D0, Duration::from_millis(1)).unwrap();
+            drop(lease);
+            // The thread had no context: it keeps device 0's primary one.
+            assert!(result::ctx::get_current().unwrap().is_some());
+            assert_eq!(gpu.current_device().unwrap(), D0);
+        });
+    });
+    assert!(pool.take_error().is_none());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_process_wide_pools_serve_device_0() {
+    device_count();
+    let streams = gpupool_cuda::streams();
+    let events = gpupool_cuda::events();
+    let s = streams.get(0).unwrap();
+    let e = events.get(0).unwrap();
+    let gpu = CudaBackend::new();
+    gpu.record_event(e.get(), s.get(), D0).unwrap();
+    gpu.synchronize_event(e.get(), D0).unwrap();
+    drop((s, e));
+    assert_eq!(streams.live_leases(), 0);
+    assert_eq!(events.live_leases(), 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sixteen_threads_never_share_a_stream() {
+    const THREADS: usize = 16;
+    const ROUNDS: usize = 10_000;
+    device_count();
+    let pool = StreamPool::new(CudaBackend::new());
+    let held: Mutex<HashSet<usize>> = Mutex::new(HashSet::new());
+    let failures = Arc::new(Mutex::new(Vec::<String>::new()));
+    let t0 = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (pool, held, failures) = (&pool, &held, failures.clone());
+            scope.spawn(move || {
+                for i in 0..ROUNDS {
+                    let lease = match pool.get(0) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            failures.lock().unwrap().push(format!("thread {t}: {e}"));
+                            return;
+                        }
+                    };
+                    let s = lease.get().0;
+                    assert!(held.lock().unwrap().insert(s), "stream {s:#x} leased twice");
+                    if i % 500 == 0 {
+                        // Some returns find work pending: the busy list is used too.
+                        spin(lease.get(), D0, Duration::from_micros(20)).unwrap();
+                    }
+                    assert!(held.lock().unwrap().remove(&s));
+                    drop(lease);
+                }
+            });
+        }
+    });
+    let failures = failures.lock().unwrap();
+    assert!(failures.is_empty(), "{failures:?}");
+    let stats = pool.stats(D0).unwrap();
+    eprintln!(
+        "{THREADS} threads x {ROUNDS} leases in {:?}: {} streams created, {} busy hits, {} promoted",
+        t0.elapsed(),
+        stats.created,
+        stats.busy_hits,
+        stats.promoted
+    );
+    assert_eq!(stats.live_leases, 0);
+    assert!(stats.created <= THREADS + THREADS * ROUNDS / 500);
+    assert!(pool.take_error().is_none());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn backend_errors_are_typed() {
+    device_count();
+    let gpu = CudaBackend::new();
+    let count = gpu.device_count().unwrap();
+    assert_eq!(
+        gpu.create_stream(DeviceId(count), StreamOptions::default()),
+        Err(CudaError::DeviceOutOfRange {
+            device: DeviceId(count),
+            count
+        })
+    );
+    // With the driver loaded, a driver error describes itself.
+    let e = CudaError::Driver(gpupool_cuda::cudarc::driver::DriverError(
+        sys::CUresult::CUDA_ERROR_NOT_READY,
+    ));
+    assert!(e
+        .to_string()
+        .starts_with("CUDA driver call failed: CUDA_ERROR_NOT_READY (600): "));
+}

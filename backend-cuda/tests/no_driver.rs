@@ -1,0 +1,163 @@
+//! The CUDA backend on a machine without a CUDA driver (CI, development
+//! machines): every call that needs the driver fails with
+//! [`CudaError::NoDriver`], the pools pass it on as a backend error, and
+//! nothing panics: not the calls, not printing the errors, not dropping the
+//! pools.
+//!
+//! On a machine where `libcuda` can be loaded these tests skip themselves
+//! (printing why); the GPU tests in `gpu.rs` cover that case.
+
+use std::time::Duration;
+
+use gpupool_core::{
+    AccessOrder, Backend, BackendOp, DeviceId, Error, EventBackend, EventFlags, EventHandle,
+    EventPool, StreamBackend, StreamHandle, StreamPool,
+};
+use gpupool_cuda::{testing, CudaBackend, CudaError};
+
+/// Whether `libcuda` is absent, so these tests apply; prints why not.
+fn no_driver_here(test: &str) -> bool {
+    // SAFETY: only tries to open the library under its usual names.
+    let present = unsafe { gpupool_cuda::cudarc::driver::sys::is_culib_present() };
+    if present {
+        eprintln!("{test}: skipped: libcuda is present on this machine (the GPU tests cover it)");
+    }
+    !present
+}
+
+fn is_no_driver<T>(r: &Result<T, Error<CudaError>>, op: BackendOp) -> bool {
+    matches!(
+        r,
+        Err(Error::Backend { op: o, source: CudaError::NoDriver }) if *o == op
+    )
+}
+
+#[test]
+fn the_first_stream_get_reports_no_driver() {
+    if !no_driver_here("the_first_stream_get_reports_no_driver") {
+        return;
+    }
+    let pool = StreamPool::new(CudaBackend::new());
+    let r = pool.get(0);
+    assert!(
+        is_no_driver(&r, BackendOp::DeviceCount),
+        "expected NoDriver, got {r:?}"
+    );
+    // The error prints (without asking the missing driver for a description).
+    let text = r.unwrap_err().to_string();
+    assert!(text.contains("no CUDA driver"), "{text}");
+    // Asking again gives the same answer; nothing was built.
+    assert!(is_no_driver(&pool.get(1), BackendOp::DeviceCount));
+    assert_eq!(pool.device_count(), None);
+    assert_eq!(pool.purge().unwrap(), 0);
+    assert!(pool.take_error().is_none());
+}
+
+#[test]
+fn the_event_pool_and_access_order_report_no_driver() {
+    if !no_driver_here("the_event_pool_and_access_order_report_no_driver") {
+        return;
+    }
+    let events = EventPool::new(CudaBackend::new());
+    assert!(is_no_driver(&events.get(0), BackendOp::DeviceCount));
+    assert!(is_no_driver(&events.get_shared(0), BackendOp::DeviceCount));
+
+    let a = AccessOrder::stream(StreamHandle(0x1000), DeviceId(0));
+    let b = AccessOrder::stream(StreamHandle(0x2000), DeviceId(0));
+    assert!(is_no_driver(&a.wait(&b, &events), BackendOp::DeviceCount));
+    let host_wait = AccessOrder::host().wait(&a, &events);
+    assert!(is_no_driver(&host_wait, BackendOp::SynchronizeStream));
+}
+
+#[test]
+fn the_process_wide_pools_report_no_driver() {
+    if !no_driver_here("the_process_wide_pools_report_no_driver") {
+        return;
+    }
+    assert!(is_no_driver(
+        &gpupool_cuda::streams().get(0),
+        BackendOp::DeviceCount
+    ));
+    assert!(is_no_driver(
+        &gpupool_cuda::events().get(0),
+        BackendOp::DeviceCount
+    ));
+    assert_eq!(gpupool_cuda::streams().live_leases(), 0);
+}
+
+#[test]
+fn every_backend_call_reports_no_driver() {
+    if !no_driver_here("every_backend_call_reports_no_driver") {
+        return;
+    }
+    let gpu = CudaBackend::new();
+    let d = DeviceId(0);
+    let s = StreamHandle(0x1000);
+    let e = EventHandle(0x2000);
+    let no = Err::<(), _>(CudaError::NoDriver);
+    assert_eq!(gpu.device_count().map(drop), no);
+    assert_eq!(gpu.current_device().map(drop), no);
+    assert_eq!(gpu.create_stream(d, Default::default()).map(drop), no);
+    assert_eq!(gpu.destroy_stream(s, d), no);
+    assert_eq!(gpu.query_stream(s, d).map(drop), no);
+    assert_eq!(gpu.query_stream(StreamHandle::LEGACY, d).map(drop), no);
+    assert_eq!(gpu.synchronize_stream(s, d), no);
+    assert_eq!(gpu.stream_wait_event(s, d, e), no);
+    assert_eq!(gpu.stream_device(s).map(drop), no);
+    assert_eq!(
+        gpu.create_event(d, EventFlags::DISABLE_TIMING).map(drop),
+        no
+    );
+    assert_eq!(gpu.destroy_event(e, d), no);
+    assert_eq!(gpu.record_event(e, s, d), no);
+    assert_eq!(gpu.query_event(e, d).map(drop), no);
+    assert_eq!(gpu.synchronize_event(e, d), no);
+    assert_eq!(gpu.context(d).map(drop), no);
+    assert_eq!(testing::spin(s, d, Duration::from_millis(1)), no);
+    assert_eq!(
+        testing::Gate::hold(s, d, Duration::from_millis(1)).map(drop),
+        no
+    );
+}
+
+#[test]
+fn a_special_stream_is_never_destroyed() {
+    // Refused before the driver is asked, so this holds with or without one.
+    for s in [
+        StreamHandle::NULL,
+        StreamHandle::LEGACY,
+        StreamHandle::PER_THREAD,
+    ] {
+        assert_eq!(
+            CudaBackend::new().destroy_stream(s, DeviceId(0)),
+            Err(CudaError::SpecialStream(s))
+        );
+    }
+}
+
+#[test]
+fn errors_print_without_a_driver() {
+    use gpupool_cuda::cudarc::driver::{sys::CUresult, DriverError};
+    // Formatting a driver error must not ask a missing driver for its text
+    // (cudarc's own formatting would panic here).
+    let e = CudaError::Driver(DriverError(CUresult::CUDA_ERROR_NOT_READY));
+    if no_driver_here("errors_print_without_a_driver") {
+        assert_eq!(
+            e.to_string(),
+            "CUDA driver call failed: CUDA_ERROR_NOT_READY (600)"
+        );
+        assert!(std::error::Error::source(&e).is_none());
+    }
+    assert_eq!(format!("{e:?}"), "Driver(CUDA_ERROR_NOT_READY)");
+    assert_eq!(e.code(), Some(CUresult::CUDA_ERROR_NOT_READY));
+    assert!(!e.is_no_driver() && !e.is_deinitialized());
+    let e = CudaError::DeviceOutOfRange {
+        device: DeviceId(3),
+        count: 2,
+    };
+    assert_eq!(
+        e.to_string(),
+        "device 3 is out of range: there are 2 devices"
+    );
+    assert!(CudaError::NoDriver.is_no_driver());
+}

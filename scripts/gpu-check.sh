@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Runs every GPU check in one go on the GPU machine, building nothing (that
+# machine has no Rust toolchain): the prebuilt binaries come from
+# scripts/build-gpu-binaries.sh, run here beforehand, in .gpu/.
+#
+#   1. the machine: date, host, nvidia-smi, driver and tool versions, and
+#      .gpu/MANIFEST (which commit the binaries were built from);
+#   2. every test executable .gpu/test-*, with --include-ignored (the GPU tests
+#      are #[ignore]d elsewhere) and --test-threads=1;
+#   3. every example .gpu/example-*;
+#   4. compute-sanitizer --tool memcheck on every example.
+#
+# Everything printed also goes to $OUT/gpu-check.log, and one line per step to
+# $OUT/gpu-check-summary.txt (OUT defaults to ./gpu-out when unset). Exits 0
+# only if every step passed. Each step is limited to $GPU_CHECK_STEP_TIMEOUT
+# seconds (default 300).
+#
+# Usage: bash scripts/gpu-check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+bin_dir=${GPU_BIN_DIR:-.gpu}
+out_dir=${OUT:-$PWD/gpu-out}
+step_timeout=${GPU_CHECK_STEP_TIMEOUT:-300}
+mkdir -p "$out_dir"
+log="$out_dir/gpu-check.log"
+summary="$out_dir/gpu-check-summary.txt"
+export RUST_BACKTRACE=1
+
+section() { printf '\n==== %s\n' "$*"; }
+
+# Runs a command with the step time limit.
+limited() {
+  if command -v timeout >/dev/null; then
+    timeout --kill-after=10 "$step_timeout" "$@"
+  else
+    "$@"
+  fi
+}
+
+# Runs a command that must succeed *and* print a line "OK" (an example that
+# finds no driver or no GPU exits 0 after saying "skipped", which is not a
+# pass on the GPU machine).
+expect_ok() {
+  local out rc
+  out=$(mktemp)
+  "$@" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
+  if [[ $rc == 0 ]] && ! grep -qx 'OK' "$out"; then
+    echo "(exit 0, but no line \"OK\": the check did not run)"
+    rc=3
+  fi
+  rm -f "$out"
+  return "$rc"
+}
+
+failed=0
+: > "$summary"
+
+# Runs one step, timing it and recording PASS/FAIL in the summary.
+# $1: the step's name; the rest: the command.
+step() {
+  local name=$1
+  shift
+  section "$name: $*"
+  local start end rc
+  start=$(date +%s.%N)
+  "$@"
+  rc=$?
+  end=$(date +%s.%N)
+  local secs
+  secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+  if [[ $rc == 0 ]]; then
+    printf 'PASS  %-60s %8ss\n' "$name" "$secs" | tee -a "$summary"
+  else
+    [[ $rc == 124 || $rc == 137 ]] && echo "(timed out after ${step_timeout}s)"
+    printf 'FAIL  %-60s %8ss  exit %s\n' "$name" "$secs" "$rc" | tee -a "$summary"
+    failed=$((failed + 1))
+  fi
+}
+
+main() {
+  section "machine"
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "host: $(hostname)"
+  echo "kernel: $(uname -r)"
+  if [[ -r /proc/driver/nvidia/version ]]; then
+    cat /proc/driver/nvidia/version
+  fi
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap,pci.bus_id --format=csv
+    nvidia-smi topo -m 2>/dev/null || true
+  else
+    echo "nvidia-smi: not found"
+  fi
+  command -v nvcc >/dev/null && nvcc --version | tail -n 2
+  if command -v compute-sanitizer >/dev/null; then
+    compute-sanitizer --version | head -n 3
+  else
+    echo "compute-sanitizer: not found (the memcheck steps will fail)"
+  fi
+
+  section "binaries ($bin_dir)"
+  if [[ ! -d $bin_dir ]]; then
+    echo "no $bin_dir: run scripts/build-gpu-binaries.sh on a build machine first, and bring $bin_dir along"
+    echo "FAIL  binaries missing" >> "$summary"
+    return 1
+  fi
+  cat "$bin_dir/MANIFEST" 2>/dev/null || echo "(no MANIFEST)"
+
+  shopt -s nullglob
+  local tests=("$bin_dir"/test-*) examples=("$bin_dir"/example-*)
+  if (( ${#tests[@]} + ${#examples[@]} == 0 )); then
+    echo "no test-* or example-* in $bin_dir"
+    echo "FAIL  binaries missing" >> "$summary"
+    return 1
+  fi
+  chmod +x "${tests[@]}" "${examples[@]}" 2>/dev/null || true
+
+  for t in "${tests[@]}"; do
+    step "$(basename "$t")" limited "$t" --include-ignored --test-threads=1
+  done
+  for e in "${examples[@]}"; do
+    step "$(basename "$e")" expect_ok limited "$e"
+  done
+  for e in "${examples[@]}"; do
+    step "memcheck $(basename "$e")" expect_ok limited compute-sanitizer --tool memcheck --error-exitcode 1 "$e"
+  done
+
+  section "summary"
+  cat "$summary"
+  if (( failed > 0 )); then
+    echo "$failed step(s) FAILED"
+    return 1
+  fi
+  echo "all steps passed"
+}
+
+main "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+echo "log: $log" >&2
+exit "$rc"
