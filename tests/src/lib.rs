@@ -3,17 +3,64 @@
 //!
 //! The suite is written against the backend traits and a small [`TestGpu`]
 //! interface for what a test needs to steer beyond them (making a stream busy,
-//! finishing its work, counting live handles). The default machine is the mock
-//! backend; the CUDA backend will implement [`TestGpu`] behind the `cuda`
-//! feature, so the same tests run on a real GPU.
+//! finishing its work, counting live handles where the machine can count).
+//!
+//! ## The machine of this build
+//!
+//! [`gpu`] gives the machine the build runs on, as [`Gpu`]:
+//! - by default the mock backend, wrapped in [`MockGpu`] so that a generic test
+//!   sees only [`TestGpu`] and cannot reach the mock's own API by accident;
+//! - with `--features cuda`, a real GPU (`cuda::CudaGpu`).
+//!
+//! The generic tests (`tests/suite_*.rs`) use only `gpu()`, [`TestGpu`], the
+//! backend traits and the pools' API, so `cargo test -p gpupool-tests` runs
+//! them on the mock and `cargo test -p gpupool-tests --features cuda` runs the
+//! same tests on a GPU. The other test files are mock-only (fault injection,
+//! call counting by kind, misuse and hazard detection) and are compiled out
+//! under `--features cuda`, so a CUDA run holds only tests that ran on the GPU.
+//! (`suite_scratch.rs` is generic too, but compiled on the mock only until the
+//! CUDA backend implements `MemoryBackend`.)
+//!
+//! ## On the GPU machine
+//!
+//! It has no Rust toolchain: build the test executables here with
+//! `scripts/build-gpu-binaries.sh --with-suite` (into `.gpu/`), then run
+//! `bash scripts/gpu-check.sh` there, which runs every `.gpu/test-*` with
+//! `--include-ignored --test-threads=1`. Tests that need two GPUs print
+//! "skipped: needs 2 GPUs" and pass on one.
+//!
+//! Without a CUDA driver or GPU, `gpu()` under `--features cuda` panics with
+//! "no CUDA driver" (or "no CUDA GPU"): a GPU run that silently skipped
+//! everything would look like a pass. Set [`SKIP_WITHOUT_GPU`]`=1` to skip
+//! instead (each test then prints why and passes).
 
-use gpupool_core::{DeviceId, EventBackend, StreamBackend, StreamHandle};
+use gpupool_core::{
+    Backend, DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend, StreamHandle,
+};
 use gpupool_mock::MockBackend;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
+/// The environment variable that turns the `--features cuda` run's "no CUDA
+/// driver" / "no CUDA GPU" panic into a skip.
+pub const SKIP_WITHOUT_GPU: &str = "GPUPOOL_SKIP_WITHOUT_GPU";
+
 /// What the acceptance tests need from a machine besides the backend traits.
+///
+/// Two kinds of work can be put on a stream:
+/// - *held* work ([`make_busy`](Self::make_busy)) stays pending until the test
+///   calls [`finish`](Self::finish) (or [`quiesce`](Self::quiesce)) for that
+///   stream, however long that takes;
+/// - *free* work ([`submit`](Self::submit)) needs nothing but the stream's
+///   earlier work (and the events it waits on): on a GPU it runs by itself; on
+///   the mock, which has no time, it runs when a test asks
+///   ([`is_held`](Self::is_held), [`finish`](Self::finish),
+///   [`quiesce`](Self::quiesce)).
+///
+/// The harness calls take pooled (created) streams; CUDA's special streams 0,
+/// 1 and 2 may be used with the backend traits and `AccessOrder`, but not
+/// here (the mock resolves them through its machine-wide current device).
 pub trait TestGpu: Clone + Send + Sync + 'static {
     /// The backend the pools are built over.
     type Backend: StreamBackend + EventBackend + Clone + Send + Sync + 'static;
@@ -21,17 +68,54 @@ pub trait TestGpu: Clone + Send + Sync + 'static {
     /// The backend (a cheap handle to the same machine).
     fn backend(&self) -> Self::Backend;
 
+    /// How many devices the machine has.
+    fn device_count(&self) -> u32;
+
+    /// Makes `device` the calling thread's current device (the mock has one
+    /// current device for the whole machine).
+    fn set_current_device(&self, device: DeviceId);
+
     /// Submits work to `stream` that stays pending until [`finish`](Self::finish).
     fn make_busy(&self, stream: StreamHandle, device: DeviceId);
 
-    /// Waits for (or, on the mock, completes) all work submitted to `stream`.
+    /// Completes (mock) or lets go of and waits for (GPU) all work submitted
+    /// to `stream`, held or free.
     fn finish(&self, stream: StreamHandle, device: DeviceId);
+
+    /// Submits free work to `stream`: it completes by itself once the stream
+    /// reaches it (type documentation).
+    fn submit(&self, stream: StreamHandle, device: DeviceId);
+
+    /// Lets the free work on `stream` run as far as it can without any held
+    /// work finishing, and says whether `stream` is still pending (blocked on
+    /// a wait for work that is held, directly or through other streams).
+    /// `stream` must hold no held work of its own.
+    fn is_held(&self, stream: StreamHandle, device: DeviceId) -> bool;
+
+    /// Finishes all work on the machine, held work included, and returns once
+    /// it has finished.
+    fn quiesce(&self);
+
+    /// Backend calls made so far on the machine, if the backend counts them.
+    fn backend_calls(&self) -> Option<u64> {
+        None
+    }
 
     /// Streams alive on the machine, if the backend can count them.
     fn live_streams(&self) -> Option<usize>;
 
     /// Events alive on the machine, if the backend can count them.
     fn live_events(&self) -> Option<usize>;
+
+    /// Whether `event` (live, of `device`, not in use by anything else) was
+    /// created with timing enabled, if the machine can tell. May record it.
+    fn event_timing(&self, event: EventHandle, device: DeviceId) -> Option<bool>;
+
+    /// The backend misuses seen so far (bad handles, devices, ...), if the
+    /// machine detects them.
+    fn misuse_report(&self) -> Option<Vec<String>> {
+        None
+    }
 }
 
 impl TestGpu for MockBackend {
@@ -39,6 +123,16 @@ impl TestGpu for MockBackend {
 
     fn backend(&self) -> MockBackend {
         self.clone()
+    }
+
+    /// Asks the backend, so this is counted as a backend call; [`MockGpu`]
+    /// knows its count without asking.
+    fn device_count(&self) -> u32 {
+        Backend::device_count(self).expect("the mock counts its devices")
+    }
+
+    fn set_current_device(&self, device: DeviceId) {
+        MockBackend::set_current_device(self, device);
     }
 
     fn make_busy(&self, stream: StreamHandle, _device: DeviceId) {
@@ -50,12 +144,240 @@ impl TestGpu for MockBackend {
         self.complete_all(stream).expect("complete a live stream");
     }
 
+    fn submit(&self, stream: StreamHandle, _device: DeviceId) {
+        self.enqueue_work(stream)
+            .expect("enqueue work on a live stream");
+    }
+
+    fn is_held(&self, stream: StreamHandle, _device: DeviceId) -> bool {
+        while self
+            .complete_one(stream)
+            .expect("complete on a live stream")
+        {}
+        // Not a backend call (a query would be counted): work left behind the
+        // front means the stream is blocked on a wait.
+        self.pending_work(stream).expect("a live stream") > 0
+    }
+
+    fn quiesce(&self) {
+        self.complete_everything();
+    }
+
+    fn backend_calls(&self) -> Option<u64> {
+        Some(self.total_calls())
+    }
+
     fn live_streams(&self) -> Option<usize> {
         Some(MockBackend::live_streams(self))
     }
 
     fn live_events(&self) -> Option<usize> {
         Some(MockBackend::live_events(self))
+    }
+
+    fn event_timing(&self, event: EventHandle, _device: DeviceId) -> Option<bool> {
+        let flags = self.event_flags(event).expect("a live event");
+        Some(!flags.contains(EventFlags::DISABLE_TIMING))
+    }
+
+    fn misuse_report(&self) -> Option<Vec<String>> {
+        Some(self.misuses().iter().map(ToString::to_string).collect())
+    }
+}
+
+/// The mock as the generic suite's machine: only [`TestGpu`] is visible
+/// through it, so a generic test that compiles here compiles on a GPU too.
+#[derive(Clone, Debug)]
+pub struct MockGpu {
+    mock: MockBackend,
+    devices: u32,
+}
+
+impl MockGpu {
+    /// A fresh mock machine with `devices` devices.
+    pub fn new(devices: u32) -> Self {
+        MockGpu {
+            mock: MockBackend::new(devices),
+            devices,
+        }
+    }
+}
+
+impl TestGpu for MockGpu {
+    type Backend = MockBackend;
+
+    fn backend(&self) -> MockBackend {
+        self.mock.clone()
+    }
+
+    /// Known from construction: no backend call.
+    fn device_count(&self) -> u32 {
+        self.devices
+    }
+
+    fn set_current_device(&self, device: DeviceId) {
+        TestGpu::set_current_device(&self.mock, device)
+    }
+
+    fn make_busy(&self, stream: StreamHandle, device: DeviceId) {
+        self.mock.make_busy(stream, device)
+    }
+
+    fn finish(&self, stream: StreamHandle, device: DeviceId) {
+        self.mock.finish(stream, device)
+    }
+
+    fn submit(&self, stream: StreamHandle, device: DeviceId) {
+        self.mock.submit(stream, device)
+    }
+
+    fn is_held(&self, stream: StreamHandle, device: DeviceId) -> bool {
+        self.mock.is_held(stream, device)
+    }
+
+    fn quiesce(&self) {
+        self.mock.quiesce()
+    }
+
+    fn backend_calls(&self) -> Option<u64> {
+        self.mock.backend_calls()
+    }
+
+    fn live_streams(&self) -> Option<usize> {
+        TestGpu::live_streams(&self.mock)
+    }
+
+    fn live_events(&self) -> Option<usize> {
+        TestGpu::live_events(&self.mock)
+    }
+
+    fn event_timing(&self, event: EventHandle, device: DeviceId) -> Option<bool> {
+        self.mock.event_timing(event, device)
+    }
+
+    fn misuse_report(&self) -> Option<Vec<String>> {
+        self.mock.misuse_report()
+    }
+}
+
+/// The machine of this build: the mock.
+#[cfg(not(feature = "cuda"))]
+pub type Gpu = MockGpu;
+
+/// The machine of this build: a real GPU.
+#[cfg(feature = "cuda")]
+pub type Gpu = cuda::CudaGpu;
+
+/// The machine of this build, if it has at least `devices_needed` devices;
+/// `None` (after printing why the test is skipped) if it has fewer.
+///
+/// The mock has exactly `devices_needed` devices (at least one), so a test
+/// that uses more devices than it asks for fails on the mock as well. Under
+/// `--features cuda` without a CUDA driver or GPU this panics (see the
+/// [crate documentation](crate)).
+pub fn gpu(devices_needed: u32) -> Option<Gpu> {
+    machine(devices_needed, devices_needed.max(1))
+}
+
+/// [`gpu`] for a test that uses every device there is: the mock gets
+/// `mock_devices` devices (at least `devices_needed`).
+pub fn machine(devices_needed: u32, mock_devices: u32) -> Option<Gpu> {
+    #[cfg(not(feature = "cuda"))]
+    {
+        Some(MockGpu::new(mock_devices.max(devices_needed)))
+    }
+    #[cfg(feature = "cuda")]
+    {
+        let _ = mock_devices;
+        let count = match cuda::driver_device_count() {
+            Ok(0) => return no_gpu("no CUDA GPU: the driver reports none"),
+            Ok(n) => n,
+            Err(why) => return no_gpu(&why),
+        };
+        if count < devices_needed {
+            skip(&format!(
+                "needs {devices_needed} GPUs, the driver reports {count}"
+            ));
+            return None;
+        }
+        Some(cuda::CudaGpu::new())
+    }
+}
+
+/// Prints that the running test is skipped, and why. Written to the process's
+/// stderr directly, not through `eprintln!`, so the test harness does not
+/// capture it: a skip shows in the log of a run that passed.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let name = thread.name().unwrap_or("test");
+    let _ = writeln!(std::io::stderr(), "{name}: skipped: {why}");
+}
+
+/// A machine without a usable GPU under `--features cuda`: a panic, or a skip
+/// when [`SKIP_WITHOUT_GPU`] is set.
+#[cfg(feature = "cuda")]
+fn no_gpu(why: &str) -> Option<Gpu> {
+    if std::env::var_os(SKIP_WITHOUT_GPU).is_some_and(|v| !v.is_empty() && v != "0") {
+        skip(why);
+        return None;
+    }
+    panic!(
+        "{why}\nThe `cuda` feature runs the acceptance suite on a GPU; run it on the GPU machine \
+         (or set {SKIP_WITHOUT_GPU}=1 to skip every test instead)."
+    )
+}
+
+/// Asserts that `count` is `expected`, where the machine can count at all
+/// (`None` passes: the machine cannot tell).
+#[track_caller]
+pub fn assert_count(count: Option<usize>, expected: usize, what: &str) {
+    if let Some(n) = count {
+        assert_eq!(n, expected, "{what}");
+    }
+}
+
+/// Asserts that exactly `expected` backend calls were made since `since`
+/// (a [`TestGpu::backend_calls`] reading), where the machine counts them.
+#[track_caller]
+pub fn assert_calls<G: TestGpu>(gpu: &G, since: Option<u64>, expected: u64, what: &str) {
+    if let (Some(before), Some(now)) = (since, gpu.backend_calls()) {
+        assert_eq!(now - before, expected, "backend calls: {what}");
+    }
+}
+
+/// Checks that work on `consumer` is ordered after the work on `producer`
+/// (each a stream and its device) by what `link` does: holds the producer's
+/// work, runs `link`, gives the consumer free work, and asserts that the
+/// consumer stays pending while the producer's work is held and completes once
+/// it is let go.
+#[track_caller]
+pub fn assert_ordered<G: TestGpu>(
+    gpu: &G,
+    producer: (StreamHandle, DeviceId),
+    consumer: (StreamHandle, DeviceId),
+    link: impl FnOnce(),
+    what: &str,
+) {
+    gpu.make_busy(producer.0, producer.1);
+    link();
+    gpu.submit(consumer.0, consumer.1);
+    assert!(
+        gpu.is_held(consumer.0, consumer.1),
+        "{what}: the consumer ran before the producer's work"
+    );
+    gpu.finish(producer.0, producer.1);
+    assert!(
+        !gpu.is_held(consumer.0, consumer.1),
+        "{what}: the consumer did not run once the producer's work was done"
+    );
+}
+
+/// Asserts that the machine saw no misuse, where it detects misuse.
+#[track_caller]
+pub fn assert_no_misuse<G: TestGpu>(gpu: &G) {
+    if let Some(misuses) = gpu.misuse_report() {
+        assert!(misuses.is_empty(), "misuses: {misuses:?}");
     }
 }
 

@@ -1,7 +1,8 @@
-//! Fault injection: each backend call the pools make fails once, in turn, in a
-//! workload that reaches all of them. Each time an error must surface (returned
-//! or parked, never a panic), the pools must stay usable, and after purge and
-//! drop the mock must count zero live streams and events.
+//! Mock-only (fault injection): each backend call the pools make fails once,
+//! in turn, in a workload that reaches all of them. Each time an error must
+//! surface (returned or parked, never a panic), the pools must stay usable,
+//! and after purge and drop the mock must count zero live streams and events.
+#![cfg(not(feature = "cuda"))]
 
 use gpupool_core::{
     AccessOrder, BackendOp, DeviceId, DeviceSelector, Error, EventBackend, EventPool, OwnedStream,

@@ -1,7 +1,9 @@
-//! Stream order under a lagging GPU: 10,000 randomised rounds of allocate →
-//! simulated kernel use on the stream (and host writes to host-visible memory)
-//! → drop or reset → allocate again, during which the mock reports no hazard,
-//! and after which nothing is left allocated.
+//! Mock-only (hazard detection): stream order under a lagging GPU: 10,000
+//! randomised rounds of allocate → simulated kernel use on the stream (and
+//! host writes to host-visible memory) → drop or reset → allocate again,
+//! during which the mock reports no hazard, and after which nothing is left
+//! allocated.
+#![cfg(not(feature = "cuda"))]
 
 use gpupool_core::{MemoryKind, Scratchpad, StreamPool};
 use gpupool_mock::MockBackend;

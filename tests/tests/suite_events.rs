@@ -1,0 +1,223 @@
+//! Generic suite: `EventPool`, `EventLease` and `SharedEvent` (SPEC.md 1.3
+//! and 0) on the machine of this build — the mock by default, a GPU with
+//! `--features cuda`.
+
+use gpupool_core::{
+    Completion, DeviceId, DeviceSelector, EventBackend, EventFlags, EventPool, OwnedEvent,
+    StreamPool,
+};
+use gpupool_tests::{
+    assert_calls, assert_count, assert_no_misuse, assert_ordered, gpu, machine, TestGpu,
+};
+
+const D0: DeviceId = DeviceId(0);
+
+#[test]
+fn an_event_pool_is_lazy_until_its_first_get() {
+    let Some(gpu) = gpu(1) else { return };
+    let calls = gpu.backend_calls();
+    let pool = EventPool::new(gpu.backend());
+    assert_eq!(pool.device_count(), None);
+    drop(pool);
+    assert_calls(&gpu, calls, 0, "constructing and dropping an unused pool");
+    let pool = EventPool::new(gpu.backend());
+    drop(pool.get(0).unwrap());
+    assert_calls(&gpu, calls, 2, "the first get: count the devices, create");
+}
+
+#[test]
+fn events_have_the_pools_flags_timing_disabled_by_default() {
+    let Some(gpu) = gpu(1) else { return };
+    let default = EventPool::new(gpu.backend());
+    assert_eq!(default.flags(), EventFlags::DISABLE_TIMING);
+    let e = default.get(0).unwrap();
+    assert_ne!(gpu.event_timing(e.get(), D0), Some(true), "timing disabled");
+    let timed = EventPool::with_flags(gpu.backend(), EventFlags::DEFAULT);
+    let t = timed.get(0).unwrap();
+    assert_ne!(
+        gpu.event_timing(t.get(), D0),
+        Some(false),
+        "timing asked for"
+    );
+    let custom = EventPool::with_flags(
+        gpu.backend(),
+        EventFlags::BLOCKING_SYNC | EventFlags::DISABLE_TIMING,
+    );
+    assert_eq!(custom.flags(), EventFlags(3));
+    let c = custom.get(0).unwrap();
+    assert_ne!(gpu.event_timing(c.get(), D0), Some(true), "timing disabled");
+}
+
+#[test]
+fn reuse_is_lifo_and_return_and_reuse_make_no_backend_call() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = EventPool::new(gpu.backend());
+    let a = pool.get(0).unwrap();
+    let b = pool.get(0).unwrap();
+    let (ea, eb) = (a.get(), b.get());
+    assert_ne!(ea, eb);
+    let calls = gpu.backend_calls();
+    drop(a);
+    drop(b);
+    let x = pool.get(0).unwrap();
+    let y = pool.get(0).unwrap();
+    assert_eq!((x.get(), y.get()), (eb, ea));
+    assert_calls(&gpu, calls, 0, "returning and reusing events");
+    let s = pool.stats(D0).unwrap();
+    assert_eq!((s.created, s.reused, s.leases, s.live_leases), (2, 2, 4, 2));
+}
+
+#[test]
+fn a_pending_event_may_be_returned_and_leased_again() {
+    let Some(gpu) = gpu(1) else { return };
+    let backend = gpu.backend();
+    let streams = StreamPool::new(gpu.backend());
+    let pool = EventPool::new(gpu.backend());
+    let s = streams.get(0).unwrap();
+    gpu.make_busy(s.get(), D0);
+    let e = pool.get(0).unwrap();
+    backend.record_event(e.get(), s.get(), D0).unwrap();
+    let handle = e.get();
+    drop(e);
+    let again = pool.get(0).unwrap();
+    assert_eq!(again.get(), handle);
+    assert_eq!(
+        backend.query_event(handle, D0).unwrap(),
+        Completion::Pending
+    );
+    gpu.finish(s.get(), D0);
+    assert_eq!(
+        backend.query_event(handle, D0).unwrap(),
+        Completion::Complete
+    );
+}
+
+#[test]
+fn put_without_a_device_uses_the_events_own_device_not_the_current_one() {
+    let Some(gpu) = gpu(2) else { return };
+    let d1 = DeviceId(1);
+    let pool = EventPool::new(gpu.backend());
+    gpu.set_current_device(D0);
+    let e = pool.get(d1).unwrap();
+    let handle = e.get();
+    pool.put(e.release(), None).unwrap();
+    assert_eq!(
+        pool.get(d1).unwrap().get(),
+        handle,
+        "back on device 1's list"
+    );
+    assert_eq!(pool.stats(D0).unwrap().created, 0);
+    assert_eq!(pool.stats(d1).unwrap().created, 1);
+}
+
+#[test]
+fn the_current_device_selects_the_list() {
+    let Some(gpu) = machine(1, 2) else { return };
+    let last = DeviceId(gpu.device_count() - 1);
+    let pool = EventPool::new(gpu.backend());
+    gpu.set_current_device(last);
+    let e = pool.get(DeviceSelector::Current).unwrap();
+    assert_eq!(e.device(), last);
+    assert_eq!(pool.stats(last).unwrap().created, 1);
+}
+
+#[test]
+fn a_shared_event_returns_when_the_last_clone_drops() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = EventPool::new(gpu.backend());
+    let shared = pool.get_shared(0).unwrap();
+    let handle = shared.get();
+    let clones: Vec<_> = (0..3).map(|_| shared.clone()).collect();
+    drop(shared);
+    assert_eq!(pool.live_leases(), 1);
+    let held = clones[2].get();
+    drop(clones);
+    assert_eq!(held, handle);
+    assert_eq!(pool.live_leases(), 0);
+    assert_eq!(pool.get(0).unwrap().get(), handle);
+}
+
+#[test]
+fn a_shared_event_orders_like_any_other() {
+    let Some(gpu) = gpu(1) else { return };
+    let backend = gpu.backend();
+    let streams = StreamPool::new(gpu.backend());
+    let pool = EventPool::new(gpu.backend());
+    let (producer, consumer) = (streams.get(0).unwrap(), streams.get(0).unwrap());
+    let shared = pool.get_shared(0).unwrap();
+    let link = || {
+        backend
+            .record_event(shared.get(), producer.get(), D0)
+            .unwrap();
+        let other = shared.clone();
+        consumer
+            .order()
+            .wait_event(other.get(), other.device(), &backend)
+            .unwrap();
+        assert_eq!(pool.live_leases(), 1, "clones share one lease");
+    };
+    let (p, c) = ((producer.get(), D0), (consumer.get(), D0));
+    assert_ordered(&gpu, p, c, link, "a shared event");
+    drop(shared);
+    assert_eq!(pool.live_leases(), 0);
+}
+
+#[test]
+fn release_put_and_destroy() {
+    let Some(gpu) = machine(1, 2) else { return };
+    let last = DeviceId(gpu.device_count() - 1);
+    let backend = gpu.backend();
+    let pool = EventPool::new(gpu.backend());
+    let owned = pool.get(last).unwrap().release();
+    assert_eq!(owned.device(), last);
+    assert_eq!(pool.live_leases(), 0);
+    pool.put(owned, Some(last)).unwrap();
+    let raw = backend
+        .create_event(D0, EventFlags::DISABLE_TIMING)
+        .unwrap();
+    // SAFETY: `raw` was just created on device 0 and is handed over here.
+    let adopted = unsafe { OwnedEvent::from_raw_parts(raw, D0) }.unwrap();
+    pool.put(adopted, None).unwrap();
+    assert_eq!(pool.get(0).unwrap().get(), raw);
+    assert_count(gpu.live_events(), 2, "the pool's event and the adopted one");
+    let doomed = pool.get(last).unwrap().release();
+    doomed.destroy(&backend).unwrap();
+    assert_count(gpu.live_events(), 1, "destroyed");
+}
+
+#[test]
+fn discard_destroys_instead_of_returning() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = EventPool::new(gpu.backend());
+    let e = pool.get(0).unwrap();
+    let h = e.get();
+    e.discard().unwrap();
+    assert_count(gpu.live_events(), 0, "discarded");
+    assert_eq!(pool.live_leases(), 0);
+    assert_eq!(pool.stats(D0).unwrap().destroyed, 1);
+    assert_ne!(pool.get(0).unwrap().get(), h, "not pooled");
+}
+
+#[test]
+fn purge_with_leases_out_and_drop_destroy_everything_pooled() {
+    let Some(gpu) = machine(1, 2) else { return };
+    let last = DeviceId(gpu.device_count() - 1);
+    let pool = EventPool::new(gpu.backend());
+    let out = pool.get(0).unwrap();
+    let kept = out.get();
+    drop(pool.get(last).unwrap());
+    drop(pool.get(0).unwrap());
+    assert_count(gpu.live_events(), 3, "before the purge");
+    assert_eq!(pool.purge().unwrap(), 2);
+    assert_eq!(pool.total_stats().destroyed, 2);
+    assert_count(gpu.live_events(), 1, "the leased event is left");
+    drop(out);
+    assert_eq!(
+        pool.get(0).unwrap().get(),
+        kept,
+        "it came back after the purge"
+    );
+    drop(pool);
+    assert_count(gpu.live_events(), 0, "dropping the pool destroys the rest");
+    assert_no_misuse(&gpu);
+}

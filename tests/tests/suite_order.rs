@@ -1,0 +1,190 @@
+//! Generic suite: `AccessOrder` and `wait` (SPEC.md 3) on the machine of this
+//! build — the mock by default, a GPU with `--features cuda`.
+//!
+//! Ordering is observed, not assumed: a producer stream gets held work, the
+//! consumer is ordered after it and given free work, and the consumer must
+//! stay pending until the producer's work is let go (on the mock, its work
+//! cannot complete; on a GPU, a gate kernel holds the producer and the
+//! consumer's kernel has not run after `cuda::PATIENCE`).
+
+use std::time::Duration;
+
+use gpupool_core::{
+    AccessOrder, Backend, Completion, DeviceId, EventBackend, EventPool, StreamBackend,
+    StreamHandle, StreamPool,
+};
+use gpupool_tests::{assert_calls, assert_no_misuse, assert_ordered, gpu, TestGpu};
+
+const D0: DeviceId = DeviceId(0);
+const D1: DeviceId = DeviceId(1);
+
+#[test]
+fn waiting_on_itself_or_on_the_host_does_nothing() {
+    let Some(gpu) = gpu(1) else { return };
+    let streams = StreamPool::new(gpu.backend());
+    let events = EventPool::new(gpu.backend());
+    let s = streams.get(0).unwrap();
+    let calls = gpu.backend_calls();
+    s.order().wait(&s.order(), &events).unwrap();
+    s.order().wait(&AccessOrder::host(), &events).unwrap();
+    AccessOrder::host()
+        .wait(&AccessOrder::host(), &events)
+        .unwrap();
+    assert_calls(&gpu, calls, 0, "waits with nothing to wait for");
+    assert_eq!(events.device_count(), None, "no event was needed");
+}
+
+#[test]
+fn the_host_waiting_on_a_stream_synchronizes_it() {
+    let Some(gpu) = gpu(1) else { return };
+    let backend = gpu.backend();
+    let streams = StreamPool::new(gpu.backend());
+    let events = EventPool::new(gpu.backend());
+    let s = streams.get(0).unwrap();
+    gpu.submit(s.get(), D0);
+    let calls = gpu.backend_calls();
+    AccessOrder::host().wait(&s.order(), &events).unwrap();
+    assert_calls(&gpu, calls, 1, "one synchronize");
+    assert_eq!(
+        backend.query_stream(s.get(), D0).unwrap(),
+        Completion::Complete
+    );
+    assert_eq!(events.device_count(), None, "no event was needed");
+}
+
+#[test]
+fn the_host_waiting_on_a_stream_waits_for_what_the_stream_waits_for() {
+    let Some(gpu) = gpu(1) else { return };
+    let backend = gpu.backend();
+    let streams = StreamPool::new(gpu.backend());
+    let events = EventPool::new(gpu.backend());
+    let producer = streams.get(0).unwrap();
+    let consumer = streams.get(0).unwrap();
+    gpu.make_busy(producer.get(), D0);
+    consumer.order().wait(&producer.order(), &events).unwrap();
+    gpu.submit(consumer.get(), D0);
+    let (order, c) = (consumer.order(), consumer.get());
+    std::thread::scope(|scope| {
+        // On a GPU the waiter blocks until the producer is let go below; the
+        // mock's synchronize completes what the stream depends on at once.
+        let waiter = scope.spawn(|| {
+            AccessOrder::host().wait(&order, &events).unwrap();
+            backend.query_stream(c, D0).unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        gpu.finish(producer.get(), D0);
+        let seen = waiter.join().unwrap();
+        assert_eq!(seen, Completion::Complete, "the host wait returned early");
+    });
+}
+
+#[test]
+fn a_stream_waiting_on_another_is_ordered_after_it_through_a_pooled_event() {
+    let Some(gpu) = gpu(1) else { return };
+    let streams = StreamPool::new(gpu.backend());
+    let events = EventPool::new(gpu.backend());
+    let producer = streams.get(0).unwrap();
+    let consumer = streams.get(0).unwrap();
+    let link = || {
+        let calls = gpu.backend_calls();
+        consumer.order().wait(&producer.order(), &events).unwrap();
+        assert_calls(&gpu, calls, 4, "count devices, create, record, wait");
+    };
+    let (p, c) = ((producer.get(), D0), (consumer.get(), D0));
+    assert_ordered(&gpu, p, c, link, "wait");
+    // The event went back to its pool, and the next wait reuses it.
+    assert_eq!(events.live_leases(), 0);
+    assert_eq!(events.total_stats().created, 1);
+    let calls = gpu.backend_calls();
+    consumer.order().wait(&producer.order(), &events).unwrap();
+    assert_calls(&gpu, calls, 2, "record, wait");
+    assert_eq!(events.total_stats().reused, 1);
+    assert!(events.take_error().is_none());
+}
+
+#[test]
+fn wait_is_transitive() {
+    let Some(gpu) = gpu(1) else { return };
+    let streams = StreamPool::new(gpu.backend());
+    let events = EventPool::new(gpu.backend());
+    let [a, b, c] = [(); 3].map(|_| streams.get(0).unwrap());
+    let link = || {
+        b.order().wait(&a.order(), &events).unwrap();
+        c.order().wait(&b.order(), &events).unwrap();
+    };
+    assert_ordered(&gpu, (a.get(), D0), (c.get(), D0), link, "a -> b -> c");
+    assert!(!gpu.is_held(b.get(), D0));
+}
+
+#[test]
+fn waits_across_devices_record_an_event_of_the_awaited_device() {
+    let Some(gpu) = gpu(2) else { return };
+    let streams = StreamPool::new(gpu.backend());
+    let events = EventPool::new(gpu.backend());
+    for (from, to) in [(D1, D0), (D0, D1)] {
+        let producer = streams.get(from).unwrap();
+        let consumer = streams.get(to).unwrap();
+        let link = || consumer.order().wait(&producer.order(), &events).unwrap();
+        let (p, c) = ((producer.get(), from), (consumer.get(), to));
+        assert_ordered(&gpu, p, c, link, &format!("{to} after {from}"));
+        assert_eq!(events.stats(from).unwrap().created, 1, "{from}'s event");
+    }
+    assert_eq!(events.live_leases(), 0);
+    assert!(streams.take_error().is_none() && events.take_error().is_none());
+    assert_no_misuse(&gpu);
+}
+
+#[test]
+fn waits_through_the_default_streams_of_a_device_that_is_not_current() {
+    let Some(gpu) = gpu(2) else { return };
+    let backend = gpu.backend();
+    let streams = StreamPool::new(gpu.backend());
+    let events = EventPool::new(gpu.backend());
+    gpu.set_current_device(D0);
+    for special in [
+        StreamHandle::NULL,
+        StreamHandle::LEGACY,
+        StreamHandle::PER_THREAD,
+    ] {
+        // Device 1's default stream, seen from a thread whose device is 0
+        // (DALI #3957), in the middle of a chain: producer (device 1) ->
+        // default stream of device 1 -> consumer (device 0).
+        let default1 = AccessOrder::stream(special, D1);
+        let producer = streams.get(D1).unwrap();
+        let consumer = streams.get(D0).unwrap();
+        let link = || {
+            default1.wait(&producer.order(), &events).unwrap();
+            consumer.order().wait(&default1, &events).unwrap();
+        };
+        let (p, c) = ((producer.get(), D1), (consumer.get(), D0));
+        assert_ordered(&gpu, p, c, link, &format!("{special:?}"));
+        AccessOrder::host().wait(&default1, &events).unwrap();
+        assert_eq!(backend.current_device().unwrap(), D0, "device changed");
+    }
+    assert_eq!(events.live_leases(), 0);
+    assert!(streams.take_error().is_none() && events.take_error().is_none());
+    assert_no_misuse(&gpu);
+}
+
+#[test]
+fn wait_event_from_a_stream_and_from_the_host() {
+    let Some(gpu) = gpu(1) else { return };
+    let backend = gpu.backend();
+    let streams = StreamPool::new(gpu.backend());
+    let events = EventPool::new(gpu.backend());
+    let s = streams.get(0).unwrap();
+    let t = streams.get(0).unwrap();
+    let e = events.get(0).unwrap();
+    let link = || {
+        backend.record_event(e.get(), s.get(), D0).unwrap();
+        t.order().wait_event(e.get(), D0, &backend).unwrap();
+    };
+    assert_ordered(&gpu, (s.get(), D0), (t.get(), D0), link, "wait_event");
+    AccessOrder::host()
+        .wait_event(e.get(), D0, &backend)
+        .unwrap();
+    assert_eq!(
+        backend.query_event(e.get(), D0).unwrap(),
+        Completion::Complete
+    );
+}

@@ -1,0 +1,306 @@
+//! Generic suite: `StreamPool` and `StreamLease` (SPEC.md 1.2 and the
+//! differences of SPEC.md 0) on the machine of this build — the mock by
+//! default, a GPU with `--features cuda`. Counts of backend calls and live
+//! streams are checked where the machine can count them.
+
+use gpupool_core::{
+    AccessOrder, DeviceId, DeviceSelector, OwnedStream, StreamBackend, StreamOptions, StreamPool,
+    StreamPoolConfig,
+};
+use gpupool_tests::{assert_calls, assert_count, assert_no_misuse, gpu, machine, TestGpu};
+
+const D0: DeviceId = DeviceId(0);
+
+#[test]
+fn a_pool_is_lazy_until_its_first_get() {
+    let Some(gpu) = gpu(1) else { return };
+    let calls = gpu.backend_calls();
+    let pool = StreamPool::new(gpu.backend());
+    assert_eq!(pool.device_count(), None);
+    assert_eq!(pool.stats(D0), None);
+    drop(pool);
+    assert_calls(&gpu, calls, 0, "constructing and dropping an unused pool");
+    let pool = StreamPool::new(gpu.backend());
+    let lease = pool.get(0).unwrap();
+    assert_calls(&gpu, calls, 2, "the first get: count the devices, create");
+    drop(lease);
+    assert_eq!(pool.device_count(), Some(gpu.device_count() as usize));
+}
+
+#[test]
+fn the_device_table_is_built_once_and_leases_hold_streams_of_their_device() {
+    let Some(gpu) = machine(1, 4) else { return };
+    let devices = gpu.device_count().min(4);
+    let pool = StreamPool::new(gpu.backend());
+    let calls = gpu.backend_calls();
+    let leases: Vec<_> = (0..devices)
+        .flat_map(|d| [pool.get(d).unwrap(), pool.get(d).unwrap()])
+        .collect();
+    let created = 2 * u64::from(devices);
+    assert_calls(&gpu, calls, 1 + created, "the device count is asked once");
+    for l in &leases {
+        assert_eq!(gpu.backend().stream_device(l.get()).unwrap(), l.device());
+    }
+    drop(leases);
+    let calls = gpu.backend_calls();
+    let again: Vec<_> = (0..devices).map(|d| pool.get(d).unwrap()).collect();
+    assert_calls(&gpu, calls, 0, "reuse on every device");
+    for (d, l) in (0..devices).zip(&again) {
+        assert_eq!(l.device(), DeviceId(d));
+        assert_eq!(gpu.backend().stream_device(l.get()).unwrap(), DeviceId(d));
+    }
+    assert_eq!(pool.total_stats().created, 2 * devices as usize);
+}
+
+#[test]
+fn the_ready_list_is_lifo_and_reuse_makes_no_backend_call() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = StreamPool::new(gpu.backend());
+    let a = pool.get(0).unwrap();
+    let b = pool.get(0).unwrap();
+    let (sa, sb) = (a.get(), b.get());
+    assert_ne!(sa, sb);
+    drop(a);
+    drop(b); // returned last: handed out first
+    let calls = gpu.backend_calls();
+    let first = pool.get(0).unwrap();
+    let second = pool.get(0).unwrap();
+    assert_eq!((first.get(), second.get()), (sb, sa));
+    assert_calls(&gpu, calls, 0, "a ready stream is handed out");
+    let stats = pool.stats(D0).unwrap();
+    assert_eq!((stats.created, stats.reused, stats.live_leases), (2, 2, 2));
+}
+
+#[test]
+fn a_busy_stream_is_not_reused_until_it_has_finished() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = StreamPool::new(gpu.backend());
+    let idle = pool.get(0).unwrap();
+    let busy = pool.get(0).unwrap();
+    let (si, sb) = (idle.get(), busy.get());
+    gpu.make_busy(sb, D0);
+    let calls = gpu.backend_calls();
+    drop(busy); // pending: the busy list
+    drop(idle); // idle: the ready list
+    assert_calls(&gpu, calls, 2, "each return queries its stream once");
+    // The ready stream comes out first, without any scan of the busy list.
+    let calls = gpu.backend_calls();
+    let l = pool.get(0).unwrap();
+    assert_eq!(l.get(), si);
+    assert_calls(
+        &gpu,
+        calls,
+        0,
+        "busy list scanned though a stream was ready",
+    );
+    // Nothing ready, and the busy stream still pending: a new stream.
+    let n = pool.get(0).unwrap();
+    assert_ne!(n.get(), sb);
+    let stats = pool.stats(D0).unwrap();
+    assert_eq!((stats.created, stats.busy_hits), (3, 0));
+    // Once it has finished, the scan finds it.
+    gpu.finish(sb, D0);
+    let found = pool.get(0).unwrap();
+    assert_eq!(found.get(), sb);
+    assert_eq!(pool.stats(D0).unwrap().busy_hits, 1);
+}
+
+#[test]
+fn the_busy_scan_takes_the_oldest_finished_stream_and_promotes_the_next_finished_ones() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = StreamPool::new(gpu.backend());
+    let leases: Vec<_> = (0..4).map(|_| pool.get(0).unwrap()).collect();
+    let handles: Vec<_> = leases.iter().map(|l| l.get()).collect();
+    for &s in &handles {
+        gpu.make_busy(s, D0);
+    }
+    drop(leases); // returned in order 0,1,2,3: all to the busy list
+    for &s in &handles[..3] {
+        gpu.finish(s, D0); // handles[3] stays pending
+    }
+    let got = pool.get(0).unwrap();
+    assert_eq!(got.get(), handles[0], "the oldest finished stream first");
+    let stats = pool.stats(D0).unwrap();
+    assert_eq!((stats.busy_hits, stats.promoted), (1, 2));
+    // The promoted streams come from the ready list with no query.
+    let calls = gpu.backend_calls();
+    let p1 = pool.get(0).unwrap();
+    let p2 = pool.get(0).unwrap();
+    assert_calls(&gpu, calls, 0, "promoted streams are handed out");
+    let mut promoted = [p1.get(), p2.get()];
+    promoted.sort();
+    assert_eq!(promoted, [handles[1], handles[2]]);
+    // The pending one stays busy until it finishes.
+    let fresh = pool.get(0).unwrap();
+    assert!(!handles.contains(&fresh.get()));
+    gpu.finish(handles[3], D0);
+    let last = pool.get(0).unwrap();
+    assert_eq!(last.get(), handles[3]);
+}
+
+#[test]
+fn the_scan_limit_bounds_one_get_and_the_next_scan_starts_where_it_stopped() {
+    let Some(gpu) = gpu(1) else { return };
+    let config = StreamPoolConfig {
+        scan_limit: 2,
+        ..StreamPoolConfig::default()
+    };
+    let pool = StreamPool::with_config(gpu.backend(), config);
+    let leases: Vec<_> = (0..5).map(|_| pool.get(0).unwrap()).collect();
+    let handles: Vec<_> = leases.iter().map(|l| l.get()).collect();
+    for &s in &handles {
+        gpu.make_busy(s, D0);
+    }
+    drop(leases);
+    let calls = gpu.backend_calls();
+    let l = pool.get(0).unwrap();
+    assert_calls(&gpu, calls, 3, "two queries, then a create");
+    assert_eq!(pool.stats(D0).unwrap().created, 6);
+    drop(l);
+    for &s in &handles {
+        gpu.finish(s, D0);
+    }
+    let next = pool.get(0).unwrap(); // the idle sixth stream, from the ready list
+    let scanned = pool.get(0).unwrap(); // ready list empty: scan
+    assert_eq!(
+        scanned.get(),
+        handles[2],
+        "the streams not queried last time"
+    );
+    assert_eq!(pool.stats(D0).unwrap().busy_hits, 1);
+    drop((next, scanned));
+}
+
+#[test]
+fn purge_destroys_pooled_streams_while_leases_out_come_back_later() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = StreamPool::new(gpu.backend());
+    let out = pool.get(0).unwrap();
+    let kept = out.get();
+    let idle = pool.get(0).unwrap();
+    let busy = pool.get(0).unwrap();
+    gpu.make_busy(busy.get(), D0); // destroyed with its work pending
+    drop((idle, busy));
+    assert_count(gpu.live_streams(), 3, "live streams before the purge");
+    assert_eq!(pool.purge().unwrap(), 2, "ready and busy streams");
+    assert_count(gpu.live_streams(), 1, "only the leased stream is left");
+    assert_eq!(pool.stats(D0).unwrap().destroyed, 2);
+    drop(out); // returns normally after the purge
+    assert_eq!(pool.get(0).unwrap().get(), kept);
+    assert_eq!(pool.live_leases(), 0);
+    assert_eq!(pool.device_count(), Some(gpu.device_count() as usize));
+    assert!(pool.take_error().is_none());
+    drop(pool);
+    assert_count(gpu.live_streams(), 0, "dropping the pool destroys the rest");
+    assert_no_misuse(&gpu);
+}
+
+#[test]
+fn release_hands_ownership_out_and_put_takes_it_back_with_or_without_a_device() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = StreamPool::new(gpu.backend());
+    let lease = pool.get(0).unwrap();
+    let s = lease.get();
+    let owned = lease.release();
+    assert_eq!((owned.handle(), owned.device()), (s, D0));
+    assert_eq!(pool.live_leases(), 0, "a released lease is no longer live");
+    let other = pool.get(0).unwrap();
+    assert_ne!(other.get(), s, "a released stream is not pooled");
+    drop(other);
+    pool.put(owned, None).unwrap(); // its own device
+    let again = pool.get(0).unwrap();
+    assert_eq!(again.get(), s);
+    pool.put(again.release(), Some(D0)).unwrap();
+    let third = pool.get(0).unwrap();
+    assert_eq!(third.get(), s);
+    assert_count(gpu.live_streams(), 2, "s and the other stream");
+    third.release().destroy(&gpu.backend()).unwrap();
+    assert_count(gpu.live_streams(), 1, "s was destroyed");
+    assert_eq!(pool.live_leases(), 0);
+}
+
+#[test]
+fn put_queries_once_and_a_stream_put_busy_waits_in_the_busy_list() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = StreamPool::new(gpu.backend());
+    let owned = pool.get(0).unwrap().release();
+    let s = owned.handle();
+    gpu.make_busy(s, D0);
+    let calls = gpu.backend_calls();
+    pool.put(owned, None).unwrap();
+    assert_calls(&gpu, calls, 1, "put queries once");
+    let fresh = pool.get(0).unwrap();
+    assert_ne!(fresh.get(), s, "a pending stream is not handed out");
+    gpu.finish(s, D0);
+    let found = pool.get(0).unwrap();
+    assert_eq!(found.get(), s);
+    assert_eq!(pool.stats(D0).unwrap().busy_hits, 1);
+}
+
+#[test]
+fn adopting_a_foreign_stream_asks_the_backend_for_its_device() {
+    let Some(gpu) = machine(1, 3) else { return };
+    let backend = gpu.backend();
+    let last = DeviceId(gpu.device_count() - 1);
+    let raw = backend
+        .create_stream(last, StreamOptions::default())
+        .unwrap();
+    let pool = StreamPool::new(gpu.backend());
+    // SAFETY: `raw` was just created and is handed over here.
+    let owned = unsafe { OwnedStream::adopt(&backend, raw) }.unwrap();
+    assert_eq!(owned.device(), last);
+    pool.put(owned, None).unwrap();
+    assert_eq!(pool.get(last).unwrap().get(), raw);
+}
+
+#[test]
+fn reset_returns_the_stream_now_to_the_ready_or_the_busy_list() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = StreamPool::new(gpu.backend());
+    let lease = pool.get(0).unwrap();
+    let s = lease.get();
+    lease.reset().unwrap();
+    assert_eq!(pool.live_leases(), 0);
+    let lease = pool.get(0).unwrap();
+    assert_eq!(lease.get(), s);
+    gpu.make_busy(s, D0);
+    lease.reset().unwrap();
+    let fresh = pool.get(0).unwrap();
+    assert_ne!(fresh.get(), s, "reset with work pending: the busy list");
+    gpu.finish(s, D0);
+    assert_eq!(pool.get(0).unwrap().get(), s);
+}
+
+#[test]
+fn lease_accessors_and_its_access_order() {
+    let Some(gpu) = machine(1, 3) else { return };
+    let last = DeviceId(gpu.device_count() - 1);
+    let pool = StreamPool::new(gpu.backend());
+    let lease = pool.get(last).unwrap();
+    assert!(std::ptr::eq(lease.pool(), &pool));
+    assert_eq!(lease.device(), last);
+    let order: AccessOrder = (&lease).into();
+    assert_eq!(order, AccessOrder::stream(lease.get(), last));
+    assert_eq!(lease.order(), order);
+}
+
+#[test]
+fn the_current_device_is_resolved_once_per_call() {
+    let Some(gpu) = machine(1, 3) else { return };
+    let last = DeviceId(gpu.device_count() - 1);
+    gpu.set_current_device(last);
+    let pool = StreamPool::new(gpu.backend());
+    let calls = gpu.backend_calls();
+    let lease = pool.get(DeviceSelector::Current).unwrap();
+    assert_eq!(lease.device(), last);
+    assert_calls(&gpu, calls, 3, "count devices, current device, create");
+    drop(lease);
+    let calls = gpu.backend_calls();
+    drop(pool.get(last).unwrap());
+    assert_calls(
+        &gpu,
+        calls,
+        1,
+        "an explicit device: reuse, then the return's query",
+    );
+}

@@ -1,0 +1,137 @@
+//! Generic suite, stress: THREADS threads × ITERATIONS leases on random
+//! devices, on the machine of this build (the mock by default, a GPU with
+//! `--features cuda`), ending each lease in every way the API allows, with
+//! some streams returned while their work is pending and some events recorded
+//! before they go back. Asserts that no stream or event is ever held by two
+//! leases at once, that the live-lease counts return to zero, and, where the
+//! machine can count, that nothing is left alive after purge and drop and
+//! that the backend saw no misuse.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use gpupool_core::{DeviceId, EventBackend, EventPool, StreamPool};
+use gpupool_tests::{assert_count, assert_no_misuse, machine, Rng, TestGpu};
+
+/// 16 threads on a GPU, as issue 4 asks; 8 on the mock (issue 2).
+const THREADS: usize = if cfg!(feature = "cuda") { 16 } else { 8 };
+
+/// Leases per thread. On a GPU each lease makes real driver calls (a query
+/// per return, a kernel launch for one lease in ten, a stream creation for
+/// each one in five whose stream was destroyed), which the driver serialises
+/// across threads at up to ~100 µs each under contention (DESIGN.md): 20,000
+/// per thread keeps the run well under a minute even then. Set
+/// `GPUPOOL_STRESS_ITERATIONS` to run more.
+fn iterations() -> usize {
+    if cfg!(miri) {
+        return 200;
+    }
+    let default = if cfg!(feature = "cuda") {
+        20_000
+    } else {
+        100_000
+    };
+    std::env::var("GPUPOOL_STRESS_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Devices the mock has; a GPU machine uses its own (up to 4).
+const MOCK_DEVICES: u32 = 4;
+
+/// Handles currently leased, sharded to keep the check itself off the hot path.
+struct InUse(Vec<Mutex<HashSet<usize>>>);
+
+impl InUse {
+    fn new() -> Self {
+        InUse((0..64).map(|_| Mutex::new(HashSet::new())).collect())
+    }
+    fn shard(&self, h: usize) -> &Mutex<HashSet<usize>> {
+        &self.0[h % self.0.len()]
+    }
+    fn claim(&self, h: usize) {
+        assert!(
+            self.shard(h).lock().unwrap().insert(h),
+            "handle {h:#x} leased twice"
+        );
+    }
+    fn free(&self, h: usize) {
+        assert!(self.shard(h).lock().unwrap().remove(&h));
+    }
+}
+
+#[test]
+fn many_threads_never_alias_and_leak_nothing() {
+    let Some(gpu) = machine(1, MOCK_DEVICES) else {
+        return;
+    };
+    let devices = gpu.device_count().min(4);
+    let iterations = iterations();
+    let backend = gpu.backend();
+    let streams = StreamPool::new(gpu.backend());
+    let events = EventPool::new(gpu.backend());
+    let in_use = InUse::new();
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (gpu, backend) = (&gpu, &backend);
+            let (streams, events, in_use) = (&streams, &events, &in_use);
+            scope.spawn(move || {
+                let mut rng = Rng::new(t as u64 + 1);
+                for i in 0..iterations {
+                    let device = rng.below(u64::from(devices)) as u32;
+                    let d = DeviceId(device);
+                    let lease = streams.get(device).unwrap();
+                    assert_eq!(lease.device(), d);
+                    let s = lease.get();
+                    in_use.claim(s.0);
+                    let event = events.get(device).unwrap();
+                    in_use.claim(event.get().0);
+                    // Some leases end with work still pending (busy list).
+                    match rng.below(10) {
+                        0 => gpu.submit(s, d),
+                        1 => {
+                            gpu.submit(s, d);
+                            gpu.finish(s, d);
+                        }
+                        2 => backend.record_event(event.get(), s, d).unwrap(),
+                        _ => {}
+                    }
+                    in_use.free(event.get().0);
+                    if rng.below(2) == 0 {
+                        drop(event);
+                    } else {
+                        events.put(event.release(), None).unwrap();
+                    }
+                    in_use.free(s.0);
+                    match rng.below(5) {
+                        0 => drop(lease),
+                        1 => lease.reset().unwrap(),
+                        2 => streams.put(lease.release(), None).unwrap(),
+                        3 => streams.put(lease.release(), Some(d)).unwrap(),
+                        _ => {
+                            gpu.finish(s, d);
+                            lease.release().destroy(backend).unwrap();
+                        }
+                    }
+                    if i % 256 == 0 {
+                        gpu.quiesce();
+                    }
+                }
+            });
+        }
+    });
+    assert_eq!(streams.live_leases(), 0);
+    assert_eq!(events.live_leases(), 0);
+    assert!(streams.take_error().is_none());
+    assert!(events.take_error().is_none());
+    let stats = streams.total_stats();
+    assert_eq!(stats.leases, THREADS * iterations);
+    assert!(stats.reused + stats.busy_hits > 0);
+    streams.purge().unwrap();
+    events.purge().unwrap();
+    drop((streams, events));
+    assert_count(gpu.live_streams(), 0, "streams left after purge and drop");
+    assert_count(gpu.live_events(), 0, "events left after purge and drop");
+    assert_no_misuse(&gpu);
+}
