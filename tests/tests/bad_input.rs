@@ -221,3 +221,21 @@ fn a_failed_record_in_wait_destroys_the_event_and_reports() {
     assert_eq!(events.live_leases(), 0);
     a.order().wait(&b.order(), &events).unwrap();
 }
+
+#[test]
+fn a_stream_of_another_machine_is_refused_by_put_and_comes_back() {
+    // Ownership moves freely between pools of one machine (an `OwnedStream` is
+    // not tied to a pool); a stream of *another* machine is unknown to this
+    // pool's backend, so the query in `put` fails and the stream comes back.
+    let here = mock(1);
+    let there = mock(1);
+    let pool_here = StreamPool::new(here.clone());
+    let pool_there = StreamPool::new(there.clone());
+    let foreign = pool_there.get(0).unwrap().release();
+    let r = pool_here.put(foreign, None).unwrap_err();
+    assert_eq!(r.error.backend_op(), Some(BackendOp::QueryStream));
+    assert_eq!(pool_here.total_stats().live_leases, 0);
+    pool_there.put(r.value, None).unwrap();
+    assert_eq!(pool_there.purge().unwrap(), 1);
+    assert_eq!((here.live_streams(), there.live_streams()), (0, 0));
+}
