@@ -8,7 +8,10 @@
 #   2. every test executable .gpu/test-*, with --include-ignored (the GPU tests
 #      are #[ignore]d elsewhere) and --test-threads=1;
 #   3. every example .gpu/example-*;
-#   4. compute-sanitizer --tool memcheck on every example.
+#   4. compute-sanitizer --tool memcheck on every example;
+#   5. compute-sanitizer --tool memcheck, racecheck and synccheck on the
+#      stream-order proofs of gpu_memory (scratch memory reused while a kernel
+#      still reads it shows up there, and as wrong sums in the test itself).
 #
 # Everything printed also goes to $OUT/gpu-check.log, and one line per step to
 # $OUT/gpu-check-summary.txt (OUT defaults to ./gpu-out when unset). Exits 0
@@ -127,6 +130,21 @@ main() {
   for e in "${examples[@]}"; do
     step "memcheck $(basename "$e")" expect_ok limited compute-sanitizer --tool memcheck --error-exitcode 1 "$e"
   done
+  # The proofs' device checks. API-error reporting is off here: the pools poll
+  # cuEventQuery / cuStreamQuery, whose CUDA_ERROR_NOT_READY is the answer
+  # they expect, not a failure; every driver call's result is checked by the
+  # code and the tests themselves (a failed call fails the test, and so the step).
+  local proof="$bin_dir/test-gpupool-cuda-gpu_memory" filter=stream_order_proof
+  if [[ -e $proof ]]; then
+    for tool in memcheck racecheck synccheck; do
+      step "$tool $(basename "$proof") $filter" limited compute-sanitizer --tool "$tool" \
+        --report-api-errors no --error-exitcode 1 \
+        "$proof" --include-ignored --test-threads=1 "$filter"
+    done
+  else
+    echo "FAIL  $proof missing (the stream-order proofs)" | tee -a "$summary"
+    failed=$((failed + 1))
+  fi
 
   section "summary"
   cat "$summary"

@@ -52,8 +52,10 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod block_pool;
 mod driver;
 mod error;
+pub mod memory;
 pub mod testing;
 
 use std::sync::{Arc, OnceLock};
@@ -64,6 +66,7 @@ use gpupool_core::{EventPool, StreamLease, StreamPool};
 
 pub use backend::CudaBackend;
 pub use error::CudaError;
+pub use memory::MemoryStats;
 
 /// The cudarc this crate is built on, so users name the same version.
 pub use cudarc;

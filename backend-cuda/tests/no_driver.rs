@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use gpupool_core::{
     AccessOrder, Backend, BackendOp, DeviceId, Error, EventBackend, EventFlags, EventHandle,
-    EventPool, StreamBackend, StreamHandle, StreamPool,
+    EventPool, MemoryBackend, MemoryKind, Scratchpad, StreamBackend, StreamHandle, StreamPool,
 };
 use gpupool_cuda::{testing, CudaBackend, CudaError};
 
@@ -118,6 +118,46 @@ fn every_backend_call_reports_no_driver() {
         testing::Gate::hold(s, d, Duration::from_millis(1)).map(drop),
         no
     );
+}
+
+#[test]
+fn every_memory_call_reports_no_driver() {
+    if !no_driver_here("every_memory_call_reports_no_driver") {
+        return;
+    }
+    let gpu = CudaBackend::new();
+    let d = DeviceId(0);
+    let s = StreamHandle(0x1000);
+    let no = Err::<(), _>(CudaError::NoDriver);
+    let p = std::ptr::NonNull::<u8>::dangling();
+    for kind in MemoryKind::ALL {
+        assert_eq!(gpu.allocate(kind, d, 64, 8).map(drop), no);
+        assert_eq!(gpu.allocate_async(kind, d, 64, 8, s).map(drop), no);
+        // SAFETY: the driver is missing, so nothing is freed: the call fails
+        // before it looks at the pointer.
+        assert_eq!(unsafe { gpu.deallocate(kind, d, p, 64, 8) }, no);
+        // SAFETY: as above.
+        assert_eq!(unsafe { gpu.deallocate_async(kind, d, p, 64, 8, s) }, no);
+    }
+    // SAFETY: as above: nothing is copied.
+    assert_eq!(unsafe { gpu.copy_async(p, p, 64, s, d) }, no);
+    assert_eq!(gpu.memory_stats(d).map(drop), no);
+    assert_eq!(gpu.trim_memory(d).map(drop), no);
+
+    // A scratchpad over the CUDA backend passes the error on and drops cleanly.
+    let scratch = Scratchpad::new(&gpu, AccessOrder::stream(s, d));
+    let r = scratch.pinned::<u32>(16);
+    assert!(
+        is_no_driver(&r, BackendOp::Allocate),
+        "expected NoDriver, got {r:?}"
+    );
+    let r = scratch.device::<u32>(16).map(drop);
+    assert!(
+        is_no_driver(&r, BackendOp::AllocateAsync),
+        "expected NoDriver, got {r:?}"
+    );
+    assert_eq!(scratch.stats().upstream_allocations, 0);
+    drop(scratch);
 }
 
 #[test]

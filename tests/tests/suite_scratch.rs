@@ -2,14 +2,11 @@
 //! API and statistics only, on the machine of this build.
 //!
 //! Written like the rest of the generic suite (only `gpu()`, `TestGpu`, the
-//! backend traits and the scratchpad's API), but compiled only on the mock
-//! for now: the CUDA backend does not implement `MemoryBackend` yet (its
-//! memory is being added). Once it does, remove the `cfg` line below. On a GPU
-//! mind that allocating pinned memory may wait for queued work, so a test that
-//! holds a gate (`make_busy`) while allocating pinned memory can stall until
-//! the gate times out. The mock-only scratchpad tests (hazards, upstream call
-//! kinds, injected failures) are in `scratchpad.rs`.
-#![cfg(not(feature = "cuda"))]
+//! backend traits and the scratchpad's API). On a GPU mind that allocating
+//! pinned memory may wait for queued work, so a test that holds a gate
+//! (`make_busy`) while allocating pinned memory can stall until the gate times
+//! out. The mock-only scratchpad tests (hazards, upstream call kinds, injected
+//! failures) are in `scratchpad.rs`.
 
 use gpupool_core::{
     AccessOrder, DeviceId, MemoryKind, Scratchpad, ScratchpadConfig, StreamHandle, StreamPool,

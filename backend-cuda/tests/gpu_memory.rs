@@ -1,0 +1,873 @@
+//! `MemoryBackend for CudaBackend` on a real GPU (every test is ignored by
+//! default; run with `--include-ignored` on the GPU machine, where
+//! `scripts/gpu-check.sh` also runs the stream-order proofs under
+//! compute-sanitizer):
+//!
+//! 1. every kind allocates and frees in host and stream order, aligned as
+//!    asked (over-aligned requests included), and copies round-trip
+//!    host → device → pinned → managed → host;
+//! 2. the stream-order proof: over 1,000 rounds a kernel on stream A spins
+//!    ~100 µs and then sums scratch device, pinned and managed memory into a
+//!    result buffer that is not scratch, while the host drops (or resets) the
+//!    scratchpad and the next round allocates and writes new scratch (the
+//!    host writes pinned and managed memory, a memset on the next round's
+//!    stream writes device memory); every round's sum must be right;
+//! 3. the pinned (and managed) pool never hands out a block whose event has
+//!    not completed: blocks are parked behind a gate kernel while eight
+//!    threads allocate, free and park as fast as they can;
+//! 4. a scratchpad reset loop makes no upstream allocation after warm-up
+//!    ([`CudaBackend::memory_stats`]).
+//!
+//! The memory counters are process-wide, so the tests here take one lock and
+//! run one at a time whatever `--test-threads` says.
+
+mod common;
+
+use std::collections::{HashSet, VecDeque};
+use std::ffi::{c_void, CStr};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::{device_count, make_current, wait_gate, GATE_TIMEOUT};
+use gpupool_core::{
+    DeviceId, EventBackend, EventLease, EventPool, MemoryBackend, MemoryKind, Scratchpad,
+    StreamBackend, StreamHandle, StreamLease, StreamPool,
+};
+use gpupool_cuda::cudarc::driver::sys;
+use gpupool_cuda::testing::Gate;
+use gpupool_cuda::{CudaBackend, CudaError, MemoryStats};
+
+const D0: DeviceId = DeviceId(0);
+
+/// One test at a time: the memory counters are shared by the process.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Fails the test with the driver's error.
+fn ok(r: sys::CUresult, what: &str) {
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
+}
+
+/// `gpupool_consume(a, b, c, n, ns, result)`: every thread waits until
+/// `%globaltimer` has advanced `ns`, then the block sums `a[i] + b[i] + c[i]`
+/// (`u32`, wrapping) over `i < n` into `*result` (atomically). Launch one
+/// block (any width).
+const CONSUME_PTX: &CStr = c"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry gpupool_consume(
+    .param .u64 consume_a,
+    .param .u64 consume_b,
+    .param .u64 consume_c,
+    .param .u32 consume_n,
+    .param .u64 consume_ns,
+    .param .u64 consume_result
+)
+{
+    .reg .pred  %p<3>;
+    .reg .b32   %r<10>;
+    .reg .b64   %rd<16>;
+
+    ld.param.u64        %rd1, [consume_a];
+    ld.param.u64        %rd2, [consume_b];
+    ld.param.u64        %rd3, [consume_c];
+    ld.param.u32        %r1, [consume_n];
+    ld.param.u64        %rd4, [consume_ns];
+    ld.param.u64        %rd5, [consume_result];
+    cvta.to.global.u64  %rd1, %rd1;
+    cvta.to.global.u64  %rd2, %rd2;
+    cvta.to.global.u64  %rd3, %rd3;
+    cvta.to.global.u64  %rd5, %rd5;
+
+    mov.u64             %rd6, %globaltimer;
+CONSUME_SPIN:
+    mov.u64             %rd7, %globaltimer;
+    sub.s64             %rd8, %rd7, %rd6;
+    setp.lt.u64         %p1, %rd8, %rd4;
+    @%p1 bra            CONSUME_SPIN;
+
+    mov.u32             %r2, %tid.x;
+    mov.u32             %r3, %ntid.x;
+    mov.u32             %r4, 0;
+CONSUME_LOOP:
+    setp.ge.u32         %p2, %r2, %r1;
+    @%p2 bra            CONSUME_DONE;
+    mul.wide.u32        %rd9, %r2, 4;
+    add.s64             %rd10, %rd1, %rd9;
+    ld.global.u32       %r5, [%rd10];
+    add.s64             %rd11, %rd2, %rd9;
+    ld.global.u32       %r6, [%rd11];
+    add.s64             %rd12, %rd3, %rd9;
+    ld.global.u32       %r7, [%rd12];
+    add.s32             %r4, %r4, %r5;
+    add.s32             %r4, %r4, %r6;
+    add.s32             %r4, %r4, %r7;
+    add.s32             %r2, %r2, %r3;
+    bra.uni             CONSUME_LOOP;
+CONSUME_DONE:
+    atom.global.add.u32 %r8, [%rd5], %r4;
+    ret;
+}
+";
+
+/// The consume kernel in device 0's primary context (loaded once; call with
+/// that context current).
+fn consume_kernel() -> sys::CUfunction {
+    static F: OnceLock<usize> = OnceLock::new();
+    *F.get_or_init(|| {
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: NUL-terminated PTX text, JIT-compiled into the current
+        // context; the module is never unloaded.
+        ok(
+            unsafe { sys::cuModuleLoadData(&mut module, CONSUME_PTX.as_ptr().cast()) },
+            "load the consume kernel",
+        );
+        let mut f: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: `module` was just loaded; the name is NUL-terminated.
+        ok(
+            unsafe { sys::cuModuleGetFunction(&mut f, module, c"gpupool_consume".as_ptr()) },
+            "find gpupool_consume",
+        );
+        f as usize
+    }) as sys::CUfunction
+}
+
+/// Threads in the consume kernel's block.
+const CONSUME_THREADS: u32 = 256;
+
+/// Queues `*result += sum(a[i] + b[i] + c[i])` on `stream` after a spin of
+/// `spin`.
+fn consume(stream: StreamHandle, a: u64, b: u64, c: u64, n: usize, spin: Duration, result: u64) {
+    let (mut a, mut b, mut c, mut result) = (a, b, c, result);
+    let mut n = u32::try_from(n).unwrap();
+    let mut ns = u64::try_from(spin.as_nanos()).unwrap();
+    let mut params: [*mut c_void; 6] = [
+        (&raw mut a).cast(),
+        (&raw mut b).cast(),
+        (&raw mut c).cast(),
+        (&raw mut n).cast(),
+        (&raw mut ns).cast(),
+        (&raw mut result).cast(),
+    ];
+    // SAFETY: the kernel's parameters are (u64, u64, u64, u32, u64, u64),
+    // which `params` points at; the addresses are valid for `n` elements (the
+    // callers' buffers) until the kernel has run; the driver copies the
+    // arguments before returning.
+    ok(
+        unsafe {
+            sys::cuLaunchKernel(
+                consume_kernel(),
+                1,
+                1,
+                1,
+                CONSUME_THREADS,
+                1,
+                1,
+                0,
+                stream.0 as sys::CUstream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        "launch gpupool_consume",
+    );
+}
+
+/// Queues `n` copies of `value` (`u32`) at device address `dptr` on `stream`.
+fn memset32(dptr: u64, value: u32, n: usize, stream: StreamHandle) {
+    // SAFETY: `dptr` is device memory of at least `n` `u32`s that stays
+    // allocated until the memset has run (the callers' contract).
+    ok(
+        unsafe { sys::cuMemsetD32Async(dptr, value, n, stream.0 as sys::CUstream) },
+        "cuMemsetD32Async",
+    );
+}
+
+/// Whether the host may touch managed memory while kernels run.
+fn concurrent_managed_access(device: DeviceId) -> bool {
+    let mut v = 0;
+    // SAFETY: `v` is a valid place; the ordinal is a device of this machine.
+    let r = unsafe {
+        sys::cuDeviceGetAttribute(
+            &mut v,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+            device.0 as i32,
+        )
+    };
+    r == sys::CUresult::CUDA_SUCCESS && v != 0
+}
+
+fn addr<T>(p: *const T) -> u64 {
+    p as usize as u64
+}
+
+/// A device buffer that is not scratch: `words` `u32`s, zeroed.
+struct DeviceBuffer {
+    ptr: NonNull<u8>,
+    bytes: usize,
+}
+
+impl DeviceBuffer {
+    fn zeroed(words: usize) -> DeviceBuffer {
+        let gpu = CudaBackend::new();
+        let bytes = words * 4;
+        let ptr = gpu
+            .allocate(MemoryKind::Device, D0, bytes, 256)
+            .expect("allocate a device buffer");
+        // SAFETY: `words` u32s of device memory just allocated.
+        ok(
+            unsafe { sys::cuMemsetD32_v2(addr(ptr.as_ptr()), 0, words) },
+            "cuMemsetD32",
+        );
+        // The memset runs on the legacy stream, which the pooled
+        // (non-blocking) streams do not wait for: finish it here.
+        // SAFETY: no arguments; the thread's context is device 0's.
+        ok(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize");
+        DeviceBuffer { ptr, bytes }
+    }
+
+    fn addr(&self) -> u64 {
+        addr(self.ptr.as_ptr())
+    }
+
+    /// The contents, after everything queued on `stream` (which must
+    /// include every writer).
+    fn read(&self, stream: StreamHandle) -> Vec<u32> {
+        let gpu = CudaBackend::new();
+        let mut out = vec![0u32; self.bytes / 4];
+        // SAFETY: `out` is `bytes` of host memory, the buffer `bytes` of
+        // device memory; the stream is synchronized before either goes away.
+        unsafe {
+            gpu.copy_async(
+                NonNull::from(out.as_mut_slice()).cast(),
+                self.ptr,
+                self.bytes,
+                stream,
+                D0,
+            )
+        }
+        .expect("copy to the host");
+        gpu.synchronize_stream(stream, D0).expect("synchronize");
+        out
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let gpu = CudaBackend::new();
+        // Nothing may still use it: synchronize the device first.
+        // SAFETY: no arguments.
+        let _ = unsafe { sys::cuCtxSynchronize() };
+        // SAFETY: allocated with these arguments; the context is idle.
+        let _ = unsafe { gpu.deallocate(MemoryKind::Device, D0, self.ptr, self.bytes, 256) };
+    }
+}
+
+fn stats() -> MemoryStats {
+    CudaBackend::new().memory_stats(D0).expect("memory stats")
+}
+
+/// Fills `size` bytes at a host-visible `p` and reads the ends back.
+fn touch(p: NonNull<u8>, size: usize, byte: u8) {
+    // SAFETY: `p` is a live host-visible block of at least `size` bytes,
+    // used by nothing else.
+    unsafe {
+        std::ptr::write_bytes(p.as_ptr(), byte, size);
+        assert_eq!(*p.as_ptr(), byte);
+        assert_eq!(*p.as_ptr().add(size - 1), byte);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. every kind, both orders, alignment, copies
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_kind_allocates_and_frees_in_both_orders_aligned_as_asked() {
+    let _serial = serial();
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    let lease = streams.get(0).unwrap();
+    let s = lease.get();
+    let managed_ok = concurrent_managed_access(D0);
+    for kind in MemoryKind::ALL {
+        for align in [1usize, 16, 256, 4096, 65536] {
+            for size in [1usize, 1000, 64 << 10, (1 << 20) + 3] {
+                let what = format!("{kind:?}, {size} bytes aligned to {align}");
+                // Host order.
+                let p = gpu.allocate(kind, D0, size, align).expect(&what);
+                assert_eq!(p.as_ptr() as usize % align, 0, "{what}");
+                match kind {
+                    MemoryKind::Device => {
+                        memset_bytes(p, size, s);
+                        gpu.synchronize_stream(s, D0).unwrap();
+                    }
+                    MemoryKind::Managed if !managed_ok => {}
+                    _ => touch(p, size, 0xab),
+                }
+                // SAFETY: allocated above with these arguments; the memset
+                // has finished.
+                unsafe { gpu.deallocate(kind, D0, p, size, align) }.expect(&what);
+
+                // Stream order.
+                let p = gpu.allocate_async(kind, D0, size, align, s).expect(&what);
+                assert_eq!(p.as_ptr() as usize % align, 0, "{what} (stream order)");
+                match kind {
+                    MemoryKind::Device => memset_bytes(p, size, s),
+                    MemoryKind::Managed if !managed_ok => {}
+                    _ => touch(p, size, 0xcd),
+                }
+                // SAFETY: allocated above with these arguments; only work on
+                // `s` uses it.
+                unsafe { gpu.deallocate_async(kind, D0, p, size, align, s) }.expect(&what);
+            }
+        }
+        gpu.synchronize_stream(s, D0).unwrap();
+    }
+
+    // The special streams, from a thread without a current context.
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for special in [
+                StreamHandle::NULL,
+                StreamHandle::LEGACY,
+                StreamHandle::PER_THREAD,
+            ] {
+                let p = gpu
+                    .allocate_async(MemoryKind::Device, D0, 4096, 256, special)
+                    .expect("device memory on a special stream");
+                // SAFETY: freed on the stream it was allocated on; unused.
+                unsafe { gpu.deallocate_async(MemoryKind::Device, D0, p, 4096, 256, special) }
+                    .unwrap();
+                gpu.synchronize_stream(special, D0).unwrap();
+            }
+        });
+    });
+
+    // Bad layouts are refused before anything is allocated.
+    for kind in MemoryKind::ALL {
+        let code = |r: Result<NonNull<u8>, CudaError>| r.map(drop).map_err(|e| e.code());
+        let invalid = Err(Some(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(code(gpu.allocate(kind, D0, 0, 8)), invalid);
+        assert_eq!(code(gpu.allocate(kind, D0, 8, 3)), invalid);
+        assert_eq!(code(gpu.allocate_async(kind, D0, 8, 0, s)), invalid);
+    }
+    let count = device_count();
+    assert!(matches!(
+        gpu.allocate(MemoryKind::Device, DeviceId(count), 8, 8),
+        Err(CudaError::DeviceOutOfRange { .. })
+    ));
+}
+
+/// `cuMemsetD8Async` over `size` bytes at `p` on `s`.
+fn memset_bytes(p: NonNull<u8>, size: usize, s: StreamHandle) {
+    // SAFETY: `size` bytes of live device memory, freed in the order of `s`.
+    ok(
+        unsafe { sys::cuMemsetD8Async(addr(p.as_ptr()), 0xcd, size, s.0 as sys::CUstream) },
+        "cuMemsetD8Async",
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn copies_round_trip_host_device_pinned_managed_host() {
+    let _serial = serial();
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    let lease = streams.get(0).unwrap();
+    let s = lease.get();
+    let n = 1 << 18;
+    let bytes = n * 4;
+    let src: Vec<u32> = (0..n as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) ^ 7)
+        .collect();
+    let d = gpu
+        .allocate_async(MemoryKind::Device, D0, bytes, 256, s)
+        .unwrap();
+    let p = gpu.allocate(MemoryKind::Pinned, D0, bytes, 256).unwrap();
+    let m = gpu.allocate(MemoryKind::Managed, D0, bytes, 256).unwrap();
+    let h = gpu.allocate(MemoryKind::Host, D0, bytes, 64).unwrap();
+    // SAFETY: every block is `bytes` long and live until the stream is
+    // synchronized below; `src` outlives the call (pageable: staged before
+    // it returns); no two ranges overlap.
+    unsafe {
+        gpu.copy_async(d, NonNull::from(src.as_slice()).cast(), bytes, s, D0)
+            .unwrap();
+        gpu.copy_async(p, d, bytes, s, D0).unwrap();
+        gpu.copy_async(m, p, bytes, s, D0).unwrap();
+        gpu.copy_async(h, m, bytes, s, D0).unwrap();
+    }
+    gpu.synchronize_stream(s, D0).unwrap();
+    for (name, block) in [("pinned", p), ("managed", m), ("host", h)] {
+        // SAFETY: `n` initialised u32s (the copies have run), aligned.
+        let got = unsafe { std::slice::from_raw_parts(block.as_ptr().cast::<u32>(), n) };
+        let wrong = got.iter().zip(&src).filter(|(a, b)| a != b).count();
+        assert_eq!(wrong, 0, "{wrong} of {n} words differ in the {name} copy");
+    }
+    // SAFETY: the stream is idle; each block is freed once with its layout.
+    unsafe {
+        gpu.deallocate_async(MemoryKind::Device, D0, d, bytes, 256, s)
+            .unwrap();
+        gpu.deallocate(MemoryKind::Pinned, D0, p, bytes, 256)
+            .unwrap();
+        gpu.deallocate(MemoryKind::Managed, D0, m, bytes, 256)
+            .unwrap();
+        gpu.deallocate(MemoryKind::Host, D0, h, bytes, 64).unwrap();
+    }
+    gpu.synchronize_stream(s, D0).unwrap();
+
+    // Trim gives the cached pinned and managed blocks back.
+    let before = stats();
+    let freed = gpu.trim_memory(D0).unwrap();
+    let after = stats();
+    let (pi, mi) = (MemoryKind::Pinned.index(), MemoryKind::Managed.index());
+    assert!(freed >= 2 * bytes, "trim freed {freed} bytes");
+    assert_eq!(after.cached_blocks[pi], 0);
+    assert_eq!(after.cached_blocks[mi], 0);
+    assert_eq!(after.parked_blocks[pi], 0, "the stream is idle");
+    assert!(after.upstream_frees[pi] > before.upstream_frees[pi]);
+    eprintln!("trim freed {freed} bytes; stats {after:?}");
+}
+
+// ---------------------------------------------------------------------------
+// 2. the stream-order proof
+
+/// Rounds of the stream-order proof.
+const ROUNDS: usize = 1000;
+/// `u32`s of each scratch buffer per round.
+const WORDS: usize = 4096;
+/// How long each round's kernel spins before it reads its scratch.
+const SPIN: Duration = Duration::from_micros(100);
+
+fn pinned_value(round: usize, i: usize) -> u32 {
+    (round as u32).wrapping_mul(2_654_435_761) ^ i as u32
+}
+
+fn managed_value(round: usize, i: usize) -> u32 {
+    (round as u32).wrapping_mul(7).wrapping_add(3 * i as u32)
+}
+
+/// One round: scratch device memory written by a memset on `stream`, pinned
+/// and managed scratch written by the host, a kernel on `stream` that spins
+/// and then sums them into `result`. Returns the sum it must find, and the
+/// pinned address used.
+fn round(
+    scratch: &Scratchpad<'_, CudaBackend>,
+    stream: StreamHandle,
+    r: usize,
+    managed_stand_in: Option<u64>,
+    result: u64,
+) -> (u32, usize) {
+    let dev = scratch.device::<u32>(WORDS).expect("device scratch");
+    let dev_value = r as u32 + 1;
+    memset32(dev.addr() as u64, dev_value, WORDS, stream);
+    let pinned = scratch.pinned::<u32>(WORDS).expect("pinned scratch");
+    let mut expected = 0u32;
+    for (i, x) in pinned.iter_mut().enumerate() {
+        x.write(pinned_value(r, i));
+        expected = expected
+            .wrapping_add(pinned_value(r, i))
+            .wrapping_add(dev_value);
+    }
+    let managed_addr = match managed_stand_in {
+        // The host may not touch managed memory while kernels run on this
+        // GPU: a zeroed device buffer stands in.
+        Some(zeros) => zeros,
+        None => {
+            let m = scratch.managed::<u32>(WORDS).expect("managed scratch");
+            for (i, x) in m.iter_mut().enumerate() {
+                x.write(managed_value(r, i));
+                expected = expected.wrapping_add(managed_value(r, i));
+            }
+            addr(m.as_ptr())
+        }
+    };
+    // Unified addressing: pinned memory is at its host address on the device.
+    consume(
+        stream,
+        dev.addr() as u64,
+        addr(pinned.as_ptr()),
+        managed_addr,
+        WORDS,
+        SPIN,
+        result,
+    );
+    (expected, pinned.as_ptr() as usize)
+}
+
+/// How many rounds the host may run ahead of the GPU after round `r`: 1 to 4,
+/// varying, so blocks are freed and reused right at the edge of completion.
+fn lag(r: usize) -> usize {
+    1 + (r * 7 + r / 5) % 4
+}
+
+fn stream_order_proof(reset: bool) {
+    let _serial = serial();
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    let events = EventPool::new(gpu);
+    let a = streams.get(0).unwrap();
+    let b = streams.get(0).unwrap();
+    consume_kernel();
+    let results = DeviceBuffer::zeroed(ROUNDS);
+    let zeros = DeviceBuffer::zeroed(WORDS);
+    let managed = if concurrent_managed_access(D0) {
+        None
+    } else {
+        eprintln!("no concurrent managed access on this GPU: managed scratch left out");
+        Some(zeros.addr())
+    };
+    let before = stats();
+    let started = Instant::now();
+
+    let mut expected = Vec::with_capacity(ROUNDS);
+    let mut pinned_addrs = Vec::with_capacity(ROUNDS);
+    let mut in_flight: VecDeque<EventLease<'_, CudaBackend>> = VecDeque::new();
+    let mut kept = reset.then(|| Scratchpad::new(&gpu, a.order()));
+    for r in 0..ROUNDS {
+        // Dropping: rounds alternate between A and B, so the memory freed on
+        // one stream is allocated and written on the other. Resetting: A.
+        let lease: &StreamLease<'_, CudaBackend> = if reset || r % 2 == 0 { &a } else { &b };
+        let stream = lease.get();
+        let result = results.addr() + 4 * r as u64;
+        let (sum, pinned_at) = match kept.as_mut() {
+            Some(scratch) => {
+                let out = round(scratch, stream, r, managed, result);
+                scratch.reset().expect("reset");
+                out
+            }
+            None => {
+                let scratch = Scratchpad::new(&gpu, lease.order());
+                let out = round(&scratch, stream, r, managed, result);
+                scratch.release().expect("release in stream order");
+                out
+            }
+        };
+        expected.push(sum);
+        pinned_addrs.push(pinned_at);
+
+        let done = events.get(0).unwrap();
+        gpu.record_event(done.get(), stream, D0).unwrap();
+        in_flight.push_back(done);
+        while in_flight.len() > lag(r) {
+            let e = in_flight.pop_front().unwrap();
+            gpu.synchronize_event(e.get(), D0).unwrap();
+        }
+    }
+    drop(kept);
+    let host_time = started.elapsed();
+    gpu.synchronize_stream(a.get(), D0).unwrap();
+    gpu.synchronize_stream(b.get(), D0).unwrap();
+    drop(in_flight);
+    let got = results.read(a.get());
+    let after = stats();
+
+    let wrong: Vec<usize> = (0..ROUNDS).filter(|&r| got[r] != expected[r]).collect();
+    let pi = MemoryKind::Pinned.index();
+    let reused_pinned = after.reuses[pi] - before.reuses[pi];
+    let distinct_pinned = pinned_addrs.iter().collect::<HashSet<_>>().len();
+    eprintln!(
+        "{} mode: {ROUNDS} rounds in {host_time:?} (host); pinned blocks: {distinct_pinned} \
+         distinct addresses, {reused_pinned} pool reuses, {} cuMemHostAlloc; device: {} \
+         cuMemAllocFromPoolAsync; wrong rounds: {}",
+        if reset { "reset" } else { "drop" },
+        after.upstream_allocations[pi] - before.upstream_allocations[pi],
+        after.upstream_allocations[MemoryKind::Device.index()]
+            - before.upstream_allocations[MemoryKind::Device.index()],
+        wrong.len(),
+    );
+    assert!(
+        wrong.is_empty(),
+        "{} of {ROUNDS} rounds read scratch memory that was reused too early; first: {:?}",
+        wrong.len(),
+        wrong
+            .iter()
+            .take(8)
+            .map(|&r| (r, got[r], expected[r]))
+            .collect::<Vec<_>>()
+    );
+    // Dropping, every round takes its pinned block from the pool, and blocks
+    // of rounds the host has waited for are complete: the pool must reuse
+    // them. (Resetting, the scratchpad keeps its block when its fence has
+    // completed, so how often the pool is asked depends on timing.)
+    if !reset {
+        assert!(
+            reused_pinned > 0,
+            "the pinned pool never reused a block: the proof did not exercise reuse"
+        );
+        assert!(
+            distinct_pinned < ROUNDS / 2,
+            "{distinct_pinned} distinct pinned blocks in {ROUNDS} rounds: too little reuse"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn stream_order_proof_dropping_the_scratchpad_every_round() {
+    stream_order_proof(false);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn stream_order_proof_resetting_the_scratchpad_every_round() {
+    stream_order_proof(true);
+}
+
+// ---------------------------------------------------------------------------
+// 3. a parked block is never handed out before its event completes
+
+/// Blocks of the test's size class.
+const BLOCK: usize = 64 << 10;
+/// Threads allocating at once.
+const THREADS: usize = 8;
+/// Iterations per thread (each allocates up to four blocks and frees them).
+const ITERATIONS: usize = 1500;
+/// Blocks parked behind the gate in all (a bound on the memory the test
+/// asks the driver for while the gate is closed).
+const GATED_BUDGET: usize = 256;
+
+fn pool_never_hands_out_a_parked_block(kind: MemoryKind) {
+    let _serial = serial();
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    let gated = streams.get(0).unwrap();
+    let g = gated.get();
+    let align = 256;
+
+    // Some free blocks to start with, so the threads find some at once.
+    let warm: Vec<_> = (0..16)
+        .map(|_| gpu.allocate(kind, D0, BLOCK, align).unwrap())
+        .collect();
+    for p in warm {
+        // SAFETY: allocated above, unused.
+        unsafe { gpu.deallocate(kind, D0, p, BLOCK, align) }.unwrap();
+    }
+
+    // Nothing cached from earlier tests: what the pool holds from here on is
+    // this test's.
+    gpu.trim_memory(D0).unwrap();
+    let gate = Gate::hold(g, D0, GATE_TIMEOUT).unwrap();
+    let parked: Mutex<HashSet<usize>> = Mutex::new(HashSet::new());
+    let park = |p: NonNull<u8>| {
+        // Recorded as parked *before* the free, so any later hand-out of it
+        // while the gate is closed is caught.
+        parked.lock().unwrap().insert(p.as_ptr() as usize);
+        // SAFETY: allocated with these arguments; nothing uses it; the free
+        // is ordered after the gate kernel on `g`.
+        unsafe { gpu.deallocate_async(kind, D0, p, BLOCK, align, g) }.unwrap();
+    };
+    for _ in 0..32 {
+        park(gpu.allocate(kind, D0, BLOCK, align).unwrap());
+    }
+    let before = stats();
+    assert!(before.parked_blocks[kind.index()] >= 32);
+
+    let gated_left = AtomicUsize::new(GATED_BUDGET - 32);
+    let violations = AtomicUsize::new(0);
+    let while_closed = AtomicUsize::new(0);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (parked, park, gate) = (&parked, &park, &gate);
+            let (gated_left, violations, while_closed) = (&gated_left, &violations, &while_closed);
+            let streams = &streams;
+            scope.spawn(move || {
+                // An idle stream of this thread: blocks freed on it complete
+                // at once, so the pool's scans find completed blocks among
+                // the gated ones.
+                let idle = streams.get(0).unwrap();
+                let mut held = Vec::with_capacity(4);
+                for i in 0..ITERATIONS {
+                    for _ in 0..1 + (i + t) % 4 {
+                        let p = gpu.allocate(kind, D0, BLOCK, align).unwrap();
+                        let closed = !gate.is_done();
+                        if closed {
+                            while_closed.fetch_add(1, Ordering::Relaxed);
+                            if parked.lock().unwrap().contains(&(p.as_ptr() as usize)) {
+                                violations.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        // Written at once, as the scratchpad's users do.
+                        if kind == MemoryKind::Pinned {
+                            touch(p, BLOCK, t as u8);
+                        }
+                        held.push(p);
+                    }
+                    for (j, p) in held.drain(..).enumerate() {
+                        let gated_turn = (i + j + t) % 16 == 0
+                            && gated_left
+                                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                    n.checked_sub(1)
+                                })
+                                .is_ok();
+                        if gated_turn {
+                            park(p);
+                        } else if (i + j) % 2 == 0 {
+                            // SAFETY: allocated above; the host's writes are
+                            // done, nothing else uses it.
+                            unsafe { gpu.deallocate(kind, D0, p, BLOCK, align) }.unwrap();
+                        } else {
+                            // SAFETY: as above; nothing on `idle` uses it.
+                            unsafe { gpu.deallocate_async(kind, D0, p, BLOCK, align, idle.get()) }
+                                .unwrap();
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let hammer_time = started.elapsed();
+    let still_closed = !gate.is_done();
+    let during = stats();
+    let i = kind.index();
+    eprintln!(
+        "{kind:?}: {} allocations while the gate was closed, in {hammer_time:?}; {} blocks \
+         parked behind it; {} from the driver, {} reused by the pool during the run",
+        while_closed.load(Ordering::Relaxed),
+        parked.lock().unwrap().len(),
+        during.upstream_allocations[i] - before.upstream_allocations[i],
+        during.reuses[i] - before.reuses[i],
+    );
+    assert_eq!(
+        violations.load(Ordering::Relaxed),
+        0,
+        "a block parked behind the gate was handed out before its event completed"
+    );
+    if !still_closed {
+        eprintln!(
+            "NOTE: the gate kernel ended (timed out) before the threads finished: \
+             the driver may have waited for it in an allocation; the check above covers \
+             only the allocations made while it was closed"
+        );
+    }
+    assert!(
+        while_closed.load(Ordering::Relaxed) > 0,
+        "no allocation happened while the gate was closed"
+    );
+
+    // Open the gate: the parked blocks become reusable, and are reused.
+    gate.open();
+    wait_gate(&gate);
+    gpu.synchronize_stream(g, D0).unwrap();
+    let parked = parked.into_inner().unwrap();
+    // Taking every cached and parked block (free ones come first) must reach
+    // the parked ones, now that their events have completed.
+    let held = stats();
+    let mut again = Vec::new();
+    let mut reused = 0;
+    for _ in 0..held.cached_blocks[i] + held.parked_blocks[i] + 8 {
+        let p = gpu.allocate(kind, D0, BLOCK, align).unwrap();
+        reused += usize::from(parked.contains(&(p.as_ptr() as usize)));
+        again.push(p);
+    }
+    assert!(
+        reused > 0,
+        "no parked block was reused after its event completed"
+    );
+    for p in again {
+        // SAFETY: allocated above, unused.
+        unsafe { gpu.deallocate(kind, D0, p, BLOCK, align) }.unwrap();
+    }
+    gpu.trim_memory(D0).unwrap();
+    assert_eq!(stats().parked_blocks[i], 0);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_pinned_pool_never_hands_out_a_block_whose_event_is_pending() {
+    pool_never_hands_out_a_parked_block(MemoryKind::Pinned);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_managed_pool_never_hands_out_a_block_whose_event_is_pending() {
+    pool_never_hands_out_a_parked_block(MemoryKind::Managed);
+}
+
+// ---------------------------------------------------------------------------
+// 4. a reset loop makes no upstream allocation after warm-up
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_reset_loop_makes_no_upstream_allocation_after_warm_up() {
+    const WARM_UP: usize = 100;
+    const MEASURED: usize = 1000;
+    const LAG: usize = 2;
+    let _serial = serial();
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    let events = EventPool::new(gpu);
+    let a = streams.get(0).unwrap();
+    let s = a.get();
+    consume_kernel();
+    let results = DeviceBuffer::zeroed(WARM_UP + MEASURED);
+    let zeros = DeviceBuffer::zeroed(WORDS);
+    let managed = (!concurrent_managed_access(D0)).then(|| zeros.addr());
+
+    let mut scratch = Scratchpad::new(&gpu, a.order());
+    let mut in_flight = VecDeque::new();
+    let mut expected = Vec::new();
+    let mut before = None;
+    let mut scratch_before = None;
+    for r in 0..WARM_UP + MEASURED {
+        if r == WARM_UP {
+            before = Some(stats());
+            scratch_before = Some(scratch.stats());
+        }
+        let host = scratch.host::<u32>(WORDS).unwrap();
+        host.iter_mut().for_each(|x| {
+            x.write(r as u32);
+        });
+        let result = results.addr() + 4 * r as u64;
+        let (sum, _) = round(&scratch, s, r, managed, result);
+        expected.push(sum);
+        scratch.reset().unwrap();
+        let done = events.get(0).unwrap();
+        gpu.record_event(done.get(), s, D0).unwrap();
+        in_flight.push_back(done);
+        while in_flight.len() > LAG {
+            let e = in_flight.pop_front().unwrap();
+            gpu.synchronize_event(e.get(), D0).unwrap();
+        }
+    }
+    let after = stats();
+    let scratch_after = scratch.stats();
+    gpu.synchronize_stream(s, D0).unwrap();
+    drop(in_flight);
+    let got = results.read(s);
+    drop(scratch);
+    gpu.synchronize_stream(s, D0).unwrap();
+
+    let (before, scratch_before) = (before.unwrap(), scratch_before.unwrap());
+    eprintln!("before the measured rounds: {before:?}");
+    eprintln!("after: {after:?}");
+    eprintln!(
+        "scratchpad upstream calls in the measured rounds: {} allocations, {} releases",
+        scratch_after.upstream_allocations - scratch_before.upstream_allocations,
+        scratch_after.upstream_releases - scratch_before.upstream_releases,
+    );
+    assert_eq!(
+        after.upstream_allocations, before.upstream_allocations,
+        "upstream allocations (host, pinned, device, managed) in {MEASURED} reset rounds \
+         after {WARM_UP} rounds of warm-up"
+    );
+    let wrong = (0..got.len()).filter(|&r| got[r] != expected[r]).count();
+    assert_eq!(wrong, 0, "{wrong} rounds computed a wrong sum");
+}
