@@ -25,6 +25,8 @@ use crate::stats::{Counters, ParkedError, PoolStats};
 use crate::sync::epoch::{self, Collector, Guard};
 use crate::sync::Arc;
 use crate::table::{DeviceSlot, DeviceTable};
+#[cfg(all(feature = "std", not(loom)))]
+use crate::thread_cache::ThreadCache;
 
 /// An event owned by the caller, outside any pool: what [`EventLease::release`]
 /// hands out and [`EventPool::put`] takes back. Not `Clone`; dropping it
@@ -132,6 +134,10 @@ pub struct EventPool<B: EventBackend> {
     pinning: Pinning,
     devices: DeviceTable<EventSlot>,
     parked: ParkedError<Error<B::Error>>,
+    /// Per-thread caches in front of the ready lists (`std` only; the loom
+    /// models check the cache on its own, see `internals::CacheModel`).
+    #[cfg(all(feature = "std", not(loom)))]
+    cache: ThreadCache,
 }
 
 impl<B: EventBackend> fmt::Debug for EventPool<B> {
@@ -170,6 +176,8 @@ impl<B: EventBackend> EventPool<B> {
             pinning,
             devices: DeviceTable::new(),
             parked: ParkedError::new(),
+            #[cfg(all(feature = "std", not(loom)))]
+            cache: ThreadCache::new(),
         }
     }
 
@@ -194,11 +202,21 @@ impl<B: EventBackend> EventPool<B> {
         &self,
         device: impl Into<DeviceSelector>,
     ) -> Result<EventLease<'_, B>, Error<B::Error>> {
-        let device = device.into();
-        self.pinning.pin(|g| self.get_in(device, g))
+        let (device, slot) = self.slot(device.into())?;
+        // The calling thread's own cache first: no epoch, no shared line.
+        #[cfg(not(loom))]
+        if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
+            return Ok(EventLease {
+                pool: self,
+                event: EventHandle(h),
+                device,
+            });
+        }
+        self.pinning.pin(|g| self.get_from(device, slot, g))
     }
 
     /// [`get`](Self::get) with a guard the caller pinned in [`collector`](Self::collector).
+    /// Uses the shared lists only (not the calling thread's cache).
     pub fn get_in(
         &self,
         device: impl Into<DeviceSelector>,
@@ -208,6 +226,16 @@ impl<B: EventBackend> EventPool<B> {
             return Err(Error::ForeignGuard);
         }
         let (device, slot) = self.slot(device.into())?;
+        self.get_from(device, slot, guard)
+    }
+
+    /// Pops `device`'s ready list, or creates an event.
+    fn get_from<'p>(
+        &'p self,
+        device: DeviceId,
+        slot: &EventSlot,
+        guard: &Guard,
+    ) -> Result<EventLease<'p, B>, Error<B::Error>> {
         let event = match slot.ready.pop(guard) {
             Some(e) => {
                 Counters::bump(&slot.counters.reused);
@@ -282,6 +310,7 @@ impl<B: EventBackend> EventPool<B> {
         if !self.pinning.owns(guard) {
             return Err(Error::ForeignGuard);
         }
+        self.flush_caches();
         let mut first_error = None;
         let mut destroyed = 0;
         for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
@@ -322,14 +351,47 @@ impl<B: EventBackend> EventPool<B> {
         }
     }
 
+    /// Moves every handle the per-thread caches hold to the shared ready lists,
+    /// so that purge and drop reach them.
+    fn flush_caches(&self) {
+        #[cfg(all(feature = "std", not(loom)))]
+        for (d, h) in self.cache.drain() {
+            if let Some(slot) = self.devices.slot_of(DeviceId(d as u32)) {
+                slot.ready.push(EventHandle(h));
+            }
+        }
+    }
+
     /// Tallies for one device, or `None` before first use or out of range.
     pub fn stats(&self, device: DeviceId) -> Option<PoolStats> {
-        self.devices.stats(device)
+        self.devices
+            .stats(device)
+            .map(|s| self.with_cache_counts(s, device))
+    }
+
+    /// Adds the leases served from and returned into per-thread caches.
+    fn with_cache_counts(&self, s: PoolStats, _device: DeviceId) -> PoolStats {
+        #[cfg(all(feature = "std", not(loom)))]
+        {
+            let (served, kept) = self.cache.counts(_device.index());
+            let leases = s.leases.wrapping_add(served);
+            let returned = s.leases.wrapping_sub(s.live_leases).wrapping_add(kept);
+            PoolStats {
+                reused: s.reused.wrapping_add(served),
+                leases,
+                live_leases: leases.saturating_sub(returned),
+                ..s
+            }
+        }
+        #[cfg(not(all(feature = "std", not(loom))))]
+        s
     }
 
     /// Tallies summed over all devices.
     pub fn total_stats(&self) -> PoolStats {
-        self.devices.total_stats()
+        (0..self.devices.len().unwrap_or(0))
+            .filter_map(|d| self.stats(DeviceId(d as u32)))
+            .fold(PoolStats::default(), |acc, s| acc + s)
     }
 
     /// Leases out right now, over all devices.
@@ -352,12 +414,6 @@ impl<B: EventBackend> EventPool<B> {
         self.parked.dropped()
     }
 
-    /// Runs `f` with the calling thread pinned in the pool's collector.
-    #[cfg(feature = "std")]
-    pub(crate) fn pin<R>(&self, f: impl FnOnce(&Guard) -> R) -> R {
-        self.pinning.pin(f)
-    }
-
     /// Parks an error met where it could not be returned.
     pub(crate) fn park(&self, e: Error<B::Error>) {
         self.parked.park(e)
@@ -378,6 +434,7 @@ impl<B: EventBackend> EventPool<B> {
 
 impl<B: EventBackend> Drop for EventPool<B> {
     fn drop(&mut self) {
+        self.flush_caches();
         if let Some(table) = self.devices.take() {
             // SAFETY: `&mut self` excludes every concurrent reader of the stacks,
             // so their nodes may be freed at once.
@@ -483,6 +540,16 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
 
 impl<B: EventBackend> Drop for EventLease<'_, B> {
     fn drop(&mut self) {
+        // The returning thread's cache first (no epoch, no shared line).
+        #[cfg(all(feature = "std", not(loom)))]
+        if self
+            .pool
+            .cache
+            .with_cell(self.device.index(), |c| c.give(self.event.0))
+            == Some(true)
+        {
+            return;
+        }
         if let Some(slot) = self.pool.leased_slot(self.device) {
             Counters::bump(&slot.counters.returned);
             slot.ready.push(self.event);

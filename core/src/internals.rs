@@ -91,3 +91,54 @@ impl<T> Default for PushOnlyBag<T> {
         Self::new()
     }
 }
+
+/// A pool's per-thread cache with its cells driven directly (no
+/// thread-locals), for the loom model of an owner racing a drain.
+#[cfg(feature = "std")]
+pub struct CacheModel {
+    cache: crate::thread_cache::ThreadCache,
+}
+
+#[cfg(feature = "std")]
+impl CacheModel {
+    /// An empty cache.
+    pub fn new() -> Self {
+        CacheModel {
+            cache: crate::thread_cache::ThreadCache::new(),
+        }
+    }
+
+    /// A cell for `device` (the owner's, in the model).
+    pub fn cell(&self, device: usize) -> CellModel {
+        CellModel(self.cache.register(device))
+    }
+
+    /// Takes every handle from every cell, as purge does.
+    pub fn drain(&self) -> Vec<usize> {
+        self.cache.drain().into_iter().map(|(_, h)| h).collect()
+    }
+}
+
+#[cfg(feature = "std")]
+impl Default for CacheModel {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One cell; only its owner may call [`take`](Self::take) and [`give`](Self::give).
+#[cfg(feature = "std")]
+pub struct CellModel(crate::sync::Arc<crate::thread_cache::Cell>);
+
+#[cfg(feature = "std")]
+impl CellModel {
+    /// The owner takes a handle.
+    pub fn take(&self) -> Option<usize> {
+        self.0.take()
+    }
+
+    /// The owner keeps a handle; `false` if the cell is full.
+    pub fn give(&self, handle: usize) -> bool {
+        self.0.give(handle)
+    }
+}

@@ -68,6 +68,8 @@ mod stats;
 pub mod stream_pool;
 mod sync;
 mod table;
+#[cfg(feature = "std")]
+mod thread_cache;
 
 pub use backend::{
     Backend, Completion, DeviceId, DeviceSelector, EventBackend, EventFlags, EventHandle,

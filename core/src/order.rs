@@ -4,7 +4,7 @@
 
 use crate::backend::{DeviceId, EventBackend, EventHandle, StreamBackend, StreamHandle};
 use crate::error::{BackendOp, Error};
-use crate::event_pool::EventPool;
+use crate::event_pool::{EventLease, EventPool};
 use crate::sync::epoch::Guard;
 
 /// The order in which work happens: on the host (synchronously), or on a
@@ -92,7 +92,7 @@ impl AccessOrder {
     where
         B: StreamBackend + EventBackend,
     {
-        events.pin(|guard| self.wait_in(other, events, guard))
+        self.wait_using(other, events, |d| events.get(d))
     }
 
     /// [`wait`](Self::wait) with a guard pinned in the event pool's collector.
@@ -101,6 +101,19 @@ impl AccessOrder {
         other: &AccessOrder,
         events: &EventPool<B>,
         guard: &Guard,
+    ) -> Result<(), Error<B::Error>>
+    where
+        B: StreamBackend + EventBackend,
+    {
+        self.wait_using(other, events, |d| events.get_in(d, guard))
+    }
+
+    /// `wait`, with `lease` to lease the event (of the awaited device).
+    fn wait_using<'p, B>(
+        &self,
+        other: &AccessOrder,
+        events: &'p EventPool<B>,
+        lease: impl FnOnce(DeviceId) -> Result<EventLease<'p, B>, Error<B::Error>>,
     ) -> Result<(), Error<B::Error>>
     where
         B: StreamBackend + EventBackend,
@@ -119,7 +132,7 @@ impl AccessOrder {
             _ => return self.wait_without_event(other, events),
         };
         let backend = events.backend();
-        let event = events.get_in(other_device, guard)?;
+        let event = lease(other_device)?;
         if let Err(source) = backend.record_event(event.get(), other_stream, other_device) {
             if let Err(e) = event.discard() {
                 events.park(e);

@@ -10,6 +10,16 @@ pub(crate) use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use core::sync::atomic::AtomicBool;
+#[cfg(all(feature = "std", loom))]
+pub(crate) use loom::sync::atomic::AtomicBool;
+
+#[cfg(all(feature = "std", loom))]
+pub(crate) use loom::sync::Mutex;
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use std::sync::Mutex;
+
 #[cfg(not(loom))]
 pub(crate) use alloc::sync::Arc;
 #[cfg(loom)]

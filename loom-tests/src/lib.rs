@@ -19,6 +19,7 @@ pub const MODELS: &[&str] = &[
     "shared_event_last_two_clones",
     "event_pool_two_threads_get_put",
     "parked_error_two_drops",
+    "thread_cache_owner_races_a_drain",
 ];
 
 /// Preemption bound for the models (loom explores every interleaving with at

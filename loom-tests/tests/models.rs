@@ -237,3 +237,35 @@ fn parked_error_two_drops() {
         assert_eq!(mock.live_streams(), 0);
     });
 }
+
+#[test]
+fn thread_cache_owner_races_a_drain() {
+    use gpupool_core::internals::CacheModel;
+    loom::model(|| {
+        let cache = Arc::new(CacheModel::new());
+        let cell = cache.cell(0);
+        assert!(cell.give(1));
+        assert!(cell.give(2));
+        let c2 = cache.clone();
+        // The owner thread takes both, gives one back and keeps the other.
+        let owner = thread::spawn(move || {
+            let a = cell.take();
+            let b = cell.take();
+            if let Some(a) = a {
+                assert!(cell.give(a));
+            }
+            (a, b)
+        });
+        let drained = c2.drain();
+        let (_, kept) = owner.join().unwrap();
+        let last = cache.drain();
+        let mut all: Vec<usize> = drained
+            .iter()
+            .copied()
+            .chain(kept)
+            .chain(last.iter().copied())
+            .collect();
+        all.sort();
+        assert_eq!(all, [1, 2], "a cached handle was lost or duplicated");
+    });
+}

@@ -1,0 +1,271 @@
+//! Per-thread caches in front of a pool's shared stacks (`std` only).
+//!
+//! The shared stacks cost an epoch pin, a CAS on a line every thread touches,
+//! a node allocation and a retirement per get+put: fine at one thread, a serial
+//! point at sixteen. A runtime thread usually returns what it leased and leases
+//! again soon after, so each thread keeps a few handles of one device in a
+//! [`Cell`] of its own: `take` and `give` touch only that thread's cell (plain
+//! loads and one uncontended swap or store), no epoch, no allocation, no shared
+//! counter. A cell holds handles of one device for its whole life; a thread
+//! that leases on several devices has a cell per device.
+//!
+//! Every handle in a cell stays reachable by the pool: cells are registered in
+//! the pool's [`ThreadCache`], and [`ThreadCache::drain`] (purge, drop) swaps
+//! every handle out of every cell. A handle is in at most one place: a cell
+//! slot holds it until exactly one `swap` (the owner's `take` or a drain) takes
+//! it out, and `give` claims an empty slot with a compare-and-swap, so no
+//! handle is ever overwritten. (A plain store after a load was enough by the
+//! argument "only the owner writes nonzero values", but the loom model of an
+//! owner racing a drain lost a handle with it; the CAS makes the slot's
+//! modification order settle the race, and the model passes.)
+//!
+//! A thread that exits marks its cells orphaned; the next thread that
+//! registers with the pool adopts an orphaned cell, handles included, so a
+//! pool used by short-lived threads does not strand handles or grow its
+//! registry without bound. Pool ids are never reused, so a cell of a dropped
+//! pool is never found again (threads prune such entries when they register).
+
+use std::sync::atomic::AtomicU64;
+use std::vec::Vec;
+
+use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
+
+/// Handles one cell keeps.
+pub(crate) const SLOTS: usize = 4;
+/// Devices served by cells (higher device ids always use the shared stacks).
+#[cfg_attr(loom, allow(dead_code))] // the pools use the cache only without loom
+pub(crate) const CACHED_DEVICES: usize = 8;
+
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One thread's cache for one pool and one device.
+pub(crate) struct Cell {
+    /// The device the handles belong to; fixed for the cell's life.
+    device: usize,
+    /// Handles, 0 for an empty slot. Nonzero values are written only by the
+    /// owner; drains write 0 with `swap`.
+    slots: [AtomicUsize; SLOTS],
+    /// Leases served from this cell (written by its owner only).
+    served: AtomicUsize,
+    /// Leases returned into this cell (written by its owner only).
+    kept: AtomicUsize,
+    /// Whether a live thread owns this cell.
+    owned: AtomicBool,
+    /// Whether the pool is gone (set by the pool's drop).
+    dead: AtomicBool,
+}
+
+impl Cell {
+    fn new(device: usize) -> Self {
+        Cell {
+            device,
+            slots: [(); SLOTS].map(|_| AtomicUsize::new(0)),
+            served: AtomicUsize::new(0),
+            kept: AtomicUsize::new(0),
+            owned: AtomicBool::new(true),
+            dead: AtomicBool::new(false),
+        }
+    }
+
+    /// Owner-only increment (no read-modify-write needed: nobody else writes).
+    #[inline]
+    fn bump(c: &AtomicUsize) {
+        // Relaxed: a tally read only for statistics.
+        c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
+
+    /// Takes a handle, if the cell holds one. Owner only.
+    #[inline]
+    pub(crate) fn take(&self) -> Option<usize> {
+        // Last filled first: `give` fills from the front, so this is LIFO.
+        for s in self.slots.iter().rev() {
+            // Relaxed pre-check: only the owner makes a slot nonzero; a drain
+            // may zero it meanwhile, which the swap below settles.
+            if s.load(Ordering::Relaxed) != 0 {
+                // Acquire: pairs with the Release store that put the handle in
+                // (this thread's own, or an exited owner's, handed over through
+                // the registry's lock).
+                let h = s.swap(0, Ordering::Acquire);
+                if h != 0 {
+                    Self::bump(&self.served);
+                    return Some(h);
+                }
+            }
+        }
+        None
+    }
+
+    /// Keeps `handle` (of the cell's device) if there is room. Owner only.
+    #[inline]
+    pub(crate) fn give(&self, handle: usize) -> bool {
+        debug_assert!(handle != 0);
+        for s in &self.slots {
+            // Relaxed pre-check: skips full slots without a read-modify-write.
+            // The CAS then claims the slot only if it is still empty; it is an
+            // RMW (not a plain store) so that it takes its place in the slot's
+            // modification order against a concurrent drain's `swap`, and the
+            // drain either takes the handle or ran before it arrived.
+            // Release on success: publishes the handle to whoever swaps it out.
+            if s.load(Ordering::Relaxed) == 0
+                && s.compare_exchange(0, handle, Ordering::Release, Ordering::Relaxed)
+                    .is_ok()
+            {
+                Self::bump(&self.kept);
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// The calling thread's cells; marks them orphaned when the thread exits.
+#[cfg(not(loom))]
+struct Owned(Vec<(u64, usize, Arc<Cell>)>);
+
+#[cfg(not(loom))]
+impl Drop for Owned {
+    fn drop(&mut self) {
+        for (_, _, cell) in &self.0 {
+            // Release: the handles the thread left in the cell are published to
+            // the adopter, which reads `owned` with Acquire under the registry
+            // lock.
+            cell.owned.store(false, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(not(loom))]
+std::thread_local! {
+    static CELLS: core::cell::RefCell<Owned> = const { core::cell::RefCell::new(Owned(Vec::new())) };
+}
+
+/// A pool's registry of per-thread cells.
+pub(crate) struct ThreadCache {
+    #[cfg_attr(loom, allow(dead_code))]
+    id: u64,
+    /// Every cell ever handed to a thread of this pool. Locked only to
+    /// register a thread, and by drains and statistics: never on a hit.
+    cells: Mutex<Vec<Arc<Cell>>>,
+}
+
+impl ThreadCache {
+    pub(crate) fn new() -> Self {
+        ThreadCache {
+            // Relaxed: a unique id; nothing is published with it. (A std
+            // atomic also under loom: it orders nothing the models check.)
+            id: NEXT_POOL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            cells: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Runs `f` on the calling thread's cell of this pool for `device`,
+    /// (Not under loom: loom's thread-locals make a model nondeterministic
+    /// here; the models drive cells through `register` directly.)
+    /// registering one first if needed. `None` for devices past
+    /// [`CACHED_DEVICES`], or if the thread is exiting (no thread-locals).
+    #[cfg(not(loom))]
+    #[inline]
+    pub(crate) fn with_cell<R>(&self, device: usize, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+        if device >= CACHED_DEVICES {
+            return None;
+        }
+        CELLS
+            .try_with(|cells| {
+                let mut cells = cells.borrow_mut();
+                if let Some((_, _, c)) = cells
+                    .0
+                    .iter()
+                    .find(|(id, d, _)| *id == self.id && *d == device)
+                {
+                    return f(c);
+                }
+                let cell = self.register(device);
+                // Forget the cells of pools that are gone.
+                cells.0.retain(|(_, _, c)| !c.dead.load(Ordering::Relaxed));
+                cells.0.push((self.id, device, cell.clone()));
+                f(&cell)
+            })
+            .ok()
+    }
+
+    /// An orphaned cell of this pool for `device`, or a new one.
+    pub(crate) fn register(&self, device: usize) -> Arc<Cell> {
+        let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        for c in cells.iter() {
+            // Acquire: sees the handles the exited owner left (its Release).
+            if c.device == device && !c.owned.load(Ordering::Acquire) {
+                c.owned.store(true, Ordering::Relaxed);
+                return c.clone();
+            }
+        }
+        let c = Arc::new(Cell::new(device));
+        cells.push(c.clone());
+        c
+    }
+
+    /// Takes every handle out of every cell: `(device, handle)` pairs.
+    pub(crate) fn drain(&self) -> Vec<(usize, usize)> {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for c in cells.iter() {
+            for s in &c.slots {
+                // Acquire: pairs with the owner's Release store of the handle;
+                // the swap makes this drain its only taker.
+                let h = s.swap(0, Ordering::Acquire);
+                if h != 0 {
+                    out.push((c.device, h));
+                }
+            }
+        }
+        out
+    }
+
+    /// Leases served from and returned into cells, for `device`.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn counts(&self, device: usize) -> (usize, usize) {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        cells
+            .iter()
+            .filter(|c| c.device == device)
+            .fold((0, 0), |(s, k), c| {
+                // Relaxed: independent tallies.
+                (
+                    s.wrapping_add(c.served.load(Ordering::Relaxed)),
+                    k.wrapping_add(c.kept.load(Ordering::Relaxed)),
+                )
+            })
+    }
+}
+
+impl Drop for ThreadCache {
+    fn drop(&mut self) {
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        for c in cells.iter() {
+            // Relaxed: threads only use it to prune their list.
+            c.dead.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_is_lifo_give_fills_and_drain_empties() {
+        let cache = ThreadCache::new();
+        let cell = cache.register(0);
+        assert!(cell.give(1) && cell.give(2));
+        assert_eq!(cell.take(), Some(2));
+        assert_eq!(cell.take(), Some(1));
+        assert_eq!(cell.take(), None);
+        assert!(cell.give(2));
+        assert_eq!(cache.drain(), [(0, 2)]);
+        assert_eq!(cell.take(), None);
+        for h in 1..=SLOTS {
+            assert!(cell.give(h));
+        }
+        assert!(!cell.give(99), "full");
+        assert_eq!(cache.drain().len(), SLOTS);
+    }
+}
