@@ -372,26 +372,14 @@ impl<B: EventBackend> EventPool<B> {
     /// Adds the leases served from and returned into per-thread caches.
     fn with_cache_counts(&self, s: PoolStats, _device: DeviceId) -> PoolStats {
         #[cfg(all(feature = "std", not(loom)))]
-        {
-            let (served, kept) = self.cache.counts(_device.index());
-            let leases = s.leases.wrapping_add(served);
-            let returned = s.leases.wrapping_sub(s.live_leases).wrapping_add(kept);
-            PoolStats {
-                reused: s.reused.wrapping_add(served),
-                leases,
-                live_leases: leases.saturating_sub(returned),
-                ..s
-            }
-        }
+        return self.cache.add_counts(s, _device.index());
         #[cfg(not(all(feature = "std", not(loom))))]
         s
     }
 
     /// Tallies summed over all devices.
     pub fn total_stats(&self) -> PoolStats {
-        (0..self.devices.len().unwrap_or(0))
-            .filter_map(|d| self.stats(DeviceId(d as u32)))
-            .fold(PoolStats::default(), |acc, s| acc + s)
+        self.devices.total_of(|d| self.stats(d))
     }
 
     /// Leases out right now, over all devices.

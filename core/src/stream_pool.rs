@@ -33,6 +33,8 @@ use crate::stack::{Bag, Chain, Stack};
 use crate::stats::{Counters, ParkedError, PoolStats};
 use crate::sync::epoch::{self, Collector, Guard};
 use crate::table::{DeviceSlot, DeviceTable};
+#[cfg(all(feature = "std", not(loom)))]
+use crate::thread_cache::ThreadCache;
 
 /// How a [`StreamPool`] creates streams and scans its busy list.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -46,6 +48,16 @@ pub struct StreamPoolConfig {
     /// After a scan finds a finished stream, at most this many of the streams
     /// after it are queried and, while they are finished, moved to the ready list.
     pub promote_limit: usize,
+    /// Same-thread reuse (`std` only; off by default). A returned stream is kept
+    /// for the thread that returned it, *without querying it*, and that
+    /// thread's next `get` on the device takes it back: no driver call and no
+    /// shared line on either side. The price, which is why it must be chosen:
+    /// the stream may still be running that same thread's earlier work, so new
+    /// work queues behind it. Never another thread's work: a kept stream goes
+    /// to no other thread (purge and drop destroy it, and a thread that exits
+    /// leaves its streams to the next thread that registers, which inherits
+    /// them as "returned, state unknown" only through `purge`).
+    pub same_thread_reuse: bool,
 }
 
 impl Default for StreamPoolConfig {
@@ -54,6 +66,7 @@ impl Default for StreamPoolConfig {
             stream: StreamOptions::default(),
             scan_limit: 16,
             promote_limit: 8,
+            same_thread_reuse: false,
         }
     }
 }
@@ -207,6 +220,9 @@ pub struct StreamPool<B: StreamBackend> {
     pinning: Pinning,
     devices: DeviceTable<StreamSlot>,
     parked: ParkedError<Error<B::Error>>,
+    /// Streams kept for same-thread reuse (`std` only, when configured).
+    #[cfg(all(feature = "std", not(loom)))]
+    cache: ThreadCache,
 }
 
 impl<B: StreamBackend> fmt::Debug for StreamPool<B> {
@@ -247,6 +263,8 @@ impl<B: StreamBackend> StreamPool<B> {
             pinning,
             devices: DeviceTable::new(),
             parked: ParkedError::new(),
+            #[cfg(all(feature = "std", not(loom)))]
+            cache: ThreadCache::with_adoption(false),
         }
     }
 
@@ -272,11 +290,29 @@ impl<B: StreamBackend> StreamPool<B> {
         &self,
         device: impl Into<DeviceSelector>,
     ) -> Result<StreamLease<'_, B>, Error<B::Error>> {
-        let device = device.into();
-        self.pinning.pin(|g| self.get_in(device, g))
+        let (device, slot) = self.slot(device.into())?;
+        #[cfg(not(loom))]
+        if self.config.same_thread_reuse {
+            // This thread's own kept stream first: no driver call, no shared line.
+            if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
+                return Ok(StreamLease {
+                    pool: self,
+                    stream: StreamHandle(h),
+                    device,
+                });
+            }
+            // Streams left by exited threads may run their work: busy list.
+            for (d, h) in self.cache.take_orphans() {
+                if let Some(s) = self.devices.slot_of(DeviceId(d as u32)) {
+                    s.busy.push(StreamHandle(h));
+                }
+            }
+        }
+        self.pinning.pin(|g| self.get_from(device, slot, g))
     }
 
     /// [`get`](Self::get) with a guard the caller pinned in [`collector`](Self::collector).
+    /// Uses the shared lists only (never a thread's kept streams).
     pub fn get_in(
         &self,
         device: impl Into<DeviceSelector>,
@@ -286,6 +322,16 @@ impl<B: StreamBackend> StreamPool<B> {
             return Err(Error::ForeignGuard);
         }
         let (device, slot) = self.slot(device.into())?;
+        self.get_from(device, slot, guard)
+    }
+
+    /// Pops `device`'s ready list, else scans its busy list, else creates.
+    fn get_from<'p>(
+        &'p self,
+        device: DeviceId,
+        slot: &StreamSlot,
+        guard: &Guard,
+    ) -> Result<StreamLease<'p, B>, Error<B::Error>> {
         let stream = if let Some(s) = slot.ready.pop(guard) {
             Counters::bump(&slot.counters.reused);
             s
@@ -370,6 +416,7 @@ impl<B: StreamBackend> StreamPool<B> {
         if !self.pinning.owns(guard) {
             return Err(Error::ForeignGuard);
         }
+        self.flush_caches();
         let mut first_error = None;
         let mut destroyed = 0;
         for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
@@ -414,12 +461,27 @@ impl<B: StreamBackend> StreamPool<B> {
     /// Tallies for one device, or `None` before the pool has met the backend or
     /// for a device out of range.
     pub fn stats(&self, device: DeviceId) -> Option<PoolStats> {
-        self.devices.stats(device)
+        let s = self.devices.stats(device)?;
+        #[cfg(all(feature = "std", not(loom)))]
+        return Some(self.cache.add_counts(s, device.index()));
+        #[cfg(not(all(feature = "std", not(loom))))]
+        Some(s)
     }
 
     /// Tallies summed over all devices.
     pub fn total_stats(&self) -> PoolStats {
-        self.devices.total_stats()
+        self.devices.total_of(|d| self.stats(d))
+    }
+
+    /// Moves every stream kept for same-thread reuse to the busy lists, so
+    /// that purge and drop reach them (their state is unknown).
+    fn flush_caches(&self) {
+        #[cfg(all(feature = "std", not(loom)))]
+        for (d, h) in self.cache.drain() {
+            if let Some(slot) = self.devices.slot_of(DeviceId(d as u32)) {
+                slot.busy.push(StreamHandle(h));
+            }
+        }
     }
 
     /// Leases out right now, over all devices.
@@ -532,6 +594,12 @@ impl<B: StreamBackend> StreamPool<B> {
             debug_assert!(false, "a lease outlived its pool's device table");
             return Err(Error::NoDevice);
         };
+        #[cfg(all(feature = "std", not(loom)))]
+        if self.config.same_thread_reuse
+            && self.cache.with_cell(device.index(), |c| c.give(stream.0)) == Some(true)
+        {
+            return Ok(());
+        }
         Counters::bump(&slot.counters.returned);
         match self.backend.query_stream(stream, device) {
             Ok(Completion::Complete) => {
@@ -563,6 +631,7 @@ impl<B: StreamBackend> StreamPool<B> {
 
 impl<B: StreamBackend> Drop for StreamPool<B> {
     fn drop(&mut self) {
+        self.flush_caches();
         // No lease can be out (each borrows the pool), and no other thread can be
         // inside a method. Destroy everything; errors have nowhere to go.
         if let Some(table) = self.devices.take() {

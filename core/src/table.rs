@@ -160,14 +160,14 @@ impl<S: DeviceSlot> DeviceTable<S> {
         self.slot_of(device).map(|s| s.counters().snapshot())
     }
 
-    /// The tallies summed over all devices.
-    pub(crate) fn total_stats(&self) -> crate::PoolStats {
-        self.get()
-            .unwrap_or(&[])
-            .iter()
-            .fold(crate::PoolStats::default(), |acc, s| {
-                acc + s.counters().snapshot()
-            })
+    /// `stats` summed over all devices.
+    pub(crate) fn total_of(
+        &self,
+        stats: impl Fn(crate::DeviceId) -> Option<crate::PoolStats>,
+    ) -> crate::PoolStats {
+        (0..self.len().unwrap_or(0))
+            .filter_map(|d| stats(crate::DeviceId(d as u32)))
+            .fold(crate::PoolStats::default(), |acc, s| acc + s)
     }
 
     /// The number of devices, once the table is built.

@@ -53,11 +53,15 @@ pub(crate) struct Cell {
     owned: AtomicBool,
     /// Whether the pool is gone (set by the pool's drop).
     dead: AtomicBool,
+    /// The registry's "a cell was orphaned" flag, raised when the owner exits.
+    #[cfg_attr(loom, allow(dead_code))] // thread exits are not modelled
+    orphaned: Arc<AtomicBool>,
 }
 
 impl Cell {
-    fn new(device: usize) -> Self {
+    fn new(device: usize, orphaned: Arc<AtomicBool>) -> Self {
         Cell {
+            orphaned,
             device,
             slots: [(); SLOTS].map(|_| AtomicUsize::new(0)),
             served: AtomicUsize::new(0),
@@ -130,6 +134,8 @@ impl Drop for Owned {
             // the adopter, which reads `owned` with Acquire under the registry
             // lock.
             cell.owned.store(false, Ordering::Release);
+            // Release: pairs with the Acquire swap in `take_orphans`.
+            cell.orphaned.store(true, Ordering::Release);
         }
     }
 }
@@ -143,14 +149,32 @@ std::thread_local! {
 pub(crate) struct ThreadCache {
     #[cfg_attr(loom, allow(dead_code))]
     id: u64,
+    /// Whether a thread adopting an orphaned cell may use the handles left in
+    /// it. Events: yes. Streams kept unqueried: no (they may run the exited
+    /// thread's work), so they move to `orphans` instead.
+    adopt_handles: bool,
+    /// Handles taken out of orphaned cells when `adopt_handles` is off.
+    orphans: Mutex<Vec<(usize, usize)>>,
+    /// Raised when a cell's owner exits (its cell is orphaned).
+    orphaned: Arc<AtomicBool>,
     /// Every cell ever handed to a thread of this pool. Locked only to
     /// register a thread, and by drains and statistics: never on a hit.
     cells: Mutex<Vec<Arc<Cell>>>,
 }
 
 impl ThreadCache {
+    /// A registry whose adopted cells keep their handles.
     pub(crate) fn new() -> Self {
+        Self::with_adoption(true)
+    }
+
+    /// A registry; `adopt_handles` says whether an adopted cell's handles may
+    /// be served to its new owner.
+    pub(crate) fn with_adoption(adopt_handles: bool) -> Self {
         ThreadCache {
+            adopt_handles,
+            orphans: Mutex::new(Vec::new()),
+            orphaned: Arc::new(AtomicBool::new(false)),
             // Relaxed: a unique id; nothing is published with it. (A std
             // atomic also under loom: it orders nothing the models check.)
             id: NEXT_POOL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -195,18 +219,59 @@ impl ThreadCache {
             // Acquire: sees the handles the exited owner left (its Release).
             if c.device == device && !c.owned.load(Ordering::Acquire) {
                 c.owned.store(true, Ordering::Relaxed);
+                if !self.adopt_handles {
+                    let mut orphans = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+                    for s in &c.slots {
+                        // Acquire: the exited owner's Release store of the handle.
+                        let h = s.swap(0, Ordering::Acquire);
+                        if h != 0 {
+                            orphans.push((c.device, h));
+                        }
+                    }
+                    // Release: the next `take_orphans` collects them.
+                    self.orphaned.store(true, Ordering::Release);
+                }
                 return c.clone();
             }
         }
-        let c = Arc::new(Cell::new(device));
+        let c = Arc::new(Cell::new(device, self.orphaned.clone()));
         cells.push(c.clone());
         c
     }
 
-    /// Takes every handle out of every cell: `(device, handle)` pairs.
+    /// Takes the handles left by exited threads (when `adopt_handles` is
+    /// off): `(device, handle)` pairs. Cheap when no thread exited since the
+    /// last call (one flag).
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn take_orphans(&self) -> Vec<(usize, usize)> {
+        // Acquire: pairs with the exiting owner's Release, so its handles are
+        // visible to the swaps below.
+        if !self.orphaned.swap(false, Ordering::Acquire) {
+            return Vec::new();
+        }
+        if !self.adopt_handles {
+            let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+            let mut orphans = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+            for c in cells.iter() {
+                // Acquire: as above, per cell.
+                if !c.owned.load(Ordering::Acquire) {
+                    for s in &c.slots {
+                        let h = s.swap(0, Ordering::Acquire);
+                        if h != 0 {
+                            orphans.push((c.device, h));
+                        }
+                    }
+                }
+            }
+        }
+        core::mem::take(&mut *self.orphans.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Takes every handle out of every cell (and the orphans): `(device,
+    /// handle)` pairs.
     pub(crate) fn drain(&self) -> Vec<(usize, usize)> {
+        let mut out = core::mem::take(&mut *self.orphans.lock().unwrap_or_else(|e| e.into_inner()));
         let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::new();
         for c in cells.iter() {
             for s in &c.slots {
                 // Acquire: pairs with the owner's Release store of the handle;
@@ -220,9 +285,24 @@ impl ThreadCache {
         out
     }
 
+    /// `s` (a device's shared tallies) with the leases served from and
+    /// returned into this device's cells added.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn add_counts(&self, s: crate::PoolStats, device: usize) -> crate::PoolStats {
+        let (served, kept) = self.counts(device);
+        let leases = s.leases.wrapping_add(served);
+        let returned = s.leases.wrapping_sub(s.live_leases).wrapping_add(kept);
+        crate::PoolStats {
+            reused: s.reused.wrapping_add(served),
+            leases,
+            live_leases: leases.saturating_sub(returned),
+            ..s
+        }
+    }
+
     /// Leases served from and returned into cells, for `device`.
     #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn counts(&self, device: usize) -> (usize, usize) {
+    fn counts(&self, device: usize) -> (usize, usize) {
         let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
         cells
             .iter()
