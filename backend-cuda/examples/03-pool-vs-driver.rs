@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use gpupool_core::{
     Completion, DeviceId, EventBackend, EventFlags, EventHandle, EventPool, StreamBackend,
-    StreamHandle, StreamOptions, StreamPool,
+    StreamHandle, StreamOptions, StreamPool, StreamPoolConfig,
 };
 use gpupool_cuda::CudaBackend;
 
@@ -182,6 +182,15 @@ fn main() -> ExitCode {
     drop(warm);
 
     let pooled_stream = || drop(streams.get(d).unwrap());
+    // Same-thread reuse (chosen in the config): no query on return.
+    let sticky = StreamPool::with_config(
+        gpu,
+        StreamPoolConfig {
+            same_thread_reuse: true,
+            ..StreamPoolConfig::default()
+        },
+    );
+    let sticky_stream = || drop(sticky.get(d).unwrap());
     let raw_stream = || {
         let s = gpu.create_stream(d, StreamOptions::default()).unwrap();
         gpu.destroy_stream(s, d).unwrap();
@@ -216,7 +225,7 @@ fn main() -> ExitCode {
 
     type Op<'a> = &'a (dyn Fn() + Sync);
     // (name, gpupool, baseline, baseline name, ops per thread: gpupool, baseline)
-    let cases: [(&str, Op<'_>, Op<'_>, &str, [usize; 2]); 4] = [
+    let cases: [(&str, Op<'_>, Op<'_>, &str, [usize; 2]); 6] = [
         (
             "stream lease+return",
             &pooled_stream,
@@ -245,6 +254,20 @@ fn main() -> ExitCode {
             "DALI-style pool",
             [200_000, 200_000],
         ),
+        (
+            "stream lease+return, same-thread reuse",
+            &sticky_stream,
+            &raw_stream,
+            "create+destroy",
+            [200_000, 500],
+        ),
+        (
+            "stream lease+return, same-thread reuse",
+            &sticky_stream,
+            &dali_stream,
+            "DALI-style pool",
+            [200_000, 20_000],
+        ),
     ];
     let mut rows = Vec::new();
     println!("| operation | baseline | threads | gpupool ns/op/thread | baseline ns/op/thread | gpupool Mops/s | baseline Mops/s | throughput ratio |");
@@ -272,6 +295,10 @@ fn main() -> ExitCode {
         ("DALI-style event get+put", &dali_event as Op<'_>),
         ("gpupool stream lease+return", &pooled_stream as Op<'_>),
         ("DALI-style stream lease+return", &dali_stream as Op<'_>),
+        (
+            "gpupool stream lease+return, same-thread reuse",
+            &sticky_stream as Op<'_>,
+        ),
     ] {
         let [p50, p99, p999] = latencies(64, 2_000, op);
         println!("| {name} | {p50:.0} | {p99:.0} | {p999:.0} |");
@@ -300,6 +327,7 @@ fn main() -> ExitCode {
         }
     }
     streams.purge().unwrap();
+    sticky.purge().unwrap();
     events.purge().unwrap();
     println!("OK");
     ExitCode::SUCCESS
