@@ -5,8 +5,8 @@
 #![cfg(not(feature = "cuda"))]
 
 use gpupool_core::{
-    AccessOrder, BackendOp, DeviceId, DeviceSelector, Error, EventBackend, EventPool, OwnedStream,
-    StreamBackend, StreamOptions, StreamPool,
+    AccessOrder, BackendOp, DeviceId, DeviceSelector, Error, EventBackend, EventPool, MemoryKind,
+    OwnedStream, Scratchpad, StreamBackend, StreamOptions, StreamPool,
 };
 use gpupool_mock::{CallKind, MockBackend, MockError};
 
@@ -25,6 +25,11 @@ const REACHED: &[CallKind] = &[
     CallKind::DestroyEvent,
     CallKind::RecordEvent,
     CallKind::SynchronizeEvent,
+    CallKind::Allocate,
+    CallKind::Deallocate,
+    CallKind::AllocateAsync,
+    CallKind::DeallocateAsync,
+    CallKind::CopyAsync,
 ];
 
 /// Runs a small runtime's worth of pool traffic, carrying on past errors.
@@ -89,6 +94,34 @@ fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
         }
         // Leases end here: returns query their streams (b is still busy).
     }
+    // Scratch memory of all four kinds, grown, reset, grown again, copied,
+    // released in stream order.
+    if let Ok(lease) = streams.get(0).map_err(|e| errors.push(e)) {
+        let mut scratch = Scratchpad::new(gpu, lease.order());
+        for bytes in [100_000, 1, 300_000] {
+            for kind in MemoryKind::ALL {
+                if let Err(e) = scratch.alloc(kind, bytes, 64) {
+                    errors.push(e);
+                }
+            }
+        }
+        let parts: [&[u32]; 2] = [&[1, 2, 3], &[4, 5]];
+        if let Err(e) = scratch.to_contiguous_device(lease.get(), &parts) {
+            errors.push(e);
+        }
+        if let Err(e) = scratch.reset() {
+            errors.push(e);
+        }
+        for kind in MemoryKind::ALL {
+            if let Err(e) = scratch.alloc(kind, 50_000, 64) {
+                errors.push(e);
+            }
+        }
+        if let Err(e) = scratch.release() {
+            errors.push(e);
+        }
+    }
+    gpu.complete_everything();
     errors.extend(streams.take_error());
     errors.extend(events.take_error());
     // The pools are still usable after whatever failed.
@@ -123,19 +156,30 @@ fn the_workload_reaches_every_listed_call_and_no_other() {
     }
     assert_eq!(gpu.calls(CallKind::QueryEvent), 0);
     assert_eq!((gpu.live_streams(), gpu.live_events()), (0, 0));
+    assert!(MemoryKind::ALL.iter().all(|&k| gpu.live_bytes(k) == 0));
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
 }
+
+/// Fault positions tried by the sweep (printed at its end).
+static POSITIONS_TRIED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[test]
 fn each_call_failing_once_gives_an_error_and_leaks_nothing() {
     for &kind in REACHED {
-        // Fail the first call of this kind, then (separately) the last one the
-        // workload makes, so faults land early (setup) and late (teardown).
+        // Fail every call of this kind the workload makes, one run per
+        // position, from setup to teardown (under Miri: the first and last).
         let total = {
             let gpu = MockBackend::new(2);
             workload(&gpu);
             gpu.calls(kind)
         };
-        for n in [1, total] {
+        let positions: Vec<u64> = if cfg!(miri) {
+            vec![1, total]
+        } else {
+            (1..=total).collect()
+        };
+        for n in positions {
+            POSITIONS_TRIED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let gpu = MockBackend::new(2);
             gpu.fail_nth(kind, n);
             let errors = workload(&gpu);
@@ -150,6 +194,19 @@ fn each_call_failing_once_gives_an_error_and_leaks_nothing() {
             assert!(surfaced, "{kind:?} #{n}: no error surfaced: {errors:?}");
             assert_eq!(gpu.live_streams(), 0, "{kind:?} #{n}: a stream leaked");
             assert_eq!(gpu.live_events(), 0, "{kind:?} #{n}: an event leaked");
+            // A free that fails leaves its block allocated (the error says so);
+            // every other failure leaves no byte behind.
+            let leaked: usize = MemoryKind::ALL.iter().map(|&k| gpu.live_bytes(k)).sum();
+            let failed_free = matches!(kind, CallKind::Deallocate | CallKind::DeallocateAsync);
+            assert!(
+                leaked == 0 || failed_free,
+                "{kind:?} #{n}: {leaked} bytes leaked"
+            );
+            assert!(
+                gpu.hazards().is_empty(),
+                "{kind:?} #{n}: {:?}",
+                gpu.hazards()
+            );
             assert!(
                 gpu.misuses().is_empty(),
                 "{kind:?} #{n}: {:?}",
@@ -157,6 +214,10 @@ fn each_call_failing_once_gives_an_error_and_leaks_nothing() {
             );
         }
     }
+    println!(
+        "fault positions tried: {}",
+        POSITIONS_TRIED.load(std::sync::atomic::Ordering::Relaxed)
+    );
 }
 
 #[test]
