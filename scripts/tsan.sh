@@ -18,5 +18,5 @@ common=(+nightly test -Zbuild-std --target "$target" --target-dir target/tsan)
 echo "== gpupool-core: stack tests under TSan"
 cargo "${common[@]}" -p gpupool-core --lib
 echo "== gpupool-tests: multi-threaded tests under TSan"
-cargo "${common[@]}" -p gpupool-tests --test stress --test suite_streams --test suite_events
+cargo "${common[@]}" -p gpupool-tests --test suite_stress --test suite_streams --test suite_events
 echo "== TSan: clean"
