@@ -246,7 +246,9 @@ impl ThreadCache {
     pub(crate) fn take_orphans(&self) -> Vec<(usize, usize)> {
         // Acquire: pairs with the exiting owner's Release, so its handles are
         // visible to the swaps below.
-        if !self.orphaned.swap(false, Ordering::Acquire) {
+        // Relaxed pre-check: a plain load keeps the common case (no thread
+        // exited) off the flag's line; a flag raised meanwhile is seen next time.
+        if !self.orphaned.load(Ordering::Relaxed) || !self.orphaned.swap(false, Ordering::Acquire) {
             return Vec::new();
         }
         if !self.adopt_handles {
