@@ -106,6 +106,7 @@ impl<T> Stack<T> {
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             // SAFETY: `node` is private until the CAS below publishes it.
+            // Relaxed: published by the CAS's Release.
             unsafe { (*node).next.store(head, Ordering::Relaxed) };
             // Release on success: publishes `node.value` and `node.next` to the
             // popper whose Acquire load sees `node`. A push reads no other node,
@@ -139,6 +140,8 @@ impl<T> Stack<T> {
             // SAFETY: `head` was read from the stack while `guard` is pinned; a
             // node is freed only through `defer_destroy`, after every guard pinned
             // before its removal is gone, so it is still allocated.
+            // Relaxed: `next` was published with the node, which the Acquire
+            // load of `head` synchronised with.
             let next = unsafe { (*head).next.load(Ordering::Relaxed) };
             // The CAS succeeds only if `head` is still the top. By the module's
             // ABA argument the top cannot have left and come back while we are
@@ -176,6 +179,7 @@ impl<T> Stack<T> {
             // Stale poppers may still read `next`, so the nodes are retired
             // through `defer_destroy`, never freed or re-linked directly.
             unsafe {
+                // Relaxed: the Acquire swap synchronised with every push.
                 let next = (*node).next.load(Ordering::Relaxed);
                 out.push((*node).value.with(|v| ptr::read(&**v)));
                 guard.defer_destroy(Shared::from(node as *const Node<T>));
@@ -203,6 +207,7 @@ impl<T> Drop for Stack<T> {
     fn drop(&mut self) {
         // `&mut self`: no other thread can be inside a method, so the nodes can be
         // freed at once (nodes retired earlier are the epoch's; these never were).
+        // Acquire: sees every push's node contents (all writes are RMWs).
         let first = self.head.swap(ptr::null_mut(), Ordering::Acquire);
         drop(Chain { first });
     }
@@ -262,6 +267,7 @@ impl<T> Bag<T> {
         // SAFETY: the chain is ours until the splice publishes it.
         unsafe {
             loop {
+                // Relaxed: a private chain; no other thread touches it.
                 let next = (*last).next.load(Ordering::Relaxed);
                 if next.is_null() {
                     break;
@@ -323,6 +329,7 @@ impl<T> Chain<T> {
         let mut node = self.first;
         while !node.is_null() {
             // SAFETY: nodes of the chain are ours (invariant on `first`).
+            // Relaxed: a private chain; no other thread touches it.
             unsafe {
                 let next = (*node).next.load(Ordering::Relaxed);
                 (*node).next.store(prev, Ordering::Relaxed);
@@ -357,6 +364,7 @@ impl<T> Chain<T> {
             return None;
         }
         // SAFETY: the node is ours (invariant on `first`).
+        // Relaxed: a private chain; no other thread touches it.
         self.first = unsafe { (*node).next.load(Ordering::Relaxed) };
         Some(node)
     }
@@ -366,6 +374,7 @@ impl<T> Chain<T> {
         match self.unlink_first() {
             Some(node) => {
                 // SAFETY: the node is ours; it becomes `other`'s first node.
+                // Relaxed: both chains are private to this thread.
                 unsafe { (*node).next.store(other.first, Ordering::Relaxed) };
                 other.first = node;
                 true

@@ -84,6 +84,7 @@ impl<S> DeviceTable<S> {
 
     /// Takes the slots out, leaving the table unpublished. Needs `&mut self`.
     pub(crate) fn take(&mut self) -> Option<Box<[S]>> {
+        // Acquire: as in `get`, to own the published slots.
         let p = self.table.swap(ptr::null_mut(), Ordering::Acquire);
         if p.is_null() {
             None

@@ -204,7 +204,8 @@ impl ThreadCache {
                     return f(c);
                 }
                 let cell = self.register(device);
-                // Forget the cells of pools that are gone.
+                // Forget the cells of pools that are gone. Relaxed: a hint for
+                // pruning; a stale `false` only keeps an entry a little longer.
                 cells.0.retain(|(_, _, c)| !c.dead.load(Ordering::Relaxed));
                 cells.0.push((self.id, device, cell.clone()));
                 f(&cell)
