@@ -202,8 +202,21 @@ impl<B: EventBackend> EventPool<B> {
         &self,
         device: impl Into<DeviceSelector>,
     ) -> Result<EventLease<'_, B>, Error<B::Error>> {
-        let (device, slot) = self.slot(device.into())?;
-        // The calling thread's own cache first: no epoch, no shared line.
+        let device = device.into();
+        // The calling thread's own cache first: no epoch, no shared line. A cell
+        // in the memo was registered after its device was checked, so a hit
+        // needs no table lookup.
+        #[cfg(not(loom))]
+        if let DeviceSelector::Id(d) = device {
+            if let Some(h) = self.cache.memo(d.index()).and_then(|c| c.take()) {
+                return Ok(EventLease {
+                    pool: self,
+                    event: EventHandle(h),
+                    device: d,
+                });
+            }
+        }
+        let (device, slot) = self.slot(device)?;
         #[cfg(not(loom))]
         if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
             return Ok(EventLease {
@@ -286,6 +299,16 @@ impl<B: EventBackend> EventPool<B> {
         }
         match self.slot(DeviceSelector::Id(event.device)) {
             Ok((_, slot)) => {
+                // The calling thread's cell first, so that its next `get` takes
+                // the event put last (no lease ends here: not counted).
+                #[cfg(all(feature = "std", not(loom)))]
+                if self
+                    .cache
+                    .with_cell(event.device.index(), |c| c.keep(event.handle.0))
+                    == Some(true)
+                {
+                    return Ok(());
+                }
                 slot.ready.push(event.handle);
                 Ok(())
             }
@@ -364,17 +387,12 @@ impl<B: EventBackend> EventPool<B> {
 
     /// Tallies for one device, or `None` before first use or out of range.
     pub fn stats(&self, device: DeviceId) -> Option<PoolStats> {
-        self.devices
-            .stats(device)
-            .map(|s| self.with_cache_counts(s, device))
-    }
-
-    /// Adds the leases served from and returned into per-thread caches.
-    fn with_cache_counts(&self, s: PoolStats, _device: DeviceId) -> PoolStats {
-        #[cfg(all(feature = "std", not(loom)))]
-        return self.cache.add_counts(s, _device.index());
-        #[cfg(not(all(feature = "std", not(loom))))]
-        s
+        self.devices.stats(device, || {
+            #[cfg(all(feature = "std", not(loom)))]
+            return self.cache.counts(device.index());
+            #[cfg(not(all(feature = "std", not(loom))))]
+            (0, 0)
+        })
     }
 
     /// Tallies summed over all devices.
@@ -429,11 +447,19 @@ impl<B: EventBackend> Drop for EventPool<B> {
             let guard = unsafe { epoch::unprotected() };
             for (i, slot) in table.iter().enumerate() {
                 let mut quarantined = slot.quarantine.take_all();
-                for e in slot.ready.drain(guard) {
-                    let _ = self.backend.destroy_event(e, DeviceId(i as u32));
-                }
-                while let Some(e) = quarantined.pop_first() {
-                    let _ = self.backend.destroy_event(e, DeviceId(i as u32));
+                let doomed = slot
+                    .ready
+                    .drain(guard)
+                    .into_iter()
+                    .chain(core::iter::from_fn(|| quarantined.pop_first()));
+                for e in doomed {
+                    // No owner is left to park an error with: `lost_errors`.
+                    if let Err(source) = self.backend.destroy_event(e, DeviceId(i as u32)) {
+                        crate::lost::report(&Error::<B::Error>::Backend {
+                            op: BackendOp::DestroyEvent,
+                            source,
+                        });
+                    }
                 }
             }
         }

@@ -101,14 +101,24 @@ pub struct CacheModel {
 
 #[cfg(feature = "std")]
 impl CacheModel {
-    /// An empty cache.
+    /// An empty cache whose adopted cells keep their handles (the event
+    /// pool's).
     pub fn new() -> Self {
         CacheModel {
             cache: crate::thread_cache::ThreadCache::new(),
         }
     }
 
-    /// A cell for `device` (the owner's, in the model).
+    /// An empty cache whose adopted cells' handles go to the orphans (the
+    /// stream pool's, which keeps idle streams in the cells).
+    pub fn without_adoption() -> Self {
+        CacheModel {
+            cache: crate::thread_cache::ThreadCache::with_adoption(false),
+        }
+    }
+
+    /// A cell for `device` (the owner's, in the model): registers one, as a
+    /// thread's first lease on the pool does.
     pub fn cell(&self, device: usize) -> CellModel {
         CellModel(self.cache.register(device))
     }
@@ -116,6 +126,22 @@ impl CacheModel {
     /// Takes every handle from every cell, as purge does.
     pub fn drain(&self) -> Vec<usize> {
         self.cache.drain().into_iter().map(|(_, h)| h).collect()
+    }
+
+    /// Takes the handles exited owners left, as the stream pool's `get` does
+    /// before it goes to the shared lists.
+    pub fn take_orphans(&self) -> Vec<usize> {
+        self.cache
+            .take_orphans()
+            .into_iter()
+            .map(|(_, h)| h)
+            .collect()
+    }
+
+    /// Leases served from and returned into `device`'s cells, as the pools'
+    /// statistics add them: `(served, kept)`.
+    pub fn served_and_kept(&self, device: usize) -> (usize, usize) {
+        self.cache.counts(device)
     }
 }
 

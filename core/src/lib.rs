@@ -20,7 +20,9 @@
 //! reclamation). Pools are lazy: constructing one calls nothing; the first `get`
 //! or `put` asks the backend for the device count. Bad input gets a typed
 //! [`Error`] and leaves the pool as it was; `Drop` never panics (an error met
-//! there is parked and handed out by `take_error`).
+//! there is parked and handed out by `take_error`, or, where no owner is left
+//! to park it with, counted by [`lost_errors`] and passed to the
+//! [`set_lost_error_hook`] hook).
 //!
 //! ## Features
 //! - `std` (default): `get()`/`purge()` pin crossbeam-epoch's thread-local
@@ -60,6 +62,7 @@ mod error;
 pub mod event_pool;
 #[doc(hidden)]
 pub mod internals;
+mod lost;
 mod monotonic;
 mod order;
 pub mod scratchpad;
@@ -77,6 +80,7 @@ pub use backend::{
 };
 pub use error::{BackendOp, Error, Rejected};
 pub use event_pool::{EventLease, EventPool, OwnedEvent, SharedEvent};
+pub use lost::{lost_errors, set_lost_error_hook, LostErrorHook};
 pub use monotonic::{Block, DEFAULT_FIRST_BLOCK};
 pub use order::AccessOrder;
 pub use scratchpad::{

@@ -36,14 +36,20 @@ impl Counters {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub(crate) fn snapshot(&self) -> PoolStats {
+    /// The tallies, with `(served, kept)` leases served from and returned into
+    /// per-thread caches added (their own counts, kept apart from these).
+    pub(crate) fn snapshot_with(&self, (served, kept): (usize, usize)) -> PoolStats {
         // Relaxed: a snapshot of independent tallies (module doc).
         let r = |c: &AtomicUsize| c.load(Ordering::Relaxed);
         // `returned` first: a lease counted there was counted as served before
         // it, so a lease that comes and goes between the loads can only make
-        // `live_leases` look higher for an instant, never wrap.
-        let returned = r(&self.returned);
-        let (created, reused, busy_hits) = (r(&self.created), r(&self.reused), r(&self.busy_hits));
+        // `live_leases` look higher for an instant, never wrap. (The cache
+        // counts were read by the caller before these; an instant's skew
+        // between the two sets shows the same way or is absorbed by the
+        // saturating subtraction.)
+        let returned = r(&self.returned).wrapping_add(kept);
+        let (created, busy_hits) = (r(&self.created), r(&self.busy_hits));
+        let reused = r(&self.reused).wrapping_add(served);
         let leased = created.wrapping_add(reused).wrapping_add(busy_hits);
         PoolStats {
             created,

@@ -12,6 +12,12 @@
 //!   nothing is free, a new non-blocking stream is created.
 //! - Returning a stream queries it once: idle goes to the ready list, pending to
 //!   the busy list.
+//! - With `std`, an idle returned stream goes first to a cell of the returning
+//!   thread (up to four per device), and that thread's next `get` takes it from
+//!   there: no epoch pin, no shared line, one query per lease as before. Purge
+//!   and drop reach every cell; a thread that exits leaves its idle streams to
+//!   the next thread that registers with the pool.
+//! - [`StreamPoolConfig::same_thread_reuse`] (opt-in) skips the query as well.
 //!
 //! Differences from DALI's `CUDAStreamPool`, on purpose: no lock; typed errors
 //! for out-of-range and mismatched devices and null handles; the busy list is
@@ -264,7 +270,9 @@ impl<B: StreamBackend> StreamPool<B> {
             devices: DeviceTable::new(),
             parked: ParkedError::new(),
             #[cfg(all(feature = "std", not(loom)))]
-            cache: ThreadCache::with_adoption(false),
+            // Idle-at-return streams may go to whichever thread adopts an
+            // exited thread's cell; unqueried ones may not.
+            cache: ThreadCache::with_adoption(!config.same_thread_reuse),
         }
     }
 
@@ -290,17 +298,31 @@ impl<B: StreamBackend> StreamPool<B> {
         &self,
         device: impl Into<DeviceSelector>,
     ) -> Result<StreamLease<'_, B>, Error<B::Error>> {
-        let (device, slot) = self.slot(device.into())?;
+        let device = device.into();
+        // This thread's own kept stream first: no driver call, no shared line.
+        // A cell in the memo was registered after its device was checked, so a
+        // hit needs no table lookup.
         #[cfg(not(loom))]
-        if self.config.same_thread_reuse {
-            // This thread's own kept stream first: no driver call, no shared line.
-            if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
+        if let DeviceSelector::Id(d) = device {
+            if let Some(h) = self.cache.memo(d.index()).and_then(|c| c.take()) {
                 return Ok(StreamLease {
                     pool: self,
                     stream: StreamHandle(h),
-                    device,
+                    device: d,
                 });
             }
+        }
+        let (device, slot) = self.slot(device)?;
+        #[cfg(not(loom))]
+        if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
+            return Ok(StreamLease {
+                pool: self,
+                stream: StreamHandle(h),
+                device,
+            });
+        }
+        #[cfg(not(loom))]
+        if self.config.same_thread_reuse {
             // Streams left by exited threads may run their work: busy list.
             for (d, h) in self.cache.take_orphans() {
                 if let Some(s) = self.devices.slot_of(DeviceId(d as u32)) {
@@ -383,7 +405,18 @@ impl<B: StreamBackend> StreamPool<B> {
             }
         };
         match self.backend.query_stream(stream.handle, stream.device) {
-            Ok(Completion::Complete) => slot.ready.push(stream.handle),
+            Ok(Completion::Complete) => {
+                // Idle: like a returned lease, the calling thread's cell first,
+                // so that its next `get` takes the stream put last.
+                #[cfg(all(feature = "std", not(loom)))]
+                if !self.config.same_thread_reuse
+                    && self.cache.with_cell(stream.device.index(), |c| c.keep(stream.handle.0))
+                        == Some(true)
+                {
+                    return Ok(());
+                }
+                slot.ready.push(stream.handle)
+            }
             Ok(Completion::Pending) => slot.busy.push(stream.handle),
             Err(e) => {
                 return Err(Rejected {
@@ -461,11 +494,12 @@ impl<B: StreamBackend> StreamPool<B> {
     /// Tallies for one device, or `None` before the pool has met the backend or
     /// for a device out of range.
     pub fn stats(&self, device: DeviceId) -> Option<PoolStats> {
-        let s = self.devices.stats(device)?;
-        #[cfg(all(feature = "std", not(loom)))]
-        return Some(self.cache.add_counts(s, device.index()));
-        #[cfg(not(all(feature = "std", not(loom))))]
-        Some(s)
+        self.devices.stats(device, || {
+            #[cfg(all(feature = "std", not(loom)))]
+            return self.cache.counts(device.index());
+            #[cfg(not(all(feature = "std", not(loom))))]
+            (0, 0)
+        })
     }
 
     /// Tallies summed over all devices.
@@ -473,13 +507,18 @@ impl<B: StreamBackend> StreamPool<B> {
         self.devices.total_of(|d| self.stats(d))
     }
 
-    /// Moves every stream kept for same-thread reuse to the busy lists, so
-    /// that purge and drop reach them (their state is unknown).
+    /// Moves every stream the per-thread cells hold to the shared lists, so
+    /// that purge and drop reach them: to the ready lists when they were idle
+    /// on return, to the busy lists when kept unqueried for same-thread reuse.
     fn flush_caches(&self) {
         #[cfg(all(feature = "std", not(loom)))]
         for (d, h) in self.cache.drain() {
             if let Some(slot) = self.devices.slot_of(DeviceId(d as u32)) {
-                slot.busy.push(StreamHandle(h));
+                if self.config.same_thread_reuse {
+                    slot.busy.push(StreamHandle(h));
+                } else {
+                    slot.ready.push(StreamHandle(h));
+                }
             }
         }
     }
@@ -600,17 +639,25 @@ impl<B: StreamBackend> StreamPool<B> {
         {
             return Ok(());
         }
-        Counters::bump(&slot.counters.returned);
         match self.backend.query_stream(stream, device) {
             Ok(Completion::Complete) => {
+                // Idle: the returning thread's cell first (it counts the
+                // return), else the shared ready list.
+                #[cfg(all(feature = "std", not(loom)))]
+                if self.cache.with_cell(device.index(), |c| c.give(stream.0)) == Some(true) {
+                    return Ok(());
+                }
+                Counters::bump(&slot.counters.returned);
                 slot.ready.push(stream);
                 Ok(())
             }
             Ok(Completion::Pending) => {
+                Counters::bump(&slot.counters.returned);
                 slot.busy.push(stream);
                 Ok(())
             }
             Err(e) => {
+                Counters::bump(&slot.counters.returned);
                 slot.quarantine.push(stream);
                 Counters::bump(&slot.counters.quarantined);
                 Err(Error::Backend {
@@ -633,7 +680,8 @@ impl<B: StreamBackend> Drop for StreamPool<B> {
     fn drop(&mut self) {
         self.flush_caches();
         // No lease can be out (each borrows the pool), and no other thread can be
-        // inside a method. Destroy everything; errors have nowhere to go.
+        // inside a method. Destroy everything; an error has no owner left to park
+        // it with, so it goes to `lost_errors` and the hook.
         if let Some(table) = self.devices.take() {
             // SAFETY: `&mut self` excludes every concurrent reader of the stacks,
             // so their nodes may be freed at once, which the unprotected guard does.
@@ -642,11 +690,16 @@ impl<B: StreamBackend> Drop for StreamPool<B> {
                 let device = DeviceId(i as u32);
                 let mut busy = slot.busy.take_all();
                 let mut quarantined = slot.quarantine.take_all();
-                for s in slot.ready.drain(guard) {
-                    let _ = self.backend.destroy_stream(s, device);
-                }
-                while let Some(s) = busy.pop_first().or_else(|| quarantined.pop_first()) {
-                    let _ = self.backend.destroy_stream(s, device);
+                let doomed = slot.ready.drain(guard).into_iter().chain(core::iter::from_fn(|| {
+                    busy.pop_first().or_else(|| quarantined.pop_first())
+                }));
+                for s in doomed {
+                    if let Err(source) = self.backend.destroy_stream(s, device) {
+                        crate::lost::report(&Error::<B::Error>::Backend {
+                            op: BackendOp::DestroyStream,
+                            source,
+                        });
+                    }
                 }
             }
         }

@@ -156,9 +156,15 @@ impl<S: DeviceSlot> DeviceTable<S> {
         self.get().and_then(|t| t.get(device.index()))
     }
 
-    /// One device's tallies.
-    pub(crate) fn stats(&self, device: crate::DeviceId) -> Option<crate::PoolStats> {
-        self.slot_of(device).map(|s| s.counters().snapshot())
+    /// One device's tallies, with `cached` = (leases served from, leases
+    /// returned into) per-thread caches added.
+    pub(crate) fn stats(
+        &self,
+        device: crate::DeviceId,
+        cached: impl FnOnce() -> (usize, usize),
+    ) -> Option<crate::PoolStats> {
+        let slot = self.slot_of(device)?;
+        Some(slot.counters().snapshot_with(cached()))
     }
 
     /// `stats` summed over all devices.

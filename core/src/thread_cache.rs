@@ -99,9 +99,21 @@ impl Cell {
         None
     }
 
-    /// Keeps `handle` (of the cell's device) if there is room. Owner only.
+    /// Keeps `handle` (of the cell's device) if there is room, counting it as
+    /// a returned lease. Owner only.
     #[inline]
     pub(crate) fn give(&self, handle: usize) -> bool {
+        let kept = self.keep(handle);
+        if kept {
+            Self::bump(&self.kept);
+        }
+        kept
+    }
+
+    /// Keeps `handle` if there is room, without counting a returned lease (a
+    /// handle `put` into the pool, not returned by a lease). Owner only.
+    #[inline]
+    pub(crate) fn keep(&self, handle: usize) -> bool {
         debug_assert!(handle != 0);
         for s in &self.slots {
             // Relaxed pre-check: skips full slots without a read-modify-write.
@@ -114,7 +126,6 @@ impl Cell {
                 && s.compare_exchange(0, handle, Ordering::Release, Ordering::Relaxed)
                     .is_ok()
             {
-                Self::bump(&self.kept);
                 return true;
             }
         }
@@ -129,6 +140,10 @@ struct Owned(Vec<(u64, usize, Arc<Cell>)>);
 #[cfg(not(loom))]
 impl Drop for Owned {
     fn drop(&mut self) {
+        // The cells are about to become adoptable by other threads: forget them
+        // here first, so that a later thread-local destructor of this thread
+        // that returns a lease cannot reach a cell it no longer owns.
+        let _ = MEMO.try_with(|m| m.iter().for_each(|e| e.set(EMPTY_MEMO)));
         for (_, _, cell) in &self.0 {
             // Release: the handles the thread left in the cell are published to
             // the adopter, which reads `owned` with Acquire under the registry
@@ -143,6 +158,30 @@ impl Drop for Owned {
 #[cfg(not(loom))]
 std::thread_local! {
     static CELLS: core::cell::RefCell<Owned> = const { core::cell::RefCell::new(Owned(Vec::new())) };
+}
+
+/// A memo entry: (pool id, device, the cell). Pool id 0 is never used.
+#[cfg(not(loom))]
+type Memo = (u64, usize, *const Cell);
+
+#[cfg(not(loom))]
+const EMPTY_MEMO: Memo = (0, 0, core::ptr::null());
+
+/// Entries of the memo: enough for a thread that uses a stream pool and an
+/// event pool on a device or two without evicting one another.
+#[cfg(not(loom))]
+const MEMO_WAYS: usize = 4;
+
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The calling thread's most recently used cells, found without the
+    /// `RefCell` borrow and the search of [`CELLS`]. No destructor, so it is
+    /// reachable until the thread is gone (and is cleared when `CELLS` is
+    /// destroyed). An entry's pointer is dereferenced only when its pool id
+    /// matches the pool asking, which is then alive; the pool's registry holds
+    /// an `Arc` of every cell until the pool drops, so the cell is alive too.
+    static MEMO: [core::cell::Cell<Memo>; MEMO_WAYS] =
+        const { [const { core::cell::Cell::new(EMPTY_MEMO) }; MEMO_WAYS] };
 }
 
 /// A pool's registry of per-thread cells.
@@ -190,24 +229,68 @@ impl ThreadCache {
     #[cfg(not(loom))]
     #[inline]
     pub(crate) fn with_cell<R>(&self, device: usize, f: impl FnOnce(&Cell) -> R) -> Option<R> {
+        match self.memo(device) {
+            Some(cell) => Some(f(cell)),
+            None => self.with_cell_slow(device, f),
+        }
+    }
+
+    /// The calling thread's cell for `device` if the memo has it: two
+    /// thread-local loads and a compare, nothing shared.
+    #[cfg(not(loom))]
+    #[inline]
+    pub(crate) fn memo(&self, device: usize) -> Option<&Cell> {
+        let way = Self::way(self.id, device);
+        let (id, d, p) = MEMO.try_with(|m| m[way].get()).ok()?;
+        if id == self.id && d == device {
+            // SAFETY: entries are written only by `with_cell_slow` of this
+            // thread, with a cell of pool `id` registered to this thread, and
+            // cleared before the thread gives its cells up (`Owned::drop`).
+            // Pool ids are never reused, and `self` is pool `id`, alive: its
+            // registry holds an `Arc` of the cell until the pool drops.
+            Some(unsafe { &*p })
+        } else {
+            None
+        }
+    }
+
+    /// The memo entry for `(pool, device)`.
+    #[cfg(not(loom))]
+    #[inline]
+    fn way(pool: u64, device: usize) -> usize {
+        (pool as usize).wrapping_mul(CACHED_DEVICES).wrapping_add(device) % MEMO_WAYS
+    }
+
+    #[cfg(not(loom))]
+    #[cold]
+    fn with_cell_slow<R>(&self, device: usize, f: impl FnOnce(&Cell) -> R) -> Option<R> {
         if device >= CACHED_DEVICES {
             return None;
         }
         CELLS
             .try_with(|cells| {
                 let mut cells = cells.borrow_mut();
-                if let Some((_, _, c)) = cells
+                let cell = match cells
                     .0
                     .iter()
                     .find(|(id, d, _)| *id == self.id && *d == device)
                 {
-                    return f(c);
-                }
-                let cell = self.register(device);
-                // Forget the cells of pools that are gone. Relaxed: a hint for
-                // pruning; a stale `false` only keeps an entry a little longer.
-                cells.0.retain(|(_, _, c)| !c.dead.load(Ordering::Relaxed));
-                cells.0.push((self.id, device, cell.clone()));
+                    Some((_, _, c)) => c.clone(),
+                    None => {
+                        let cell = self.register(device);
+                        // Forget the cells of pools that are gone. Relaxed: a
+                        // hint for pruning; a stale `false` only keeps an entry
+                        // a little longer.
+                        cells.0.retain(|(_, _, c)| !c.dead.load(Ordering::Relaxed));
+                        cells.0.push((self.id, device, cell.clone()));
+                        cell
+                    }
+                };
+                let way = Self::way(self.id, device);
+                // The entry stays valid as long as pool `self.id` lives (see
+                // `memo`); if MEMO is gone the thread is exiting and the slow
+                // path is taken every time, which is fine.
+                let _ = MEMO.try_with(|m| m[way].set((self.id, device, Arc::as_ptr(&cell))));
                 f(&cell)
             })
             .ok()
@@ -288,24 +371,9 @@ impl ThreadCache {
         out
     }
 
-    /// `s` (a device's shared tallies) with the leases served from and
-    /// returned into this device's cells added.
-    #[cfg_attr(loom, allow(dead_code))]
-    pub(crate) fn add_counts(&self, s: crate::PoolStats, device: usize) -> crate::PoolStats {
-        let (served, kept) = self.counts(device);
-        let leases = s.leases.wrapping_add(served);
-        let returned = s.leases.wrapping_sub(s.live_leases).wrapping_add(kept);
-        crate::PoolStats {
-            reused: s.reused.wrapping_add(served),
-            leases,
-            live_leases: leases.saturating_sub(returned),
-            ..s
-        }
-    }
-
     /// Leases served from and returned into cells, for `device`.
     #[cfg_attr(loom, allow(dead_code))]
-    fn counts(&self, device: usize) -> (usize, usize) {
+    pub(crate) fn counts(&self, device: usize) -> (usize, usize) {
         let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
         cells
             .iter()
