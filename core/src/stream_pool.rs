@@ -410,7 +410,9 @@ impl<B: StreamBackend> StreamPool<B> {
                 // so that its next `get` takes the stream put last.
                 #[cfg(all(feature = "std", not(loom)))]
                 if !self.config.same_thread_reuse
-                    && self.cache.with_cell(stream.device.index(), |c| c.keep(stream.handle.0))
+                    && self
+                        .cache
+                        .with_cell(stream.device.index(), |c| c.keep(stream.handle.0))
                         == Some(true)
                 {
                     return Ok(());
@@ -690,9 +692,13 @@ impl<B: StreamBackend> Drop for StreamPool<B> {
                 let device = DeviceId(i as u32);
                 let mut busy = slot.busy.take_all();
                 let mut quarantined = slot.quarantine.take_all();
-                let doomed = slot.ready.drain(guard).into_iter().chain(core::iter::from_fn(|| {
-                    busy.pop_first().or_else(|| quarantined.pop_first())
-                }));
+                let doomed = slot
+                    .ready
+                    .drain(guard)
+                    .into_iter()
+                    .chain(core::iter::from_fn(|| {
+                        busy.pop_first().or_else(|| quarantined.pop_first())
+                    }));
                 for s in doomed {
                     if let Err(source) = self.backend.destroy_stream(s, device) {
                         crate::lost::report(&Error::<B::Error>::Backend {
