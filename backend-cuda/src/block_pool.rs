@@ -1,4 +1,4 @@
-//! [`BlockPool`]: the pool of pinned (and managed) blocks behind
+//! `BlockPool`: the pool of pinned (and managed) blocks behind
 //! [`CudaBackend`]'s memory, one per device and kind.
 //!
 //! A raw `cuMemHostAlloc` costs 26 µs at 64 KiB and 0.9 ms at 2 MiB (and
@@ -9,19 +9,19 @@
 //!   (64 KiB, doubling), so nothing is wasted there; other callers may get up
 //!   to twice what they asked for.
 //! - **Free blocks** are kept per class, newest first (warm in the caches).
-//! - **Parked blocks**: a stream-ordered free ([`give_after`](BlockPool::give_after))
+//! - **Parked blocks**: a stream-ordered free ([`give_after`](Pool::give_after))
 //!   records an event on the stream and parks the block with it. A parked block
 //!   re-enters the free list *only* after a query has seen its event complete,
 //!   so a block is never handed out while work queued before its free may still
 //!   use it. When a class has no free block, an allocation queries up to
-//!   [`SCAN_LIMIT`] parked blocks of that class (starting where the previous
+//!   `SCAN_LIMIT` parked blocks of that class (starting where the previous
 //!   scan stopped, so one long-running stream cannot hide the others) and takes
 //!   the first whose event has completed; only then does it ask the driver.
 //! - **Events** are raw `CUevent`s (timing disabled) kept in a free list of the
 //!   pool: an event goes back there when its block leaves the parked list, and
 //!   is never recorded again while a block waits on it.
 //! - **Giving memory back**: blocks are kept until the process ends (the driver
-//!   frees them then) or until [`trim`](BlockPool::trim), which frees every free
+//!   frees them then) or until [`trim`](Pool::trim), which frees every free
 //!   block (after moving every completed parked block to the free list) and the
 //!   idle events. Parked blocks whose event is still pending stay.
 //!
@@ -32,12 +32,26 @@
 //! [`reset`](gpupool_core::Scratchpad::reset)s and comes here only to grow or
 //! when a fence has not completed, and each visit replaces a driver call that
 //! costs tens of microseconds or more. The lock is held for list operations
-//! and, on a miss, for at most [`SCAN_LIMIT`] event queries (~0.2 µs each); it
+//! and, on a miss, for at most `SCAN_LIMIT` event queries (~0.2 µs each); it
 //! is never held across an allocation, a free, or an event record.
+//!
+//! ## Separated from the driver
+//!
+//! The bookkeeping above is [`Pool`], generic over an [`Upstream`]: where
+//! blocks come from and go back to, and the fences that prove a stream has
+//! finished with a block. The CUDA pools are `Pool<PoolKind>` (`BlockPool`):
+//! blocks from `cuMemHostAlloc` / `cuMemAllocManaged`, fences that are
+//! `CUevent`s of [`CudaBackend`]. The loom models (`loom-tests`, models
+//! `block_pool::*`) run the same `Pool` over a fake upstream whose fences a
+//! simulated stream completes, with the lock through `crate::sync` (loom's
+//! `Mutex` under `--cfg loom`). This module is public only for them
+//! (`#[doc(hidden)]`, not part of the API).
 
 use std::collections::VecDeque;
+// The tallies in `KindCounters` are std atomics in every build (loom
+// included): relaxed statistics, read by the models only after every thread
+// has been joined.
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard};
 
 use cudarc::driver::sys;
 use gpupool_core::{
@@ -47,6 +61,7 @@ use gpupool_core::{
 use crate::driver::driver;
 use crate::error::{check, CudaError};
 use crate::memory::{invalid_value, KindCounters};
+use crate::sync::{Mutex, MutexGuard};
 use crate::CudaBackend;
 
 /// log2 of the smallest block.
@@ -72,6 +87,50 @@ pub(crate) fn class_size(class: usize) -> usize {
     MIN_BLOCK << class
 }
 
+/// What a [`Pool`] asks of the layer below it: blocks, and fences recorded in
+/// a stream's order. Every call is made without the pool's lock held, except
+/// [`query_fence`](Self::query_fence) (at most `SCAN_LIMIT` per visit).
+pub trait Upstream {
+    /// What a failed call returns.
+    type Error;
+    /// A fence: recorded on a stream, complete once the stream has passed it.
+    type Fence: Copy + core::fmt::Debug;
+
+    /// The error for a size no class holds.
+    fn invalid_size(&self) -> Self::Error;
+
+    /// A new block of exactly `bytes` bytes (a class size) on `device`.
+    fn allocate(&self, device: DeviceId, bytes: usize) -> Result<usize, Self::Error>;
+
+    /// Gives a block back.
+    ///
+    /// # Safety
+    /// `addr` came from [`allocate`](Self::allocate) of this upstream, is
+    /// freed once, and nothing (host or device) uses it any more.
+    unsafe fn free(&self, device: DeviceId, addr: usize) -> Result<(), Self::Error>;
+
+    /// A new fence on `device`.
+    fn create_fence(&self, device: DeviceId) -> Result<Self::Fence, Self::Error>;
+
+    /// Records `fence` at the current end of `stream`'s work.
+    fn record_fence(
+        &self,
+        fence: Self::Fence,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
+
+    /// Whether `fence`'s last recording has been passed (a fence never
+    /// recorded is complete). The pool treats an error as pending.
+    fn query_fence(&self, fence: Self::Fence, device: DeviceId) -> Result<Completion, Self::Error>;
+
+    /// Destroys a fence (a pending one too).
+    fn destroy_fence(&self, fence: Self::Fence, device: DeviceId) -> Result<(), Self::Error>;
+
+    /// Waits until `stream` has finished all of its work so far.
+    fn synchronize(&self, stream: StreamHandle, device: DeviceId) -> Result<(), Self::Error>;
+}
+
 /// What a pool's blocks are.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(crate) enum PoolKind {
@@ -81,10 +140,17 @@ pub(crate) enum PoolKind {
     Managed,
 }
 
-impl PoolKind {
-    /// A new block of `bytes` from the driver, allocated in `device`'s
-    /// primary context.
-    fn raw_allocate(self, device: DeviceId, bytes: usize) -> Result<usize, CudaError> {
+/// The CUDA pools' upstream: blocks from the driver, allocated in `device`'s
+/// primary context; fences are events with timing disabled.
+impl Upstream for PoolKind {
+    type Error = CudaError;
+    type Fence = EventHandle;
+
+    fn invalid_size(&self) -> CudaError {
+        invalid_value()
+    }
+
+    fn allocate(&self, device: DeviceId, bytes: usize) -> Result<usize, CudaError> {
         driver()?.with_context(device, |_| match self {
             PoolKind::Pinned => {
                 let mut host: *mut core::ffi::c_void = core::ptr::null_mut();
@@ -116,12 +182,7 @@ impl PoolKind {
         })
     }
 
-    /// Gives a block back to the driver.
-    ///
-    /// # Safety
-    /// `addr` came from [`raw_allocate`](Self::raw_allocate) of this kind, is
-    /// freed once, and nothing (host or device) uses it any more.
-    unsafe fn raw_free(self, device: DeviceId, addr: usize) -> Result<(), CudaError> {
+    unsafe fn free(&self, device: DeviceId, addr: usize) -> Result<(), CudaError> {
         let r = driver()?.with_context(device, |_| match self {
             // SAFETY: the caller's contract.
             PoolKind::Pinned => check(unsafe { sys::cuMemFreeHost(addr as *mut _) }),
@@ -134,32 +195,66 @@ impl PoolKind {
             other => other,
         }
     }
+
+    fn create_fence(&self, device: DeviceId) -> Result<EventHandle, CudaError> {
+        CudaBackend::new().create_event(device, EventFlags::DISABLE_TIMING)
+    }
+
+    fn record_fence(
+        &self,
+        fence: EventHandle,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), CudaError> {
+        CudaBackend::new().record_event(fence, stream, device)
+    }
+
+    fn query_fence(&self, fence: EventHandle, device: DeviceId) -> Result<Completion, CudaError> {
+        CudaBackend::new().query_event(fence, device)
+    }
+
+    fn destroy_fence(&self, fence: EventHandle, device: DeviceId) -> Result<(), CudaError> {
+        CudaBackend::new().destroy_event(fence, device)
+    }
+
+    fn synchronize(&self, stream: StreamHandle, device: DeviceId) -> Result<(), CudaError> {
+        CudaBackend::new().synchronize_stream(stream, device)
+    }
 }
 
-/// A parked block: free once its event has completed.
+/// A parked block: free once its fence has completed.
 #[derive(Copy, Clone, Debug)]
-struct Parked {
+struct Parked<F> {
     addr: usize,
-    event: EventHandle,
+    fence: F,
 }
 
 /// The parked blocks of one class, oldest first, and where the next scan
 /// starts.
-#[derive(Debug, Default)]
-struct ParkedClass {
-    blocks: VecDeque<Parked>,
+#[derive(Debug)]
+struct ParkedClass<F> {
+    blocks: VecDeque<Parked<F>>,
     cursor: usize,
 }
 
+impl<F> Default for ParkedClass<F> {
+    fn default() -> Self {
+        ParkedClass {
+            blocks: VecDeque::new(),
+            cursor: 0,
+        }
+    }
+}
+
 /// Everything behind the pool's lock.
-#[derive(Debug, Default)]
-struct Lists {
+#[derive(Debug)]
+struct Lists<F> {
     /// Free blocks per class (addresses), newest last.
     free: Vec<Vec<usize>>,
     /// Parked blocks per class.
-    parked: Vec<ParkedClass>,
-    /// Events that no block waits on.
-    idle_events: Vec<EventHandle>,
+    parked: Vec<ParkedClass<F>>,
+    /// Fences that no block waits on.
+    idle_fences: Vec<F>,
     /// Bytes in `free`.
     free_bytes: usize,
     /// Blocks in `free`.
@@ -168,7 +263,20 @@ struct Lists {
     parked_blocks: usize,
 }
 
-impl Lists {
+impl<F> Default for Lists<F> {
+    fn default() -> Self {
+        Lists {
+            free: Vec::new(),
+            parked: Vec::new(),
+            idle_fences: Vec::new(),
+            free_bytes: 0,
+            free_blocks: 0,
+            parked_blocks: 0,
+        }
+    }
+}
+
+impl<F: Copy> Lists<F> {
     fn push_free(&mut self, class: usize, addr: usize) {
         if self.free.len() <= class {
             self.free.resize_with(class + 1, Vec::new);
@@ -185,7 +293,7 @@ impl Lists {
         Some(addr)
     }
 
-    fn park(&mut self, class: usize, block: Parked) {
+    fn park(&mut self, class: usize, block: Parked<F>) {
         if self.parked.len() <= class {
             self.parked.resize_with(class + 1, ParkedClass::default);
         }
@@ -193,21 +301,25 @@ impl Lists {
         self.parked_blocks += 1;
     }
 
-    /// Queries up to [`SCAN_LIMIT`] parked blocks of `class` and takes the
-    /// first whose event has completed (its event becomes idle). A failed
+    /// Queries up to `SCAN_LIMIT` parked blocks of `class` and takes the
+    /// first whose fence has completed (its fence becomes idle). A failed
     /// query counts as pending: the block is never reused on a guess.
-    fn reclaim_one(&mut self, class: usize, device: DeviceId) -> Option<usize> {
-        let gpu = CudaBackend::new();
+    fn reclaim_one<U: Upstream<Fence = F>>(
+        &mut self,
+        upstream: &U,
+        class: usize,
+        device: DeviceId,
+    ) -> Option<usize> {
         let pc = self.parked.get_mut(class)?;
         let len = pc.blocks.len();
         for k in 0..len.min(SCAN_LIMIT) {
             let i = (pc.cursor + k) % len;
             let Some(&p) = pc.blocks.get(i) else { break };
-            if let Ok(Completion::Complete) = gpu.query_event(p.event, device) {
+            if let Ok(Completion::Complete) = upstream.query_fence(p.fence, device) {
                 pc.blocks.remove(i);
                 pc.cursor = i;
                 self.parked_blocks -= 1;
-                self.idle_events.push(p.event);
+                self.idle_fences.push(p.fence);
                 return Some(p.addr);
             }
         }
@@ -215,16 +327,15 @@ impl Lists {
         None
     }
 
-    /// Moves every parked block whose event has completed to the free list.
-    fn reclaim_all(&mut self, device: DeviceId) {
-        let gpu = CudaBackend::new();
+    /// Moves every parked block whose fence has completed to the free list.
+    fn reclaim_all<U: Upstream<Fence = F>>(&mut self, upstream: &U, device: DeviceId) {
         for class in 0..self.parked.len() {
             let blocks = core::mem::take(&mut self.parked[class].blocks);
             let mut pending = VecDeque::with_capacity(blocks.len());
             for p in blocks {
-                if let Ok(Completion::Complete) = gpu.query_event(p.event, device) {
+                if let Ok(Completion::Complete) = upstream.query_fence(p.fence, device) {
                     self.parked_blocks -= 1;
-                    self.idle_events.push(p.event);
+                    self.idle_fences.push(p.fence);
                     self.push_free(class, p.addr);
                 } else {
                     pending.push_back(p);
@@ -239,54 +350,79 @@ impl Lists {
 }
 
 /// A snapshot of a pool's lists.
-#[derive(Copy, Clone, Debug, Default)]
-pub(crate) struct PoolCounts {
-    pub(crate) parked_blocks: usize,
-    pub(crate) free_blocks: usize,
-    pub(crate) free_bytes: usize,
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolCounts {
+    /// Blocks waiting for their fence.
+    pub parked_blocks: usize,
+    /// Blocks ready for reuse.
+    pub free_blocks: usize,
+    /// The bytes of the free blocks.
+    pub free_bytes: usize,
 }
 
-/// Pinned or managed blocks of one device. See the [module documentation](self).
+/// The tallies of a pool's upstream calls and reuses.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolTallies {
+    /// Blocks taken from the upstream.
+    pub upstream_allocations: u64,
+    /// Blocks given back to the upstream.
+    pub upstream_frees: u64,
+    /// Blocks handed out again without an upstream call.
+    pub reuses: u64,
+}
+
+/// The pooling logic over any [`Upstream`]. See the [module documentation](self).
 #[derive(Debug)]
-pub(crate) struct BlockPool {
-    kind: PoolKind,
-    lists: Mutex<Lists>,
+pub struct Pool<U: Upstream> {
+    upstream: U,
+    lists: Mutex<Lists<U::Fence>>,
     /// Upstream calls and reuses.
     pub(crate) counters: KindCounters,
 }
 
-impl BlockPool {
-    pub(crate) fn new(kind: PoolKind) -> Self {
-        BlockPool {
-            kind,
+/// Pinned or managed blocks of one device.
+pub(crate) type BlockPool = Pool<PoolKind>;
+
+impl<U: Upstream> Pool<U> {
+    /// An empty pool over `upstream`.
+    pub fn new(upstream: U) -> Self {
+        Pool {
+            upstream,
             lists: Mutex::new(Lists::default()),
             counters: KindCounters::default(),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Lists> {
+    /// The upstream.
+    pub fn upstream(&self) -> &U {
+        &self.upstream
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Lists<U::Fence>> {
         // Nothing panics while the lock is held; a poisoned lock still holds
         // consistent lists.
         self.lists.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A block of at least `size` bytes: a free one, else a parked one whose
-    /// event has completed, else a new one from the driver. Never a block
-    /// whose event has not been seen complete.
-    pub(crate) fn take(&self, device: DeviceId, size: usize) -> Result<usize, CudaError> {
-        let class = class_of(size).ok_or_else(invalid_value)?;
+    /// fence has completed, else a new one from the upstream. Never a block
+    /// whose fence has not been seen complete.
+    pub fn take(&self, device: DeviceId, size: usize) -> Result<usize, U::Error> {
+        let class = class_of(size).ok_or_else(|| self.upstream.invalid_size())?;
         let reused = {
             let mut lists = self.lock();
             match lists.pop_free(class) {
                 Some(addr) => Some(addr),
-                None => lists.reclaim_one(class, device),
+                None => lists.reclaim_one(&self.upstream, class, device),
             }
         };
         if let Some(addr) = reused {
+            // Relaxed: an independent tally (see `KindCounters`).
             self.counters.reuses.fetch_add(1, Ordering::Relaxed);
             return Ok(addr);
         }
-        let addr = self.kind.raw_allocate(device, class_size(class))?;
+        let addr = self.upstream.allocate(device, class_size(class))?;
+        // Relaxed: an independent tally.
         self.counters
             .upstream_allocations
             .fetch_add(1, Ordering::Relaxed);
@@ -298,14 +434,14 @@ impl BlockPool {
     /// # Safety
     /// `addr` came from [`take`](Self::take) of this pool with a `size` of
     /// the same class, is returned once, and nothing uses it any more.
-    pub(crate) unsafe fn give(&self, addr: usize, size: usize) -> Result<(), CudaError> {
-        let class = class_of(size).ok_or_else(invalid_value)?;
+    pub unsafe fn give(&self, addr: usize, size: usize) -> Result<(), U::Error> {
+        let class = class_of(size).ok_or_else(|| self.upstream.invalid_size())?;
         self.lock().push_free(class, addr);
         Ok(())
     }
 
-    /// Returns a block in the order of `stream`: it is parked behind an event
-    /// recorded on `stream` now. If no event can be recorded, the stream is
+    /// Returns a block in the order of `stream`: it is parked behind a fence
+    /// recorded on `stream` now. If no fence can be recorded, the stream is
     /// synchronized instead and the block is free at once. On error the block
     /// is untouched and still the caller's.
     ///
@@ -313,68 +449,67 @@ impl BlockPool {
     /// As for [`give`](Self::give), except that work already issued on
     /// `stream` (a live stream of `device`, or a special one) may still use
     /// the block.
-    pub(crate) unsafe fn give_after(
+    pub unsafe fn give_after(
         &self,
         device: DeviceId,
         addr: usize,
         size: usize,
         stream: StreamHandle,
-    ) -> Result<(), CudaError> {
-        let class = class_of(size).ok_or_else(invalid_value)?;
-        let gpu = CudaBackend::new();
-        let idle = self.lock().idle_events.pop();
-        let event = match idle {
-            Some(e) => Ok(e),
-            None => gpu.create_event(device, EventFlags::DISABLE_TIMING),
+    ) -> Result<(), U::Error> {
+        let class = class_of(size).ok_or_else(|| self.upstream.invalid_size())?;
+        let idle = self.lock().idle_fences.pop();
+        let fence = match idle {
+            Some(f) => Ok(f),
+            None => self.upstream.create_fence(device),
         };
-        let recorded = event.and_then(|e| match gpu.record_event(e, stream, device) {
-            Ok(()) => Ok(e),
+        let recorded = fence.and_then(|f| match self.upstream.record_fence(f, stream, device) {
+            Ok(()) => Ok(f),
             Err(err) => {
                 // Its state is unknown now: never reuse it.
-                let _ = gpu.destroy_event(e, device);
+                let _ = self.upstream.destroy_fence(f, device);
                 Err(err)
             }
         });
         match recorded {
-            Ok(event) => {
-                self.lock().park(class, Parked { addr, event });
+            Ok(fence) => {
+                self.lock().park(class, Parked { addr, fence });
                 Ok(())
             }
             Err(err) => {
-                // No event: wait for the stream, then the block is free.
-                gpu.synchronize_stream(stream, device).map_err(|_| err)?;
+                // No fence: wait for the stream, then the block is free.
+                self.upstream.synchronize(stream, device).map_err(|_| err)?;
                 self.lock().push_free(class, addr);
                 Ok(())
             }
         }
     }
 
-    /// Frees every free block, and every parked block whose event has
-    /// completed, back to the driver, and destroys the idle events. Returns
-    /// the bytes freed. A block the driver refuses to free stays in the pool;
-    /// the first such error is returned after everything else was tried.
-    pub(crate) fn trim(&self, device: DeviceId) -> Result<usize, CudaError> {
-        let (blocks, events) = {
+    /// Frees every free block, and every parked block whose fence has
+    /// completed, back to the upstream, and destroys the idle fences. Returns
+    /// the bytes freed. A block the upstream refuses to free stays in the
+    /// pool; the first such error is returned after everything else was tried.
+    pub fn trim(&self, device: DeviceId) -> Result<usize, U::Error> {
+        let (blocks, fences) = {
             let mut lists = self.lock();
-            lists.reclaim_all(device);
+            lists.reclaim_all(&self.upstream, device);
             let mut blocks = Vec::with_capacity(lists.free_blocks);
             for (class, list) in lists.free.iter_mut().enumerate() {
                 blocks.extend(list.drain(..).map(|addr| (class, addr)));
             }
             lists.free_bytes = 0;
             lists.free_blocks = 0;
-            (blocks, core::mem::take(&mut lists.idle_events))
+            (blocks, core::mem::take(&mut lists.idle_fences))
         };
-        let gpu = CudaBackend::new();
         let mut freed = 0;
         let mut first_error = None;
         for (class, addr) in blocks {
             // SAFETY: a free block of this pool: taken from the lists above,
             // so no one else holds it, and no work uses it (it was freed
-            // synchronously, or its event has completed).
-            match unsafe { self.kind.raw_free(device, addr) } {
+            // synchronously, or its fence has completed).
+            match unsafe { self.upstream.free(device, addr) } {
                 Ok(()) => {
                     freed += class_size(class);
+                    // Relaxed: an independent tally.
                     self.counters.upstream_frees.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(e) => {
@@ -383,8 +518,8 @@ impl BlockPool {
                 }
             }
         }
-        for e in events {
-            if let Err(err) = gpu.destroy_event(e, device) {
+        for f in fences {
+            if let Err(err) = self.upstream.destroy_fence(f, device) {
                 first_error.get_or_insert(err);
             }
         }
@@ -392,7 +527,7 @@ impl BlockPool {
     }
 
     /// How many blocks are parked and free, and the free bytes.
-    pub(crate) fn counts(&self) -> PoolCounts {
+    pub fn counts(&self) -> PoolCounts {
         let lists = self.lock();
         PoolCounts {
             parked_blocks: lists.parked_blocks,
@@ -400,10 +535,22 @@ impl BlockPool {
             free_bytes: lists.free_bytes,
         }
     }
+
+    /// The upstream calls and reuses so far.
+    pub fn tallies(&self) -> PoolTallies {
+        // Relaxed: a snapshot of independent tallies.
+        PoolTallies {
+            upstream_allocations: self.counters.upstream_allocations.load(Ordering::Relaxed),
+            upstream_frees: self.counters.upstream_frees.load(Ordering::Relaxed),
+            reuses: self.counters.reuses.load(Ordering::Relaxed),
+        }
+    }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
+    use std::collections::{HashMap, HashSet};
+
     use super::*;
 
     #[test]
@@ -427,7 +574,7 @@ mod tests {
 
     #[test]
     fn free_lists_count_blocks_and_bytes() {
-        let mut l = Lists::default();
+        let mut l = Lists::<EventHandle>::default();
         assert_eq!(l.pop_free(3), None);
         l.push_free(3, 0x1000);
         l.push_free(0, 0x2000);
@@ -442,9 +589,172 @@ mod tests {
 
     #[test]
     fn a_class_without_parked_blocks_reclaims_nothing_and_asks_no_driver() {
-        let mut l = Lists::default();
-        assert_eq!(l.reclaim_one(2, DeviceId(0)), None);
-        l.reclaim_all(DeviceId(0));
+        let mut l = Lists::<EventHandle>::default();
+        assert_eq!(l.reclaim_one(&PoolKind::Pinned, 2, DeviceId(0)), None);
+        l.reclaim_all(&PoolKind::Pinned, DeviceId(0));
         assert_eq!(l.parked_blocks, 0);
+    }
+
+    /// A sequential upstream: fences complete when the test says so.
+    #[derive(Default)]
+    struct Fake(std::sync::Mutex<FakeState>);
+
+    #[derive(Default)]
+    struct FakeState {
+        next_block: usize,
+        live: HashSet<usize>,
+        /// Live fences: `Some(complete)` once recorded.
+        fences: HashMap<usize, Option<bool>>,
+        next_fence: usize,
+        fail_record: bool,
+        fail_sync: bool,
+        fail_free: bool,
+        synchronized: usize,
+    }
+
+    impl Fake {
+        fn st(&self) -> std::sync::MutexGuard<'_, FakeState> {
+            self.0.lock().unwrap()
+        }
+    }
+
+    impl Upstream for Fake {
+        type Error = &'static str;
+        type Fence = usize;
+
+        fn invalid_size(&self) -> &'static str {
+            "invalid size"
+        }
+        fn allocate(&self, _: DeviceId, bytes: usize) -> Result<usize, &'static str> {
+            let mut st = self.st();
+            st.next_block += 1;
+            let addr = st.next_block << 32 | bytes;
+            st.live.insert(addr);
+            Ok(addr)
+        }
+        unsafe fn free(&self, _: DeviceId, addr: usize) -> Result<(), &'static str> {
+            let mut st = self.st();
+            if st.fail_free {
+                return Err("free failed");
+            }
+            assert!(st.live.remove(&addr), "freed twice or never allocated");
+            Ok(())
+        }
+        fn create_fence(&self, _: DeviceId) -> Result<usize, &'static str> {
+            let mut st = self.st();
+            st.next_fence += 1;
+            let f = st.next_fence;
+            st.fences.insert(f, None);
+            Ok(f)
+        }
+        fn record_fence(&self, f: usize, _: StreamHandle, _: DeviceId) -> Result<(), &'static str> {
+            let mut st = self.st();
+            if st.fail_record {
+                return Err("record failed");
+            }
+            *st.fences.get_mut(&f).expect("a live fence") = Some(false);
+            Ok(())
+        }
+        fn query_fence(&self, f: usize, _: DeviceId) -> Result<Completion, &'static str> {
+            match self.st().fences[&f] {
+                Some(false) => Ok(Completion::Pending),
+                _ => Ok(Completion::Complete),
+            }
+        }
+        fn destroy_fence(&self, f: usize, _: DeviceId) -> Result<(), &'static str> {
+            self.st().fences.remove(&f).map(drop).ok_or("no such fence")
+        }
+        fn synchronize(&self, _: StreamHandle, _: DeviceId) -> Result<(), &'static str> {
+            let mut st = self.st();
+            if st.fail_sync {
+                return Err("synchronize failed");
+            }
+            st.synchronized += 1;
+            Ok(())
+        }
+    }
+
+    const D: DeviceId = DeviceId(0);
+    const S: StreamHandle = StreamHandle(0x1000);
+
+    #[test]
+    fn a_parked_block_is_reused_only_after_its_fence_completes() {
+        let pool = Pool::new(Fake::default());
+        let a = pool.take(D, 5000).unwrap();
+        // SAFETY: taken above with the same size; only "work on S" uses it.
+        unsafe { pool.give_after(D, a, 5000, S) }.unwrap();
+        assert_eq!(pool.counts().parked_blocks, 1);
+        let b = pool.take(D, 8192).unwrap();
+        assert_ne!(a, b, "the fence is pending");
+        let fence = *pool.upstream().st().fences.keys().next().unwrap();
+        *pool.upstream().st().fences.get_mut(&fence).unwrap() = Some(true);
+        assert_eq!(pool.take(D, 6000).unwrap(), a, "same class, fence complete");
+        // SAFETY: both taken above, unused.
+        unsafe { pool.give(a, 6000).unwrap() };
+        // SAFETY: as above.
+        unsafe { pool.give(b, 8192).unwrap() };
+        let t = pool.tallies();
+        assert_eq!((t.upstream_allocations, t.reuses), (2, 1));
+        assert_eq!(pool.trim(D), Ok(2 * 8192));
+        let st = pool.upstream().st();
+        assert!(st.live.is_empty() && st.fences.is_empty());
+    }
+
+    #[test]
+    fn a_failed_record_destroys_the_fence_and_synchronizes_instead() {
+        let pool = Pool::new(Fake::default());
+        let a = pool.take(D, 4096).unwrap();
+        pool.upstream().st().fail_record = true;
+        // SAFETY: taken above; only work on S uses it.
+        unsafe { pool.give_after(D, a, 4096, S) }.unwrap();
+        {
+            let st = pool.upstream().st();
+            assert!(st.fences.is_empty(), "the unrecorded fence is destroyed");
+            assert_eq!(st.synchronized, 1);
+        }
+        assert_eq!(pool.counts().free_blocks, 1);
+        assert_eq!(pool.take(D, 4096).unwrap(), a);
+        // Record and synchronize both failing: the record's error, block kept
+        // by the caller.
+        pool.upstream().st().fail_sync = true;
+        // SAFETY: as above.
+        let refused = unsafe { pool.give_after(D, a, 4096, S) };
+        assert_eq!(refused, Err("record failed"));
+        assert_eq!(pool.counts(), PoolCounts::default());
+        assert!(pool.upstream().st().live.contains(&a), "still the caller's");
+    }
+
+    #[test]
+    fn trim_keeps_pending_blocks_and_blocks_the_upstream_refuses() {
+        let pool = Pool::new(Fake::default());
+        let (a, b) = (pool.take(D, 4096).unwrap(), pool.take(D, 4096).unwrap());
+        // SAFETY: taken above; only work on S uses `a`; nothing uses `b`.
+        unsafe {
+            pool.give_after(D, a, 4096, S).unwrap();
+            pool.give(b, 4096).unwrap();
+        }
+        pool.upstream().st().fail_free = true;
+        assert_eq!(pool.trim(D), Err("free failed"));
+        let c = pool.counts();
+        assert_eq!((c.parked_blocks, c.free_blocks), (1, 1));
+        pool.upstream().st().fail_free = false;
+        assert_eq!(pool.trim(D), Ok(4096));
+        assert_eq!(pool.counts().parked_blocks, 1, "its fence is pending");
+        for f in pool.upstream().st().fences.values_mut() {
+            *f = Some(true);
+        }
+        assert_eq!(pool.trim(D), Ok(4096));
+        assert_eq!(pool.counts(), PoolCounts::default());
+        assert_eq!(pool.tallies().upstream_frees, 2);
+        let st = pool.upstream().st();
+        assert!(st.live.is_empty() && st.fences.is_empty());
+    }
+
+    #[test]
+    fn a_size_no_class_holds_is_refused() {
+        let pool = Pool::new(Fake::default());
+        assert_eq!(pool.take(D, usize::MAX), Err("invalid size"));
+        // SAFETY: refused before the pool touches anything.
+        assert_eq!(unsafe { pool.give(1, usize::MAX) }, Err("invalid size"));
     }
 }

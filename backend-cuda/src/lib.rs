@@ -52,10 +52,12 @@
 #![warn(missing_docs)]
 
 mod backend;
-mod block_pool;
+#[doc(hidden)]
+pub mod block_pool; // public for the loom models only
 mod driver;
 mod error;
 pub mod memory;
+mod sync;
 pub mod testing;
 
 use std::sync::{Arc, OnceLock};

@@ -25,7 +25,12 @@ static LOST: AtomicUsize = AtomicUsize::new(0);
 static HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 
 /// How many errors drops have met, since the process started, with no owner to
-/// report them to (see the [module documentation](self)).
+/// report them to: a pool's own drop destroying what it pooled, a scratchpad's
+/// drop releasing its blocks. (A lease's drop parks its error in its pool
+/// instead: `take_error`.) Call the fallible form first where one exists
+/// ([`Scratchpad::release`](crate::Scratchpad::release),
+/// [`StreamPool::purge`](crate::StreamPool::purge),
+/// [`EventPool::purge`](crate::EventPool::purge)) to get such errors as values.
 pub fn lost_errors() -> usize {
     // Relaxed: a tally; nothing is published with it.
     LOST.load(Ordering::Relaxed)

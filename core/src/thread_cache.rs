@@ -258,7 +258,10 @@ impl ThreadCache {
     #[cfg(not(loom))]
     #[inline]
     fn way(pool: u64, device: usize) -> usize {
-        (pool as usize).wrapping_mul(CACHED_DEVICES).wrapping_add(device) % MEMO_WAYS
+        (pool as usize)
+            .wrapping_mul(CACHED_DEVICES)
+            .wrapping_add(device)
+            % MEMO_WAYS
     }
 
     #[cfg(not(loom))]

@@ -1,14 +1,71 @@
-//! loom models of gpupool's lock-free paths.
+//! loom models of every shared (`Sync`) type in gpupool.
 //!
-//! The models live in `tests/models.rs` and compile only with `--cfg loom`
-//! (which also switches gpupool-core and gpupool-mock to loom's primitives) and
-//! `--cfg crossbeam_loom` (which makes crossbeam-epoch model its collector).
-//! `cargo test -p loom-tests` needs neither flag: its plain test
-//! (`tests/run_models.rs`) rebuilds this crate with both, in
-//! `target/loom`, runs the models in release mode and checks that each one ran
-//! and passed.
+//! The models live in `tests/models.rs` (with `tests/models/mock_backend.rs`
+//! and `tests/models/block_pool.rs`) and compile only with `--cfg loom` (which
+//! also switches gpupool-core, gpupool-mock and the block pools of
+//! gpupool-cuda to loom's primitives) and `--cfg crossbeam_loom` (which makes
+//! crossbeam-epoch model its collector). `cargo test -p loom-tests` needs
+//! neither flag: its plain test (`tests/run_models.rs`) rebuilds this crate
+//! with both, in `target/loom`, runs the models in release mode with
+//! `LOOM_MAX_PREEMPTIONS=2` (3 for the models that are cheap enough, see
+//! [`DEEP_PREEMPTIONS`]) and checks that each one in [`MODELS`] ran and
+//! passed.
+//!
+//! Everything a model shares between its threads goes through loom's types
+//! (the test's own bookkeeping included): loom prunes interleavings that
+//! differ only in the order of accesses it cannot see, so a `std` mutex in a
+//! fake would hide the very races the model is for.
+//!
+//! ## Every `Sync` type and its models
+//!
+//! | type (crate) | shared state | model(s) |
+//! |---|---|---|
+//! | `Stack<T>`: Treiber stack (core, private) | head pointer, nodes retired through crossbeam-epoch | `stack_push_pop_is_exact`, `bag_push_races_take_all` (`push_from`); every pool model (ready lists) |
+//! | `Bag<T>`: push / take-all (core, private) | head pointer | `bag_push_races_take_all`; `stream_put_to_busy_races_scan` (busy list); `parked_error_two_drops` (quarantine) |
+//! | `DeviceTable<S>`: lazy per-device table (core, private) | one pointer published by CAS | `lazy_device_table_two_threads` |
+//! | `ParkedError<E>` (core, private) | error slot (CAS / swap), dropped-error tally | `parked_error_two_drops` |
+//! | `Counters` (core, private) | relaxed tallies | checked after the joins in `stream_pool_two_threads_one_device`, `event_pool_two_threads_get_put`, `stream_put_to_busy_races_scan` |
+//! | `ThreadCache` / `Cell`: per-thread cells, the pools' fast path (core, private) | cell slots (owner `take`/`give`/`keep` vs `drain`'s swaps), the registry `Mutex`, orphan list and flag, owner-only tallies | `thread_cache_owner_races_a_drain` (event flavour), `thread_cache_registration_races_a_drain` (stream flavour: registration vs drain, `take_orphans`, tallies), through `internals::CacheModel` |
+//! | `StreamPool<B>`, `StreamLease` (core) | the above, per device | `stream_pool_two_threads_one_device`, `stream_get_races_purge`, `stream_put_to_busy_races_scan`, `lazy_device_table_two_threads`, `parked_error_two_drops` |
+//! | `EventPool<B>`, `EventLease` (core) | the above, per device | `event_pool_two_threads_get_put`, `shared_event_last_two_clones` |
+//! | `SharedEvent` (core) | `Arc` count of one lease | `shared_event_last_two_clones` |
+//! | `Pinning` (core, private) | a crossbeam-epoch `Collector` | every stack and pool model (crossbeam-epoch's own loom mode) |
+//! | `MockBackend` (mock) | one `Mutex` over streams, events, waits, memory and its hazard detector, call counters, armed faults, misuse log | `mock_backend::two_threads_every_call`, `mock_backend::completion_races_a_stream_ordered_free`; it is the backend of every pool model too |
+//! | `Pool<U>` / `BlockPool`: pinned and managed blocks (cuda, `block_pool`) | one `Mutex` over the free lists, parked blocks and idle fences; relaxed tallies | `block_pool::reuse_waits_for_the_fence`, `block_pool::give_after_races_trim`, `block_pool::failed_record_races_take` (over a fake upstream; the CUDA pools are the same `Pool` over `PoolKind`) |
+//!
+//! Not modelled, and why:
+//!
+//! - The pools' use of the per-thread cells (`ThreadCache::with_cell` and its
+//!   thread-local memo): compiled out under loom (loom's thread-locals make a
+//!   model nondeterministic there); the cells' shared operations are modelled
+//!   directly (rows above), and the memo is per-thread, not shared. An owner
+//!   thread *exiting* (its cells orphaned, adopted by the next thread, their
+//!   streams moved to the busy list) is not modelled: thread exit runs a
+//!   thread-local destructor that is compiled out under loom, and no hook
+//!   lets a model orphan a cell yet.
+//! - `lost_errors` / `set_lost_error_hook` (core): two process-wide statics,
+//!   plain `core` atomics in every build (a relaxed tally and a pointer
+//!   published by an `AcqRel` swap / `Acquire` load); loom does not reset
+//!   statics between executions. The pool-id counter of the thread cache is
+//!   the same kind (a relaxed `fetch_add` handing out unique ids).
+//! - `CudaBackend` (cuda): zero-sized; its shared state is the process-wide
+//!   driver table and each device's primary context, `OnceLock`s filled by
+//!   driver calls (`cuInit`, `cuDevicePrimaryCtxRetain`), which loom cannot
+//!   run.
+//! - The CUDA memory state per device (cuda, `memory.rs`): `OnceLock`s over
+//!   driver calls (the default memory pool, the private stream; a racing
+//!   loser destroys its stream), relaxed tallies, and the over-alignment
+//!   table: a `Mutex<HashMap>` with a length read without the lock
+//!   (`Acquire`) on every free. That table is not separated from the driver
+//!   calls around it yet; it could be modelled like the block pool.
+//! - `testing::Gate` (cuda): its other side is a GPU kernel.
+//! - Plain data (`Sync` with nothing mutable behind `&self`): handles,
+//!   `DeviceId`, `AccessOrder`, `OwnedStream`, `OwnedEvent`, `PoolStats`,
+//!   configurations, errors, `Hazard`, `Misuse`. `Scratchpad` (and the
+//!   `MonotonicResource`s inside it) is `Send` but not `Sync`.
 
-/// The models `tests/models.rs` defines; the runner checks each one passed.
+/// The models `tests/models.rs` defines (as the test harness names them);
+/// the runner checks each one passed.
 pub const MODELS: &[&str] = &[
     "stack_push_pop_is_exact",
     "bag_push_races_take_all",
@@ -20,8 +77,18 @@ pub const MODELS: &[&str] = &[
     "event_pool_two_threads_get_put",
     "parked_error_two_drops",
     "thread_cache_owner_races_a_drain",
+    "thread_cache_registration_races_a_drain",
+    "mock_backend::two_threads_every_call",
+    "mock_backend::completion_races_a_stream_ordered_free",
+    "block_pool::reuse_waits_for_the_fence",
+    "block_pool::give_after_races_trim",
+    "block_pool::failed_record_races_take",
 ];
 
 /// Preemption bound for the models (loom explores every interleaving with at
 /// most this many preemptions per thread).
 pub const MAX_PREEMPTIONS: &str = "2";
+
+/// The bound for the models cheap enough to go deeper (the mock backend's,
+/// the block pool's, the thread-cache registration): a few seconds together.
+pub const DEEP_PREEMPTIONS: usize = 3;

@@ -1,9 +1,21 @@
-//! loom models of every lock-free path in gpupool-core, each over the public
-//! API (or the hidden `internals` wrappers for the raw stacks), 2–3 threads.
+//! loom models of every shared (`Sync`) type in gpupool: the core's
+//! lock-free paths, each over the public API (or the hidden `internals`
+//! wrappers for the raw stacks and the per-thread cache), the mock backend
+//! (`models/mock_backend.rs`) and the CUDA backend's pinned/managed block
+//! pool over a fake upstream (`models/block_pool.rs`); 2–3 threads each. The
+//! list, and which model covers which type, is in the crate documentation
+//! (`src/lib.rs`).
 //!
 //! Built only with `--cfg loom --cfg crossbeam_loom`; `tests/run_models.rs`
 //! does that for a plain `cargo test -p loom-tests`.
 #![cfg(loom)]
+
+// Under `tests/models/`: files directly in `tests/` would be test crates of
+// their own.
+#[path = "models/block_pool.rs"]
+mod block_pool;
+#[path = "models/mock_backend.rs"]
+mod mock_backend;
 
 use std::collections::HashSet;
 
@@ -42,6 +54,17 @@ impl<R> Drop for Scoped<R> {
             let _ = h.join();
         }
     }
+}
+
+/// `loom::model` with a preemption bound of at least
+/// [`loom_tests::DEEP_PREEMPTIONS`], for the models cheap enough to explore
+/// deeper than the suite's default (an unbounded run stays unbounded).
+fn model_deep(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = builder
+        .preemption_bound
+        .map(|p| p.max(loom_tests::DEEP_PREEMPTIONS));
+    builder.check(f);
 }
 
 fn idle_mock(devices: u32) -> MockBackend {
@@ -267,5 +290,35 @@ fn thread_cache_owner_races_a_drain() {
             .collect();
         all.sort();
         assert_eq!(all, [1, 2], "a cached handle was lost or duplicated");
+    });
+}
+
+/// A thread registers its cell (the stream pool's kind: no adoption) and
+/// keeps and takes handles in it while another thread drains the cache (a
+/// purge) and collects orphans: the registration and the drain are ordered by
+/// the registry's lock, every handle ends up exactly once in the drains or
+/// with the owner, and the owner's tallies are exact.
+#[test]
+fn thread_cache_registration_races_a_drain() {
+    use gpupool_core::internals::CacheModel;
+    model_deep(|| {
+        let cache = CacheModel::without_adoption();
+        let owner = spawn_scoped(|| {
+            let cell = cache.cell(0);
+            assert!(cell.give(1));
+            assert!(cell.give(2));
+            let took = cell.take();
+            (cell, took)
+        });
+        let mut drained = cache.drain();
+        assert!(cache.take_orphans().is_empty(), "no owner exited");
+        let (cell, took) = owner.join();
+        let served = usize::from(took.is_some());
+        assert_eq!(cache.served_and_kept(0), (served, 2));
+        drained.extend(took);
+        drained.extend(cache.drain());
+        drained.sort();
+        assert_eq!(drained, [1, 2], "a cached handle was lost or duplicated");
+        assert_eq!(cell.take(), None);
     });
 }
