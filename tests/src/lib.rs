@@ -39,6 +39,7 @@ use gpupool_core::{
 };
 use gpupool_mock::MockBackend;
 
+pub mod baselines;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
