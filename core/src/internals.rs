@@ -93,7 +93,8 @@ impl<T> Default for PushOnlyBag<T> {
 }
 
 /// A pool's per-thread cache with its cells driven directly (no
-/// thread-locals), for the loom model of an owner racing a drain.
+/// thread-locals), for the loom models of owners, registrations, thread exits
+/// and adoptions racing drains.
 #[cfg(feature = "std")]
 pub struct CacheModel {
     cache: crate::thread_cache::ThreadCache,
@@ -102,7 +103,8 @@ pub struct CacheModel {
 #[cfg(feature = "std")]
 impl CacheModel {
     /// An empty cache whose adopted cells keep their handles (the event
-    /// pool's).
+    /// pool's, and the stream pool's by default: its cells keep streams found
+    /// idle when they came back).
     pub fn new() -> Self {
         CacheModel {
             cache: crate::thread_cache::ThreadCache::new(),
@@ -110,7 +112,8 @@ impl CacheModel {
     }
 
     /// An empty cache whose adopted cells' handles go to the orphans (the
-    /// stream pool's, which keeps idle streams in the cells).
+    /// stream pool's with `same_thread_reuse`, whose cells keep streams
+    /// unqueried: they may still run the exited thread's work).
     pub fn without_adoption() -> Self {
         CacheModel {
             cache: crate::thread_cache::ThreadCache::with_adoption(false),
@@ -118,7 +121,8 @@ impl CacheModel {
     }
 
     /// A cell for `device` (the owner's, in the model): registers one, as a
-    /// thread's first lease on the pool does.
+    /// thread's first lease on the pool does; that adopts a cell whose owner
+    /// exited, if there is one.
     pub fn cell(&self, device: usize) -> CellModel {
         CellModel(self.cache.register(device))
     }
@@ -152,7 +156,8 @@ impl Default for CacheModel {
     }
 }
 
-/// One cell; only its owner may call [`take`](Self::take) and [`give`](Self::give).
+/// One cell; only its owner may call [`take`](Self::take), [`give`](Self::give)
+/// and [`exit`](Self::exit).
 #[cfg(feature = "std")]
 pub struct CellModel(crate::sync::Arc<crate::thread_cache::Cell>);
 
@@ -166,5 +171,18 @@ impl CellModel {
     /// The owner keeps a handle; `false` if the cell is full.
     pub fn give(&self, handle: usize) -> bool {
         self.0.give(handle)
+    }
+
+    /// Which cell this is: a thread that adopts a cell gets the exited
+    /// owner's, with the same id (ids are not reused while the cache lives).
+    pub fn id(&self) -> usize {
+        crate::sync::Arc::as_ptr(&self.0) as usize
+    }
+
+    /// The owner thread exits: the cell is orphaned, as the thread-local
+    /// destructor of an exiting thread does, and the next registration for its
+    /// device adopts it.
+    pub fn exit(self) {
+        self.0.release_owner()
     }
 }

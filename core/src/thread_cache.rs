@@ -131,6 +131,18 @@ impl Cell {
         }
         false
     }
+
+    /// Gives the cell up: its owner is exiting, and the next thread that
+    /// registers with the pool adopts it. Owner only, once, and the last thing
+    /// the owner does with the cell.
+    pub(crate) fn release_owner(&self) {
+        // Release: the handles the thread left in the cell are published to
+        // the adopter, which reads `owned` with Acquire under the registry
+        // lock.
+        self.owned.store(false, Ordering::Release);
+        // Release: pairs with the Acquire swap in `take_orphans`.
+        self.orphaned.store(true, Ordering::Release);
+    }
 }
 
 /// The calling thread's cells; marks them orphaned when the thread exits.
@@ -145,12 +157,7 @@ impl Drop for Owned {
         // that returns a lease cannot reach a cell it no longer owns.
         let _ = MEMO.try_with(|m| m.iter().for_each(|e| e.set(EMPTY_MEMO)));
         for (_, _, cell) in &self.0 {
-            // Release: the handles the thread left in the cell are published to
-            // the adopter, which reads `owned` with Acquire under the registry
-            // lock.
-            cell.owned.store(false, Ordering::Release);
-            // Release: pairs with the Acquire swap in `take_orphans`.
-            cell.orphaned.store(true, Ordering::Release);
+            cell.release_owner();
         }
     }
 }

@@ -1,15 +1,15 @@
 //! loom models of every shared (`Sync`) type in gpupool.
 //!
-//! The models live in `tests/models.rs` (with `tests/models/mock_backend.rs`
-//! and `tests/models/block_pool.rs`) and compile only with `--cfg loom` (which
-//! also switches gpupool-core, gpupool-mock and the block pools of
-//! gpupool-cuda to loom's primitives) and `--cfg crossbeam_loom` (which makes
-//! crossbeam-epoch model its collector). `cargo test -p loom-tests` needs
-//! neither flag: its plain test (`tests/run_models.rs`) rebuilds this crate
-//! with both, in `target/loom`, runs the models in release mode with
-//! `LOOM_MAX_PREEMPTIONS=2` (3 for the models that are cheap enough, see
-//! [`DEEP_PREEMPTIONS`]) and checks that each one in [`MODELS`] ran and
-//! passed.
+//! The models live in `tests/models.rs` (with `tests/models/mock_backend.rs`,
+//! `tests/models/block_pool.rs` and `tests/models/thread_exit.rs`) and compile
+//! only with `--cfg loom` (which also switches gpupool-core, gpupool-mock and
+//! the block pools of gpupool-cuda to loom's primitives) and
+//! `--cfg crossbeam_loom` (which makes crossbeam-epoch model its collector).
+//! `cargo test -p loom-tests` needs neither flag: its plain test
+//! (`tests/run_models.rs`) rebuilds this crate with both, in `target/loom`,
+//! runs the models in release mode with `LOOM_MAX_PREEMPTIONS=2` (3 for the
+//! models that are cheap enough, see [`DEEP_PREEMPTIONS`]) and checks that
+//! each one in [`MODELS`] ran and passed.
 //!
 //! Everything a model shares between its threads goes through loom's types
 //! (the test's own bookkeeping included): loom prunes interleavings that
@@ -25,7 +25,7 @@
 //! | `DeviceTable<S>`: lazy per-device table (core, private) | one pointer published by CAS | `lazy_device_table_two_threads` |
 //! | `ParkedError<E>` (core, private) | error slot (CAS / swap), dropped-error tally | `parked_error_two_drops` |
 //! | `Counters` (core, private) | relaxed tallies | checked after the joins in `stream_pool_two_threads_one_device`, `event_pool_two_threads_get_put`, `stream_put_to_busy_races_scan` |
-//! | `ThreadCache` / `Cell`: per-thread cells, the pools' fast path (core, private) | cell slots (owner `take`/`give`/`keep` vs `drain`'s swaps), the registry `Mutex`, orphan list and flag, owner-only tallies | `thread_cache_owner_races_a_drain` (event flavour), `thread_cache_registration_races_a_drain` (stream flavour: registration vs drain, `take_orphans`, tallies), through `internals::CacheModel` |
+//! | `ThreadCache` / `Cell`: per-thread cells, the pools' fast path (core, private) | cell slots (owner `take`/`give`/`keep` vs `drain`'s swaps), the registry `Mutex`, the `owned` flag (thread exit vs adoption), orphan list and flag, owner-only tallies | `thread_cache_owner_races_a_drain` (adopting flavour: events, idle streams), `thread_cache_registration_races_a_drain` (non-adopting flavour, `same_thread_reuse`: registration vs drain, `take_orphans`, tallies), `thread_exit::adopter_keeps_the_handles_racing_a_drain` (an owner exits, the next registration adopts its cell and handles, racing a drain; tallies continued), `thread_exit::adopter_is_not_served_the_orphans` (an owner exits, the adopter gets its streams only through `take_orphans` or a drain, none stranded), all through `internals::CacheModel` |
 //! | `StreamPool<B>`, `StreamLease` (core) | the above, per device | `stream_pool_two_threads_one_device`, `stream_get_races_purge`, `stream_put_to_busy_races_scan`, `lazy_device_table_two_threads`, `parked_error_two_drops` |
 //! | `EventPool<B>`, `EventLease` (core) | the above, per device | `event_pool_two_threads_get_put`, `shared_event_last_two_clones` |
 //! | `SharedEvent` (core) | `Arc` count of one lease | `shared_event_last_two_clones` |
@@ -36,13 +36,14 @@
 //! Not modelled, and why:
 //!
 //! - The pools' use of the per-thread cells (`ThreadCache::with_cell` and its
-//!   thread-local memo): compiled out under loom (loom's thread-locals make a
-//!   model nondeterministic there); the cells' shared operations are modelled
-//!   directly (rows above), and the memo is per-thread, not shared. An owner
-//!   thread *exiting* (its cells orphaned, adopted by the next thread, their
-//!   streams moved to the busy list) is not modelled: thread exit runs a
-//!   thread-local destructor that is compiled out under loom, and no hook
-//!   lets a model orphan a cell yet.
+//!   thread-local memo, and the thread-local destructor `Owned::drop` that
+//!   orphans an exiting thread's cells): compiled out under loom (loom's
+//!   thread-locals make a model nondeterministic there); the cells' shared
+//!   operations are modelled directly (rows above: `CellModel::exit` runs
+//!   `Cell::release_owner`, what `Owned::drop` runs for each cell after
+//!   clearing the memo), and the memo is per-thread, not shared. What the
+//!   stream pool does with the handles `take_orphans` returns (pushes them to
+//!   its busy list) is the busy list's `push`, covered with the `Bag`.
 //! - `lost_errors` / `set_lost_error_hook` (core): two process-wide statics,
 //!   plain `core` atomics in every build (a relaxed tally and a pointer
 //!   published by an `AcqRel` swap / `Acquire` load); loom does not reset
@@ -78,6 +79,8 @@ pub const MODELS: &[&str] = &[
     "parked_error_two_drops",
     "thread_cache_owner_races_a_drain",
     "thread_cache_registration_races_a_drain",
+    "thread_exit::adopter_keeps_the_handles_racing_a_drain",
+    "thread_exit::adopter_is_not_served_the_orphans",
     "mock_backend::two_threads_every_call",
     "mock_backend::completion_races_a_stream_ordered_free",
     "block_pool::reuse_waits_for_the_fence",
@@ -90,5 +93,6 @@ pub const MODELS: &[&str] = &[
 pub const MAX_PREEMPTIONS: &str = "2";
 
 /// The bound for the models cheap enough to go deeper (the mock backend's,
-/// the block pool's, the thread-cache registration): a few seconds together.
+/// the block pool's, the thread-cache registration and thread exits): a few
+/// seconds together.
 pub const DEEP_PREEMPTIONS: usize = 3;

@@ -1,10 +1,11 @@
 //! loom models of every shared (`Sync`) type in gpupool: the core's
 //! lock-free paths, each over the public API (or the hidden `internals`
-//! wrappers for the raw stacks and the per-thread cache), the mock backend
-//! (`models/mock_backend.rs`) and the CUDA backend's pinned/managed block
-//! pool over a fake upstream (`models/block_pool.rs`); 2–3 threads each. The
-//! list, and which model covers which type, is in the crate documentation
-//! (`src/lib.rs`).
+//! wrappers for the raw stacks and the per-thread cache), thread exits and
+//! the adoption of their per-thread cells (`models/thread_exit.rs`), the mock
+//! backend (`models/mock_backend.rs`) and the CUDA backend's pinned/managed
+//! block pool over a fake upstream (`models/block_pool.rs`); 2–3 threads
+//! each. The list, and which model covers which type, is in the crate
+//! documentation (`src/lib.rs`).
 //!
 //! Built only with `--cfg loom --cfg crossbeam_loom`; `tests/run_models.rs`
 //! does that for a plain `cargo test -p loom-tests`.
@@ -16,6 +17,8 @@
 mod block_pool;
 #[path = "models/mock_backend.rs"]
 mod mock_backend;
+#[path = "models/thread_exit.rs"]
+mod thread_exit;
 
 use std::collections::HashSet;
 
@@ -293,11 +296,12 @@ fn thread_cache_owner_races_a_drain() {
     });
 }
 
-/// A thread registers its cell (the stream pool's kind: no adoption) and
-/// keeps and takes handles in it while another thread drains the cache (a
-/// purge) and collects orphans: the registration and the drain are ordered by
-/// the registry's lock, every handle ends up exactly once in the drains or
-/// with the owner, and the owner's tallies are exact.
+/// A thread registers its cell (the non-adopting kind: the stream pool with
+/// `same_thread_reuse`) and keeps and takes handles in it while another
+/// thread drains the cache (a purge) and collects orphans: the registration
+/// and the drain are ordered by the registry's lock, every handle ends up
+/// exactly once in the drains or with the owner, and the owner's tallies are
+/// exact.
 #[test]
 fn thread_cache_registration_races_a_drain() {
     use gpupool_core::internals::CacheModel;
