@@ -54,7 +54,6 @@ pub(crate) struct Cell {
     /// Whether the pool is gone (set by the pool's drop).
     dead: AtomicBool,
     /// The registry's "a cell was orphaned" flag, raised when the owner exits.
-    #[cfg_attr(loom, allow(dead_code))] // thread exits are not modelled
     orphaned: Arc<AtomicBool>,
 }
 
@@ -265,10 +264,9 @@ impl ThreadCache {
     #[cfg(not(loom))]
     #[inline]
     fn way(pool: u64, device: usize) -> usize {
-        (pool as usize)
-            .wrapping_mul(CACHED_DEVICES)
-            .wrapping_add(device)
-            % MEMO_WAYS
+        // Pool ids are consecutive, so pools made together (a stream pool and
+        // an event pool, say) land in different entries for the same device.
+        (pool as usize).wrapping_add(device) % MEMO_WAYS
     }
 
     #[cfg(not(loom))]
