@@ -5,7 +5,9 @@
 #
 #   .gpu/test-gpupool-cuda-<target>   each test executable of gpupool-cuda
 #                                     (`lib` is the unit tests), release build
-#   .gpu/example-<name>               each example of gpupool-cuda
+#   .gpu/example-<name>               each example of gpupool-cuda, and the
+#                                     side-by-side benchmark of gpupool-tests
+#                                     (built with its `cuda` feature)
 #   .gpu/MANIFEST                     commit, toolchain, date, sizes, sha256
 #
 # cudarc loads libcuda at run time, so nothing here needs CUDA installed.
@@ -74,6 +76,8 @@ if [[ $with_suite == 1 ]]; then
   echo "== gpupool-tests --features cuda: test executables (release)"
   collect gpupool-tests test --release --no-run -p gpupool-tests --features cuda --tests
 fi
+echo "== gpupool-tests --features cuda: the side-by-side benchmark (release)"
+collect gpupool-tests build --release -p gpupool-tests --features cuda --example side-by-side
 
 {
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
