@@ -206,24 +206,23 @@ impl<B: EventBackend> EventPool<B> {
         // The calling thread's own cache first: no epoch, no shared line. A cell
         // in the memo was registered after its device was checked, so a hit
         // needs no table lookup.
+        // The event is leased in place: it stays in the cell, marked, and the
+        // lease's drop puts it back with one plain store.
         #[cfg(not(loom))]
         if let DeviceSelector::Id(d) = device {
-            if let Some(h) = self.cache.memo(d.index()).and_then(|c| c.take()) {
+            if let Some((h, cell_slot)) = self.cache.memo(d.index()).and_then(|c| c.lease()) {
                 return Ok(EventLease {
                     pool: self,
                     event: EventHandle(h),
                     device: d,
+                    in_place: Some(cell_slot),
                 });
             }
         }
         let (device, slot) = self.slot(device)?;
         #[cfg(not(loom))]
         if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
-            return Ok(EventLease {
-                pool: self,
-                event: EventHandle(h),
-                device,
-            });
+            return Ok(EventLease::new(self, EventHandle(h), device));
         }
         self.pinning.pin(|g| self.get_from(device, slot, g))
     }
@@ -263,11 +262,7 @@ impl<B: EventBackend> EventPool<B> {
                 e
             }
         };
-        Ok(EventLease {
-            pool: self,
-            event,
-            device,
-        })
+        Ok(EventLease::new(self, event, device))
     }
 
     /// Leases an event as a [`SharedEvent`], returned when the last clone drops.
@@ -472,6 +467,10 @@ pub struct EventLease<'p, B: EventBackend> {
     pool: &'p EventPool<B>,
     event: EventHandle,
     device: DeviceId,
+    /// The cell slot the event is leased in place from (`std`): the lease
+    /// owns it until it ends, and ends by writing the slot once.
+    #[cfg(all(feature = "std", not(loom)))]
+    in_place: Option<&'p crate::sync::AtomicUsize>,
 }
 
 impl<B: EventBackend> fmt::Debug for EventLease<'_, B> {
@@ -484,6 +483,28 @@ impl<B: EventBackend> fmt::Debug for EventLease<'_, B> {
 }
 
 impl<'p, B: EventBackend> EventLease<'p, B> {
+    /// A lease of an event taken out of every list.
+    fn new(pool: &'p EventPool<B>, event: EventHandle, device: DeviceId) -> Self {
+        EventLease {
+            pool,
+            event,
+            device,
+            #[cfg(all(feature = "std", not(loom)))]
+            in_place: None,
+        }
+    }
+
+    /// Ends an in-place lease, leaving its cell slot empty; false if the
+    /// lease was not in place (its end is counted in the shared tallies).
+    fn vacate(&self) -> bool {
+        #[cfg(all(feature = "std", not(loom)))]
+        if let Some(s) = self.in_place {
+            crate::thread_cache::vacate(s);
+            return true;
+        }
+        false
+    }
+
     /// The raw event handle.
     #[inline]
     pub fn get(&self) -> EventHandle {
@@ -505,8 +526,10 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     /// Ends the lease without returning the event: the caller owns it now.
     pub fn release(self) -> OwnedEvent {
         let this = ManuallyDrop::new(self);
-        if let Some(slot) = this.pool.leased_slot(this.device) {
-            Counters::bump(&slot.counters.returned);
+        if !this.vacate() {
+            if let Some(slot) = this.pool.leased_slot(this.device) {
+                Counters::bump(&slot.counters.returned);
+            }
         }
         OwnedEvent {
             handle: this.event,
@@ -521,8 +544,10 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     pub fn discard(self) -> Result<(), Error<B::Error>> {
         let this = ManuallyDrop::new(self);
         let slot = this.pool.leased_slot(this.device);
-        if let Some(slot) = slot {
-            Counters::bump(&slot.counters.returned);
+        if !this.vacate() {
+            if let Some(slot) = slot {
+                Counters::bump(&slot.counters.returned);
+            }
         }
         match this.pool.backend.destroy_event(this.event, this.device) {
             Ok(()) => {
@@ -554,7 +579,13 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
 
 impl<B: EventBackend> Drop for EventLease<'_, B> {
     fn drop(&mut self) {
-        // The returning thread's cache first (no epoch, no shared line).
+        // Leased in place: back into its slot, whichever thread this is.
+        #[cfg(all(feature = "std", not(loom)))]
+        if let Some(s) = self.in_place {
+            crate::thread_cache::unlease(s, self.event.0);
+            return;
+        }
+        // The returning thread's cache next (no epoch, no shared line).
         #[cfg(all(feature = "std", not(loom)))]
         if self
             .pool

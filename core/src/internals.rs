@@ -173,6 +173,24 @@ impl CellModel {
         self.0.give(handle)
     }
 
+    /// The owner leases a handle in place (the event pool's fast path): the
+    /// slot stays claimed until the returned [`InPlaceModel`] ends the lease,
+    /// on any thread.
+    pub fn lease(&self) -> Option<(usize, InPlaceModel)> {
+        let (h, slot) = self.0.lease()?;
+        let index = self
+            .0
+            .slot_index(slot)
+            .expect("lease returns one of the cell's own slots");
+        Some((
+            h,
+            InPlaceModel {
+                cell: self.0.clone(),
+                index,
+            },
+        ))
+    }
+
     /// Which cell this is: a thread that adopts a cell gets the exited
     /// owner's, with the same id (ids are not reused while the cache lives).
     pub fn id(&self) -> usize {
@@ -184,5 +202,28 @@ impl CellModel {
     /// device adopts it.
     pub fn exit(self) {
         self.0.release_owner()
+    }
+}
+
+/// An in-place lease of a cell slot ([`CellModel::lease`]); may be sent to
+/// another thread, which ends it.
+#[cfg(feature = "std")]
+pub struct InPlaceModel {
+    cell: crate::sync::Arc<crate::thread_cache::Cell>,
+    index: usize,
+}
+
+#[cfg(feature = "std")]
+impl InPlaceModel {
+    /// Ends the lease, putting `handle` (the leased one) back, as the event
+    /// lease's drop does.
+    pub fn unlease(self, handle: usize) {
+        crate::thread_cache::unlease(self.cell.slot(self.index), handle)
+    }
+
+    /// Ends the lease without putting the handle back, as `release` and
+    /// `discard` do.
+    pub fn vacate(self) {
+        crate::thread_cache::vacate(self.cell.slot(self.index))
     }
 }

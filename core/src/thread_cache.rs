@@ -19,6 +19,14 @@
 //! owner racing a drain lost a handle with it; the CAS makes the slot's
 //! modification order settle the race, and the model passes.)
 //!
+//! The event pool leases *in place* ([`Cell::lease`]): the owner's CAS
+//! replaces the handle in its slot with the [`LEASED`] marker, and the lease
+//! ends with one plain store of the handle back into that slot ([`unlease`]),
+//! or of 0 ([`vacate`]), from whichever thread holds it. While a slot holds the
+//! marker nobody else writes it: `give` claims only empty slots, and `lease`,
+//! `take` and the drains take only handles (each with a CAS, so a handle has
+//! one taker). A get+put is then one read-modify-write instead of two.
+//!
 //! A thread that exits marks its cells orphaned; the next thread that
 //! registers with the pool adopts an orphaned cell, handles included, so a
 //! pool used by short-lived threads does not strand handles or grow its
@@ -32,6 +40,11 @@ use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// Handles one cell keeps.
 pub(crate) const SLOTS: usize = 4;
+/// What a slot holds while its handle is leased *in place* ([`Cell::lease`]):
+/// the slot stays claimed, and only the lease writes it until it ends (the
+/// lease holds the handle itself). A handle with this value is never kept in a
+/// cell (it goes to the shared lists; no real handle is the all-ones word).
+pub(crate) const LEASED: usize = usize::MAX;
 /// Devices served by cells (higher device ids always use the shared stacks).
 #[cfg_attr(loom, allow(dead_code))] // the pools use the cache only without loom
 pub(crate) const CACHED_DEVICES: usize = 8;
@@ -49,6 +62,9 @@ pub(crate) struct Cell {
     served: AtomicUsize,
     /// Leases returned into this cell (written by its owner only).
     kept: AtomicUsize,
+    /// Leases served in place (written by its owner only); those no longer
+    /// marked [`LEASED`] have ended.
+    in_place: AtomicUsize,
     /// Whether a live thread owns this cell.
     owned: AtomicBool,
     /// Whether the pool is gone (set by the pool's drop).
@@ -65,6 +81,7 @@ impl Cell {
             slots: [(); SLOTS].map(|_| AtomicUsize::new(0)),
             served: AtomicUsize::new(0),
             kept: AtomicUsize::new(0),
+            in_place: AtomicUsize::new(0),
             owned: AtomicBool::new(true),
             dead: AtomicBool::new(false),
         }
@@ -82,17 +99,36 @@ impl Cell {
     pub(crate) fn take(&self) -> Option<usize> {
         // Last filled first: `give` fills from the front, so this is LIFO.
         for s in self.slots.iter().rev() {
-            // Relaxed pre-check: only the owner makes a slot nonzero; a drain
-            // may zero it meanwhile, which the swap below settles.
-            if s.load(Ordering::Relaxed) != 0 {
-                // Acquire: pairs with the Release store that put the handle in
-                // (this thread's own, or an exited owner's, handed over through
-                // the registry's lock).
-                let h = s.swap(0, Ordering::Acquire);
-                if h != 0 {
-                    Self::bump(&self.served);
-                    return Some(h);
-                }
+            if let Some(h) = take_slot(s) {
+                Self::bump(&self.served);
+                return Some(h);
+            }
+        }
+        None
+    }
+
+    /// Leases the most recently kept handle *in place*: its slot stays
+    /// claimed, marked [`LEASED`], so that a drain passes it by, and the lease
+    /// ends with one plain store ([`unlease`] or [`vacate`]) instead of a second
+    /// read-modify-write. Owner only; the returned slot belongs to the lease
+    /// (whichever thread holds it) until one of those two calls.
+    #[inline]
+    pub(crate) fn lease(&self) -> Option<(usize, &AtomicUsize)> {
+        for s in self.slots.iter().rev() {
+            // Relaxed pre-check: only the owner makes a slot hold an unleased
+            // handle; a drain may empty it meanwhile, which the CAS settles.
+            let h = s.load(Ordering::Relaxed);
+            // Acquire on success: pairs with the Release store that put the
+            // handle in (this thread's `keep`, a lease's `unlease` from any
+            // thread, or an exited owner's, handed over through the registry).
+            if h != 0
+                && h != LEASED
+                && s.compare_exchange(h, LEASED, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                Self::bump(&self.served);
+                Self::bump(&self.in_place);
+                return Some((h, s));
             }
         }
         None
@@ -114,13 +150,17 @@ impl Cell {
     #[inline]
     pub(crate) fn keep(&self, handle: usize) -> bool {
         debug_assert!(handle != 0);
+        if handle == LEASED {
+            // Would read as leased: never taken, never drained. Shared lists.
+            return false;
+        }
         for s in &self.slots {
             // Relaxed pre-check: skips full slots without a read-modify-write.
             // The CAS then claims the slot only if it is still empty; it is an
             // RMW (not a plain store) so that it takes its place in the slot's
-            // modification order against a concurrent drain's `swap`, and the
+            // modification order against a concurrent drain's CAS, and the
             // drain either takes the handle or ran before it arrived.
-            // Release on success: publishes the handle to whoever swaps it out.
+            // Release on success: publishes the handle to whoever takes it out.
             if s.load(Ordering::Relaxed) == 0
                 && s.compare_exchange(0, handle, Ordering::Release, Ordering::Relaxed)
                     .is_ok()
@@ -129,6 +169,16 @@ impl Cell {
             }
         }
         false
+    }
+
+    /// Slot `i` (for the loom models' in-place leases).
+    pub(crate) fn slot(&self, i: usize) -> &AtomicUsize {
+        &self.slots[i]
+    }
+
+    /// The index of `slot` among this cell's slots.
+    pub(crate) fn slot_index(&self, slot: &AtomicUsize) -> Option<usize> {
+        self.slots.iter().position(|s| core::ptr::eq(s, slot))
     }
 
     /// Gives the cell up: its owner is exiting, and the next thread that
@@ -142,6 +192,48 @@ impl Cell {
         // Release: pairs with the Acquire swap in `take_orphans`.
         self.orphaned.store(true, Ordering::Release);
     }
+}
+
+/// Takes the handle out of `slot` if it holds one that is not leased in place.
+/// Any thread: the owner's `take`, drains, orphan collection.
+#[inline]
+fn take_slot(slot: &AtomicUsize) -> Option<usize> {
+    // Acquire: pairs with the Release store that put the handle in (the
+    // owner's `keep`, a lease's `unlease`, an exited owner's, handed over
+    // through the registry's lock).
+    let mut h = slot.load(Ordering::Acquire);
+    while h != 0 && h != LEASED {
+        // A CAS, not a swap: a slot leased in place belongs to its lease, and
+        // must not be emptied under it. Acquire on success and failure: as
+        // above, for the value found.
+        match slot.compare_exchange_weak(h, 0, Ordering::Acquire, Ordering::Acquire) {
+            Ok(_) => return Some(h),
+            Err(now) => h = now,
+        }
+    }
+    None
+}
+
+/// Ends an in-place lease ([`Cell::lease`]): `handle` is back in its slot,
+/// ready to be leased again or drained. Any thread (the holder of the lease).
+#[inline]
+pub(crate) fn unlease(slot: &AtomicUsize, handle: usize) {
+    debug_assert_eq!(slot.load(Ordering::Relaxed), LEASED);
+    // A plain store: while the slot is marked leased nobody else writes it
+    // (the owner's `keep` claims only empty slots, `lease` and every taker
+    // only unleased ones). Release: publishes the handle, and what the lease
+    // holder did with it, to whoever leases or takes it next.
+    slot.store(handle, Ordering::Release);
+}
+
+/// Ends an in-place lease without returning the handle (released to the
+/// caller, or destroyed): the slot is empty again. Any thread.
+#[inline]
+pub(crate) fn vacate(slot: &AtomicUsize) {
+    debug_assert_eq!(slot.load(Ordering::Relaxed), LEASED);
+    // A plain store, as in `unlease`. Release: orders the holder's last use
+    // of the slot before the owner's next `keep` into it.
+    slot.store(0, Ordering::Release);
 }
 
 /// The calling thread's cells; marks them orphaned when the thread exits.
@@ -313,13 +405,9 @@ impl ThreadCache {
                 c.owned.store(true, Ordering::Relaxed);
                 if !self.adopt_handles {
                     let mut orphans = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
-                    for s in &c.slots {
-                        // Acquire: the exited owner's Release store of the handle.
-                        let h = s.swap(0, Ordering::Acquire);
-                        if h != 0 {
-                            orphans.push((c.device, h));
-                        }
-                    }
+                    // (Acquire inside: the exited owner's Release store of the
+                    // handle.)
+                    orphans.extend(c.slots.iter().filter_map(take_slot).map(|h| (c.device, h)));
                     // Release: the next `take_orphans` collects them.
                     self.orphaned.store(true, Ordering::Release);
                 }
@@ -349,12 +437,7 @@ impl ThreadCache {
             for c in cells.iter() {
                 // Acquire: as above, per cell.
                 if !c.owned.load(Ordering::Acquire) {
-                    for s in &c.slots {
-                        let h = s.swap(0, Ordering::Acquire);
-                        if h != 0 {
-                            orphans.push((c.device, h));
-                        }
-                    }
+                    orphans.extend(c.slots.iter().filter_map(take_slot).map(|h| (c.device, h)));
                 }
             }
         }
@@ -367,14 +450,10 @@ impl ThreadCache {
         let mut out = core::mem::take(&mut *self.orphans.lock().unwrap_or_else(|e| e.into_inner()));
         let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
         for c in cells.iter() {
-            for s in &c.slots {
-                // Acquire: pairs with the owner's Release store of the handle;
-                // the swap makes this drain its only taker.
-                let h = s.swap(0, Ordering::Acquire);
-                if h != 0 {
-                    out.push((c.device, h));
-                }
-            }
+            // The CAS in `take_slot` makes this drain the handle's only
+            // taker; a handle leased in place is out, and comes back to its
+            // slot (or leaves it) when its lease ends.
+            out.extend(c.slots.iter().filter_map(take_slot).map(|h| (c.device, h)));
         }
         out
     }
@@ -388,9 +467,14 @@ impl ThreadCache {
             .filter(|c| c.device == device)
             .fold((0, 0), |(s, k), c| {
                 // Relaxed: independent tallies.
+                let r = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+                // In-place leases end without a tally: those not marked any
+                // more have ended.
+                let out = c.slots.iter().filter(|x| r(x) == LEASED).count();
+                let ended = r(&c.in_place).wrapping_sub(out);
                 (
-                    s.wrapping_add(c.served.load(Ordering::Relaxed)),
-                    k.wrapping_add(c.kept.load(Ordering::Relaxed)),
+                    s.wrapping_add(r(&c.served)),
+                    k.wrapping_add(r(&c.kept)).wrapping_add(ended),
                 )
             })
     }
@@ -409,6 +493,35 @@ impl Drop for ThreadCache {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_in_place_lease_is_passed_by_drains_and_comes_back_with_one_store() {
+        let cache = ThreadCache::new();
+        let cell = cache.register(0);
+        assert!(cell.give(7) && cell.give(8));
+        let (h, slot) = cell.lease().expect("a kept handle");
+        assert_eq!(h, 8, "the most recently kept one");
+        assert_eq!(cell.take(), Some(7), "take passes the leased slot by");
+        assert!(
+            cache.drain().is_empty(),
+            "a drain leaves a leased slot alone"
+        );
+        assert!(cell.give(9), "give claims another, empty slot");
+        // Served: the in-place lease and the take; kept: three gives.
+        assert_eq!(cache.counts(0), (2, 3), "the in-place lease is out");
+        unlease(slot, h);
+        assert_eq!(cache.counts(0), (2, 4), "the in-place lease ended");
+        let (h, slot) = cell.lease().expect("8 is back");
+        vacate(slot);
+        let mut left: Vec<usize> = cache.drain().into_iter().map(|(_, h)| h).collect();
+        left.sort_unstable();
+        assert_eq!(
+            (h, left.as_slice()),
+            (8, &[9][..]),
+            "vacated: 8 left the cell"
+        );
+        assert!(!cell.give(LEASED), "the marker value is never kept");
+    }
 
     #[test]
     fn take_is_lifo_give_fills_and_drain_empties() {
