@@ -178,6 +178,11 @@ impl StreamBackend for CudaBackend {
         teardown_ok((|| {
             let drv = checked(device)?;
             drv.ensure_context(device)?;
+            // The device blocks cached for this stream go back to the driver
+            // in its order while it is still alive. A failure leaves them
+            // cached (never handed to another stream; freed by the next
+            // `trim_memory`), so it does not stop the destroy.
+            let _ = crate::memory::forget_stream_blocks(stream, device);
             // SAFETY: a created stream the caller owns and gives up (type
             // documentation); work still queued on it completes.
             unsafe { result::stream::destroy(raw_stream(stream)) }?;

@@ -54,6 +54,7 @@
 mod backend;
 #[doc(hidden)]
 pub mod block_pool; // public for the loom models only
+pub mod device_cache;
 mod driver;
 mod error;
 pub mod memory;

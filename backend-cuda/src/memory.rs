@@ -6,7 +6,7 @@
 //! |---|---|---|---|---|
 //! | host | `std::alloc` | the same | `std::alloc::dealloc` | synchronize the stream, then dealloc |
 //! | pinned | pinned pool | the same | back to the pool's free list | event on the stream, block parked until it completes |
-//! | device | device pool, then synchronize a private stream | `cuMemAllocFromPoolAsync` on the stream | `cuMemFreeAsync` on a private stream | `cuMemFreeAsync` on the stream |
+//! | device | device pool, then synchronize a private stream | the [device cache](crate::device_cache) (same stream, same size), else `cuMemAllocFromPoolAsync` on the stream | `cuMemFreeAsync` on a private stream | kept by the device cache, else `cuMemFreeAsync` on the stream |
 //! | managed | managed pool | the same | back to the pool's free list | event on the stream, block parked until it completes |
 //!
 //! ## Device memory
@@ -32,6 +32,16 @@
 //! host-order free is `cuMemFreeAsync` on the private stream, without a wait:
 //! the caller promises nothing uses the block any more, and the pool reuses
 //! it once the private stream has passed the free, which is at once.
+//!
+//! In front of the driver's pool sits the [device cache](crate::device_cache):
+//! a block freed in the order of a created stream is kept on the host,
+//! tagged with the stream's id (`cuStreamGetId`) and its size, and handed
+//! back to the next allocation of that size **in the order of the same
+//! stream** without a driver call (the driver's own same-stream reuse rule;
+//! the safety argument and the contract for destroying such streams are in
+//! that module). An allocation that meets `CUDA_ERROR_OUT_OF_MEMORY` while the
+//! cache holds blocks empties it (which synchronizes the device) and tries
+//! once more.
 //!
 //! A device without memory pool support (`CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`
 //! is 0: very old GPUs, some virtualised ones) gets `CUDA_ERROR_NOT_SUPPORTED`
@@ -146,6 +156,7 @@ use gpupool_core::{
 };
 
 use crate::block_pool::{BlockPool, PoolKind};
+use crate::device_cache::DeviceCache;
 use crate::driver::{driver, Driver};
 use crate::error::{check, CudaError};
 use crate::CudaBackend;
@@ -219,16 +230,26 @@ pub struct MemoryStats {
     /// Blocks given back to the upstream allocator, per kind (pinned and
     /// managed: only by [`CudaBackend::trim_memory`]).
     pub upstream_frees: [u64; 4],
-    /// Blocks the pinned and managed pools handed out again instead of asking
-    /// the driver.
+    /// Blocks the pinned and managed pools, and the device cache, handed out
+    /// again instead of asking the driver.
     pub reuses: [u64; 4],
     /// Pinned and managed blocks waiting for their stream-ordered free to
     /// complete.
     pub parked_blocks: [usize; 4],
-    /// Free pinned and managed blocks held for reuse.
+    /// Free pinned and managed blocks held for reuse, and device blocks held
+    /// by the device cache.
     pub cached_blocks: [usize; 4],
     /// The bytes of those free blocks.
     pub cached_bytes: [usize; 4],
+    /// Stream-ordered device allocations the [device
+    /// cache](crate::device_cache) answered.
+    pub device_cache_hits: u64,
+    /// Stream-ordered device allocations on a created stream that the
+    /// device cache (when on) could not answer: they asked the driver.
+    pub device_cache_misses: u64,
+    /// Device blocks the cache gave to the driver to stay within its bound:
+    /// older blocks of the freeing stream, or the freed block itself.
+    pub device_cache_evictions: u64,
 }
 
 impl MemoryStats {
@@ -249,6 +270,8 @@ struct DeviceMemory {
     device: KindCounters,
     pinned: BlockPool,
     managed: BlockPool,
+    /// Device blocks freed in stream order, kept for the same stream.
+    cache: DeviceCache,
     /// Over-aligned blocks: handed-out address to the address allocated.
     overaligned: Mutex<HashMap<usize, usize>>,
     /// `overaligned.len()`, readable without the lock (written under it).
@@ -270,6 +293,23 @@ fn state(device: DeviceId) -> Result<(&'static Driver, &'static DeviceMemory), C
             count: drv.count(),
         })?;
     Ok((drv, mem))
+}
+
+/// Frees the device-cache blocks of `stream` on `device` in its order
+/// ([`CudaBackend::forget_stream`], and [`StreamBackend::destroy_stream`]
+/// before it destroys the stream). Nothing to do, and no driver call, when no
+/// memory call has touched `device` yet.
+pub(crate) fn forget_stream_blocks(
+    stream: StreamHandle,
+    device: DeviceId,
+) -> Result<usize, CudaError> {
+    let drv = driver()?;
+    let Some(mem) = MEMORY.get().and_then(|t| t.get(device.index())) else {
+        drv.device(device)?;
+        return Ok(0);
+    };
+    drv.ensure_context(device)?;
+    mem.cache.forget(stream, &mem.device.upstream_frees)
 }
 
 /// A size and alignment every kind accepts: nonzero size, power-of-two
@@ -327,6 +367,7 @@ impl DeviceMemory {
             device: KindCounters::default(),
             pinned: BlockPool::new(PoolKind::Pinned),
             managed: BlockPool::new(PoolKind::Managed),
+            cache: DeviceCache::new(),
             overaligned: Mutex::new(HashMap::new()),
             overaligned_len: AtomicUsize::new(0),
         }
@@ -395,8 +436,9 @@ impl DeviceMemory {
         Ok(StreamHandle(kept))
     }
 
-    /// Device memory from the default pool: in the order of `stream`, or
-    /// (`None`) usable by every stream when this returns.
+    /// Device memory from the default pool: in the order of `stream` (from
+    /// the device cache when it has a block of this size freed on the same
+    /// stream), or (`None`) usable by every stream when this returns.
     fn device_allocate(
         &self,
         drv: &Driver,
@@ -409,53 +451,104 @@ impl DeviceMemory {
             Some(s) => (s, false),
             None => (self.sync_stream(device)?, true),
         };
-        let dptr = drv.with_context(device, |_| {
-            let mut dptr: sys::CUdeviceptr = 0;
-            // SAFETY: `dptr` is a valid place for the address; `pool` is the
-            // device's default pool; `s` is a live stream of `device` (the
-            // caller's contract, or the private stream) or a special stream,
-            // which means the context just made current: `device`'s.
-            check(unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, size, pool, raw_stream(s)) })?;
-            if wait {
-                // SAFETY: the private stream, live for the whole process.
-                if let Err(e) = check(unsafe { sys::cuStreamSynchronize(raw_stream(s)) }) {
-                    // SAFETY: allocated just now on `s` and never handed out.
-                    let _ = unsafe { sys::cuMemFreeAsync(dptr, raw_stream(s)) };
+        let attempt = || {
+            drv.with_context(device, |_| {
+                if !wait {
+                    if let Some(addr) = self.cache.take(s, size) {
+                        return Ok((addr, true));
+                    }
+                }
+                Self::driver_allocate(pool, s, wait, size).map(|a| (a, false))
+            })
+        };
+        let (addr, cached) = match attempt() {
+            Err(e) if e.code() == Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
+                // The cache's blocks are invisible to the driver's pool: give
+                // them back, then try once more.
+                let private = self.sync_stream(device)?;
+                let (n, _) = self
+                    .cache
+                    .trim(drv, device, private, &self.device.upstream_frees)?;
+                if n == 0 {
                     return Err(e);
                 }
+                attempt()?
             }
-            Ok(dptr)
-        })?;
-        self.device
-            .upstream_allocations
-            .fetch_add(1, Ordering::Relaxed);
+            other => other?,
+        };
+        // Relaxed: statistics.
+        let counter = if cached {
+            &self.device.reuses
+        } else {
+            &self.device.upstream_allocations
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(addr)
+    }
+
+    /// `cuMemAllocFromPoolAsync` on `s`, then (`wait`) synchronizing `s`.
+    /// Call with `device`'s primary context current.
+    fn driver_allocate(
+        pool: sys::CUmemoryPool,
+        s: StreamHandle,
+        wait: bool,
+        size: usize,
+    ) -> Result<usize, CudaError> {
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `dptr` is a valid place for the address; `pool` is the
+        // device's default pool; `s` is a live stream of `device` (the
+        // caller's contract, or the private stream) or a special stream,
+        // which means the context current: `device`'s.
+        check(unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, size, pool, raw_stream(s)) })?;
+        if wait {
+            // SAFETY: the private stream, live for the whole process.
+            if let Err(e) = check(unsafe { sys::cuStreamSynchronize(raw_stream(s)) }) {
+                // SAFETY: allocated just now on `s` and never handed out.
+                let _ = unsafe { sys::cuMemFreeAsync(dptr, raw_stream(s)) };
+                return Err(e);
+            }
+        }
         Ok(dptr as usize)
     }
 
-    /// Frees device memory in the order of `stream`, or (`None`) on the
-    /// private stream.
+    /// Frees device memory in the order of `stream` (into the device cache
+    /// when it keeps the block), or (`None`) on the private stream.
     ///
     /// # Safety
-    /// `addr` came from [`device_allocate`](Self::device_allocate), is freed
-    /// once, and only work already issued on `stream` may still use it.
+    /// `addr` came from [`device_allocate`](Self::device_allocate) with
+    /// `size`, is freed once, and only work already issued on `stream` may
+    /// still use it.
     unsafe fn device_free(
         &self,
         drv: &Driver,
         device: DeviceId,
         addr: usize,
+        size: usize,
         stream: Option<StreamHandle>,
     ) -> Result<(), CudaError> {
         let s = match stream {
             Some(s) => s,
             None => self.sync_stream(device)?,
         };
-        teardown_ok(drv.with_context(device, |_| {
-            // SAFETY: the caller's contract; `s` is a live stream of `device`
-            // or a special stream of the context just made current.
-            check(unsafe { sys::cuMemFreeAsync(addr as sys::CUdeviceptr, raw_stream(s)) })
-        }))?;
-        self.device.upstream_frees.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        let frees = &self.device.upstream_frees;
+        teardown_ok(
+            drv.with_context(device, |_| {
+                // SAFETY: the caller's contract (a stream-ordered free on `s`).
+                if stream.is_some() && unsafe { self.cache.put(s, addr, size, frees) } {
+                    return Ok(false);
+                }
+                // SAFETY: the caller's contract; `s` is a live stream of `device`
+                // or a special stream of the context just made current.
+                check(unsafe { sys::cuMemFreeAsync(addr as sys::CUdeviceptr, raw_stream(s)) })?;
+                Ok(true)
+            })
+            .map(|freed| {
+                if freed {
+                    // Relaxed: statistics.
+                    frees.fetch_add(1, Ordering::Relaxed);
+                }
+            }),
+        )
     }
 
     /// A block of `kind` (not host) with the kind's own alignment.
@@ -491,8 +584,10 @@ impl DeviceMemory {
         stream: Option<StreamHandle>,
     ) -> Result<(), CudaError> {
         let pool = match kind {
-            // SAFETY: the caller's contract.
-            MemoryKind::Device => return unsafe { self.device_free(drv, device, addr, stream) },
+            MemoryKind::Device => {
+                // SAFETY: the caller's contract.
+                return unsafe { self.device_free(drv, device, addr, size, stream) };
+            }
             MemoryKind::Pinned => &self.pinned,
             MemoryKind::Managed => &self.managed,
             MemoryKind::Host => return Err(invalid_value()),
@@ -679,8 +774,9 @@ impl DeviceMemory {
 
 impl CudaBackend {
     /// What the memory calls have asked of the upstream allocators on
-    /// `device` so far, and what the pinned and managed pools hold
-    /// ([`MemoryStats`]). Cheap (relaxed counters and two short locks).
+    /// `device` so far, and what the pinned and managed pools and the device
+    /// cache hold ([`MemoryStats`]). Cheap (relaxed counters and three short
+    /// locks).
     pub fn memory_stats(&self, device: DeviceId) -> Result<MemoryStats, CudaError> {
         let (_, mem) = state(device)?;
         let mut s = MemoryStats::default();
@@ -701,15 +797,24 @@ impl CudaBackend {
             s.cached_blocks[i] = counts.free_blocks;
             s.cached_bytes[i] = counts.free_bytes;
         }
+        let cache = mem.cache.counts();
+        let i = MemoryKind::Device.index();
+        s.cached_blocks[i] = cache.blocks;
+        s.cached_bytes[i] = cache.bytes;
+        s.device_cache_hits = cache.hits;
+        s.device_cache_misses = cache.misses;
+        s.device_cache_evictions = cache.evictions;
         Ok(s)
     }
 
     /// Gives the memory held for reuse on `device` back to the driver: every
     /// free pinned and managed block (parked blocks whose event has completed
     /// included; those still waiting stay), the idle events of those pools,
-    /// and the unused memory of the device's default memory pool
-    /// (`cuMemPoolTrimTo(pool, 0)`). Returns the pinned and managed bytes
-    /// freed.
+    /// every block of the [device cache](crate::device_cache) (when it holds
+    /// any, this first **synchronizes the device's primary context**: the
+    /// blocks' streams may be gone), and the unused memory of the device's
+    /// default memory pool (`cuMemPoolTrimTo(pool, 0)`). Returns the pinned,
+    /// managed and device-cache bytes freed.
     ///
     /// Without it, the memory is kept until the process exits. Later
     /// allocations take new blocks from the driver again.
@@ -730,6 +835,18 @@ impl CudaBackend {
         for pool in [&mem.pinned, &mem.managed] {
             match pool.trim(device) {
                 Ok(n) => freed += n,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if mem.cache.counts().blocks > 0 {
+            let cache_trim = mem.sync_stream(device).and_then(|private| {
+                mem.cache
+                    .trim(drv, device, private, &mem.device.upstream_frees)
+            });
+            match cache_trim {
+                Ok((_, bytes)) => freed += bytes,
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
@@ -760,6 +877,18 @@ impl CudaBackend {
 /// stream until the stream has reached the allocation: free it in the same
 /// stream's order, or in host order only after that point (the trait's "no
 /// work pending" covers the allocation itself).
+///
+/// Device blocks freed in the order of a created stream go to the [device
+/// cache](crate::device_cache) and come back to the next allocation of the
+/// same size in the order of the **same** stream (told apart by
+/// `cuStreamGetId`, never by the handle value): the driver pool's own
+/// same-stream reuse rule, without its calls. The contract that comes with
+/// it: streams given to the stream-ordered device calls belong to the
+/// device's primary context; a stream may be destroyed any way, but only
+/// [`destroy_stream`](StreamBackend::destroy_stream) of this backend (or
+/// [`CudaBackend::forget_stream`] before destroying it elsewhere) gives its
+/// cached blocks back at once; otherwise they wait for
+/// [`CudaBackend::trim_memory`], which then synchronizes the device.
 impl MemoryBackend for CudaBackend {
     fn allocate(
         &self,
@@ -787,7 +916,8 @@ impl MemoryBackend for CudaBackend {
         unsafe { mem.deallocate(drv, kind, device, ptr, size, align, None) }
     }
 
-    /// Device memory: `cuMemAllocFromPoolAsync` on `stream`. The other kinds
+    /// Device memory: a block of the device cache freed on the same stream
+    /// with the same size, else `cuMemAllocFromPoolAsync` on `stream`. The other kinds
     /// are allocated as by [`allocate`](Self::allocate): the host may use
     /// them at once.
     fn allocate_async(
@@ -803,7 +933,9 @@ impl MemoryBackend for CudaBackend {
         mem.allocate(drv, kind, device, size, align, Some(stream))
     }
 
-    /// Device memory: `cuMemFreeAsync` on `stream`. Pinned and managed: the
+    /// Device memory: kept by the device cache for `stream` (a created
+    /// stream not capturing a graph, within the cache's bound), else
+    /// `cuMemFreeAsync` on `stream`. Pinned and managed: the
     /// block is parked behind an event recorded on `stream` and reused only
     /// once the event has completed. Host: `stream` is synchronized, then the
     /// memory freed.

@@ -477,8 +477,17 @@ fn time_calls(f: &mut dyn FnMut(), n: usize) -> Duration {
     t.elapsed()
 }
 
-/// Measures the scratch rounds of each kind on this thread.
-fn measure_scratch<B: Machine>(backend: &B, s: &Settings, results: &mut Results) {
+/// Measures the scratch rounds of each kind on this thread. `plain(true)`
+/// turns off whatever the backend caches for gpupool's own use (the CUDA
+/// backend's same-stream device cache) for the baselines' rounds, and
+/// `plain(false)` turns it back on: the baselines are measured over the plain
+/// backend, as DALI would run, and gpupool over the backend it ships with.
+fn measure_scratch<B: Machine>(
+    backend: &B,
+    s: &Settings,
+    results: &mut Results,
+    plain: &dyn Fn(bool),
+) {
     let d = DeviceId(0);
     let stream = backend
         .create_stream(d, StreamOptions::default())
@@ -516,17 +525,22 @@ fn measure_scratch<B: Machine>(backend: &B, s: &Settings, results: &mut Results)
             (
                 SCRATCH_DALI,
                 Box::new(|| {
+                    plain(true);
                     let mut pad = DaliScratchpad::new(backend, d, order);
                     for &n in &SIZES {
                         black_box(pad.alloc(kind, n, ALIGN).expect("DALI-style scratch"));
                     }
+                    drop(pad);
+                    plain(false);
                 }),
             ),
             (
                 SCRATCH_RAW,
                 Box::new(move || {
+                    plain(true);
                     raw_round(backend, kind, d, raw_order, &SIZES, ALIGN, &mut blocks)
-                        .expect("raw allocation calls")
+                        .expect("raw allocation calls");
+                    plain(false);
                 }),
             ),
         ];
@@ -952,6 +966,12 @@ fn report(r: &Results, s: &Settings, a: &About, targets: &[Target]) -> String {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
+        "(The baselines run over the plain backend: on CUDA without the backend's same-stream device \
+         cache, which only gpupool's scratch uses.)"
+    );
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
         "| kind | gpupool new | gpupool reset | DALI-style new | raw calls | bumpalo | new ÷ DALI-style | reset ÷ DALI-style | reset ÷ raw calls | reset ÷ bumpalo |"
     );
     let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
@@ -1282,6 +1302,7 @@ fn run<B: Machine>(
     backend: B,
     name: String,
     args: &Args,
+    plain: &dyn Fn(bool),
     leftovers: impl Fn() -> Option<String>,
 ) -> ExitCode {
     let s = Settings::from_env();
@@ -1298,7 +1319,7 @@ fn run<B: Machine>(
     let started = Instant::now();
     let mut r = Results::default();
     measure_pools(&backend, &s, &mut r);
-    measure_scratch(&backend, &s, &mut r);
+    measure_scratch(&backend, &s, &mut r, plain);
     let cuda = !a.backend.starts_with("mock");
     let t = targets(&r, &s, cuda);
     print!("{}", report(&r, &s, &a, &t));
@@ -1361,7 +1382,11 @@ fn run_cuda(args: &Args) -> ExitCode {
         .ok()
         .and_then(|c| c.name().ok())
         .unwrap_or_else(|| "GPU 0".into());
-    run(gpu, format!("CUDA backend, {name}"), args, || None)
+    // The baselines' scratch rounds run without the backend's same-stream
+    // device cache (DALI has no such cache; its figures are what the plain
+    // driver pool costs), gpupool's with it.
+    let plain = |on: bool| gpu.set_device_cache(!on);
+    run(gpu, format!("CUDA backend, {name}"), args, &plain, || None)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -1383,7 +1408,7 @@ fn main() -> ExitCode {
     }
     let mock = gpupool_mock::MockBackend::new(1);
     let probe = mock.clone();
-    run(mock, "mock backend".into(), &args, move || {
+    run(mock, "mock backend".into(), &args, &|_| {}, move || {
         let (s, e) = (probe.live_streams(), probe.live_events());
         (s + e > 0).then(|| format!("{s} streams and {e} events"))
     })

@@ -1,0 +1,816 @@
+//! The device cache: device blocks freed in the order of a stream, kept on
+//! the host and handed back to the next allocation of the same size in the
+//! order of the **same stream**, without a driver allocation call.
+//!
+//! `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` cost ~0.6 µs a pair even when
+//! the driver's pool has the memory; a scratchpad made anew each round asks
+//! for the same few block sizes on the same stream every round. The cache
+//! answers those from a short list per device instead: two cheap driver
+//! queries (`cuStreamIsCapturing`, `cuStreamGetId`) and a short lock.
+//!
+//! ## What is cached
+//!
+//! - Only **device** memory, only blocks **freed in stream order**
+//!   ([`MemoryBackend::deallocate_async`]) on a **created** stream that is
+//!   **not capturing** a graph, only when the driver has `cuStreamGetId`
+//!   (CUDA 12.0 and later; without it the cache is off and every call goes to
+//!   the driver as before). A free on a special stream (0, 1, 2: the legacy or
+//!   per-thread default stream), a free in host order, or a free on a
+//!   capturing stream goes to the driver as before.
+//! - Each block is kept with the **id of the stream** it was freed on
+//!   (`cuStreamGetId`: unique per stream in the process, never reused, unlike
+//!   the `CUstream` handle value, which a new stream may get after
+//!   `cuStreamDestroy`) and its size: the size the backend asked the driver
+//!   for (an over-aligned request's `size + align`), so alignment needs no
+//!   key of its own (every device block is aligned to 256 bytes).
+//! - Only an allocation **in the order of a stream with the same id**, of
+//!   **exactly that size**, on a stream that is not capturing, takes it (the
+//!   most recently freed first). A host-order allocation, or one on any other
+//!   stream, never does: it asks the driver.
+//! - The cache holds at most [`MAX_BLOCKS`] blocks and [`MAX_BYTES`] bytes per
+//!   device. A free that would go past either bound first gives back the
+//!   oldest blocks cached for the **same stream** (with `cuMemFreeAsync` on
+//!   that stream, which is the live stream of the call); if that cannot make
+//!   room, the new block goes to the driver as before. Blocks of other streams
+//!   are never evicted by a free (nothing says their stream is still alive).
+//!
+//! ## Why reuse on the same stream is safe
+//!
+//! A block freed in stream order on S may still be used by work queued on S
+//! before the free; the caller of the free promised that every other use (on
+//! other streams, or by the host) was ordered before that point of S. An
+//! allocation in the order of the same S hands the block out to work that is
+//! queued on S after the allocation, which is after the free, which is after
+//! every old use: the new uses cannot start before the old ones have finished.
+//! That is the driver pool's own rule for reusing memory freed on the stream
+//! it is allocated on (which it does without waiting). Work on another stream
+//! that uses the new block must be ordered after the allocation point on S
+//! (the contract of [`MemoryBackend::allocate_async`]), hence after the old
+//! uses too; a host-order free of it needs S to have passed the allocation,
+//! hence the old uses. Device memory is not host-accessible, so no host
+//! access can race with the old uses.
+//!
+//! Stream identity is the stream id, not the handle: a block freed on a stream
+//! that was destroyed is never handed to a new stream that got the same handle
+//! value, because the new stream has a new id. `cuStreamGetId` is called once
+//! per cache operation, on the handle the caller passes (live, by the calls'
+//! contract).
+//!
+//! A stream that is capturing a graph queues nothing: a free or an allocation
+//! on it becomes a graph node that runs when the graph is launched, possibly
+//! on another stream, so the same-stream argument does not hold. Such calls
+//! bypass the cache.
+//!
+//! ## Giving cached blocks back
+//!
+//! A cached block may still be in use by work queued on its stream before the
+//! free, so it is given back to the driver only in a way that is ordered after
+//! that work:
+//!
+//! - **eviction** (the bound): `cuMemFreeAsync` on the stream of the freeing
+//!   call, which is the block's stream (same id) and live;
+//! - **[`StreamBackend::destroy_stream`] of [`CudaBackend`]**: before the
+//!   stream is destroyed, the blocks cached for it (on the device given to
+//!   the call) are freed with `cuMemFreeAsync` on it (the stream pools destroy streams
+//!   this way, so purging a pool returns its streams' blocks);
+//! - **[`CudaBackend::forget_stream`]**: the same, for a stream that is about
+//!   to be destroyed some other way (raw cudarc, the runtime), or just to give
+//!   its blocks back;
+//! - **[`CudaBackend::trim_memory`]** (and an allocation that meets
+//!   `CUDA_ERROR_OUT_OF_MEMORY` while the cache holds blocks): every cached
+//!   block of the device, whatever its stream. The streams may be gone, so
+//!   this **synchronizes the device's primary context** (`cuCtxSynchronize`,
+//!   which also waits for work left on destroyed streams) and then frees the
+//!   blocks on the backend's private stream. Only when the cache holds
+//!   something.
+//!
+//! The contract is therefore weak: a stream used for stream-ordered device
+//! frees may be destroyed any way at all; its cached blocks are never handed
+//! to another stream, and a stream destroyed without
+//! [`destroy_stream`](StreamBackend::destroy_stream) or
+//! [`forget_stream`](CudaBackend::forget_stream) merely leaves its blocks in
+//! the cache (counted against the bound) until the next
+//! [`trim_memory`](CudaBackend::trim_memory). The streams given to the memory
+//! calls must belong to the device's primary context (every stream this
+//! backend, the stream pools and the CUDA runtime create does): that is the
+//! context `trim_memory` synchronizes.
+//!
+//! ## Watching it
+//!
+//! [`CudaBackend::memory_stats`] reports the hits, misses and evictions
+//! ([`MemoryStats`](crate::MemoryStats)), the blocks and bytes cached (in
+//! `cached_blocks` / `cached_bytes` at the device index), and counts each hit
+//! in `reuses`. [`CudaBackend::set_device_cache`] turns the cache off and on
+//! for the whole process (to compare, or to rule it out).
+
+use std::ffi::c_ulonglong;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use cudarc::driver::sys;
+use gpupool_core::{DeviceId, StreamHandle};
+#[cfg(doc)]
+use gpupool_core::{MemoryBackend, StreamBackend};
+
+use crate::driver::Driver;
+use crate::error::{check, CudaError};
+use crate::CudaBackend;
+
+/// The most blocks the cache holds per device.
+pub const MAX_BLOCKS: usize = 64;
+
+/// The most bytes the cache holds per device; a larger block is never
+/// cached.
+pub const MAX_BYTES: usize = 64 << 20;
+
+/// Whether a stream's frees may be cached at all: not the special streams
+/// (legacy and per-thread default stream, whose handle names a different
+/// stream on each context or thread).
+#[inline]
+pub(crate) fn cacheable(stream: StreamHandle) -> bool {
+    !stream.is_special()
+}
+
+// ---------------------------------------------------------------------------
+// Bookkeeping (no driver calls)
+
+/// One cached block.
+#[derive(Debug)]
+struct Entry<B> {
+    stream: u64,
+    size: usize,
+    block: B,
+}
+
+/// What [`Shelf::put`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Put<B> {
+    /// The block offered, if it was not kept (past the bound): the caller
+    /// frees it.
+    pub(crate) refused: Option<B>,
+    /// Older blocks of the same stream taken out to make room, oldest first:
+    /// the caller frees them, in the order of that stream.
+    pub(crate) evicted: Vec<B>,
+}
+
+/// Blocks by stream id and size, oldest first, within a bound on their count
+/// and bytes.
+#[derive(Debug)]
+pub(crate) struct Shelf<B> {
+    entries: Vec<Entry<B>>,
+    bytes: usize,
+    max_blocks: usize,
+    max_bytes: usize,
+}
+
+impl<B> Shelf<B> {
+    pub(crate) const fn new(max_blocks: usize, max_bytes: usize) -> Self {
+        Shelf {
+            entries: Vec::new(),
+            bytes: 0,
+            max_blocks,
+            max_bytes,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// The most recently kept block of `stream` with exactly `size` bytes.
+    pub(crate) fn take(&mut self, stream: u64, size: usize) -> Option<B> {
+        let i = self
+            .entries
+            .iter()
+            .rposition(|e| e.stream == stream && e.size == size)?;
+        let e = self.entries.remove(i);
+        self.bytes -= e.size;
+        Some(e.block)
+    }
+
+    /// Keeps `block` (`size` bytes, freed on `stream`), taking out the oldest
+    /// blocks of the same stream if that is what it takes to stay within the
+    /// bound; refuses it if even that would not do.
+    pub(crate) fn put(&mut self, stream: u64, size: usize, block: B) -> Put<B> {
+        let refuse = |block| Put {
+            refused: Some(block),
+            evicted: Vec::new(),
+        };
+        if self.max_blocks == 0 || size > self.max_bytes {
+            return refuse(block);
+        }
+        // How many of the oldest same-stream blocks must go.
+        let mut count = self.entries.len();
+        let mut bytes = self.bytes;
+        let mut victims = 0;
+        let fits =
+            |count: usize, bytes: usize| count < self.max_blocks && bytes + size <= self.max_bytes;
+        if !fits(count, bytes) {
+            for e in self.entries.iter().filter(|e| e.stream == stream) {
+                count -= 1;
+                bytes -= e.size;
+                victims += 1;
+                if fits(count, bytes) {
+                    break;
+                }
+            }
+            if !fits(count, bytes) {
+                return refuse(block);
+            }
+        }
+        let mut evicted = Vec::with_capacity(victims);
+        while victims > 0 {
+            // The oldest block of `stream`: one exists (counted above).
+            let Some(i) = self.entries.iter().position(|e| e.stream == stream) else {
+                break;
+            };
+            let e = self.entries.remove(i);
+            self.bytes -= e.size;
+            evicted.push(e.block);
+            victims -= 1;
+        }
+        self.entries.push(Entry {
+            stream,
+            size,
+            block,
+        });
+        self.bytes += size;
+        Put {
+            refused: None,
+            evicted,
+        }
+    }
+
+    /// Takes out every block of `stream`, oldest first, with its size.
+    pub(crate) fn drain_stream(&mut self, stream: u64) -> Vec<(usize, B)> {
+        let mut out = Vec::new();
+        let mut kept = Vec::with_capacity(self.entries.len());
+        for e in self.entries.drain(..) {
+            if e.stream == stream {
+                self.bytes -= e.size;
+                out.push((e.size, e.block));
+            } else {
+                kept.push(e);
+            }
+        }
+        self.entries = kept;
+        out
+    }
+
+    /// Takes out every block, oldest first, with its stream id and size.
+    pub(crate) fn drain(&mut self) -> Vec<(u64, usize, B)> {
+        self.bytes = 0;
+        self.entries
+            .drain(..)
+            .map(|e| (e.stream, e.size, e.block))
+            .collect()
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The driver side
+
+/// Process-wide switch ([`CudaBackend::set_device_cache`]).
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Whether the loaded driver has `cuStreamGetId`. Call only once the driver
+/// has loaded (cudarc panics on a missing library or symbol; this looks the
+/// symbol up first).
+fn supported() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        if !crate::driver::is_loaded() {
+            return false;
+        }
+        type GetId = unsafe extern "C" fn(sys::CUstream, *mut c_ulonglong) -> sys::CUresult;
+        // SAFETY: the library is loaded (checked above), so `culib` does not
+        // panic; looking a symbol up calls nothing in it.
+        unsafe { sys::culib().get::<GetId>(b"cuStreamGetId").is_ok() }
+    })
+}
+
+/// Whether the cache is on (switched on, and the driver can tell streams
+/// apart).
+#[inline]
+fn active() -> bool {
+    // Relaxed: a switch, not a synchronization; a call racing with it may go
+    // either way, both of which are correct.
+    ENABLED.load(Ordering::Relaxed) && supported()
+}
+
+#[inline]
+fn raw_stream(s: StreamHandle) -> sys::CUstream {
+    s.0 as sys::CUstream
+}
+
+/// `cuStreamGetId` of a live created stream; `None` if the driver refuses.
+fn stream_id(stream: StreamHandle) -> Option<u64> {
+    let mut id: c_ulonglong = 0;
+    // SAFETY: `supported()` saw the symbol (callers check `active()` first);
+    // `stream` is a live created stream (the memory calls' contract) and `id`
+    // a valid place for the answer.
+    let r = unsafe { sys::cuStreamGetId(raw_stream(stream), &mut id) };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(id)
+}
+
+/// Whether `stream` is capturing a graph (or the driver cannot say, which is
+/// treated the same: no caching).
+fn capturing(stream: StreamHandle) -> bool {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live created stream (the memory calls' contract); `status` is
+    // a valid place for the answer.
+    let r = unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) };
+    r != sys::CUresult::CUDA_SUCCESS
+        || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// `cuMemFreeAsync(addr, stream)`.
+///
+/// # Safety
+/// `addr` is a device block of the default pool that nothing uses after the
+/// work queued on `stream` so far; `stream` is live (or a special stream of
+/// the current context).
+unsafe fn free_on(addr: usize, stream: StreamHandle) -> Result<(), CudaError> {
+    // SAFETY: the caller's contract.
+    check(unsafe { sys::cuMemFreeAsync(addr as sys::CUdeviceptr, raw_stream(stream)) })
+}
+
+/// The device cache of one device.
+#[derive(Debug)]
+pub(crate) struct DeviceCache {
+    shelf: Mutex<Shelf<usize>>,
+    /// `shelf.len()`, readable without the lock: a hint that lets an
+    /// allocation skip the driver queries when nothing is cached.
+    len: AtomicUsize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+}
+
+/// What the cache of a device holds and has done.
+#[derive(Copy, Clone, Debug, Default)]
+pub(crate) struct CacheCounts {
+    pub(crate) blocks: usize,
+    pub(crate) bytes: usize,
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+    pub(crate) evictions: u64,
+}
+
+impl DeviceCache {
+    pub(crate) const fn new() -> Self {
+        DeviceCache {
+            shelf: Mutex::new(Shelf::new(MAX_BLOCKS, MAX_BYTES)),
+            len: AtomicUsize::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    fn shelf(&self) -> MutexGuard<'_, Shelf<usize>> {
+        self.shelf.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes the shelf's length (under its lock).
+    fn set_len(&self, shelf: &Shelf<usize>) {
+        // Relaxed: `len` is only a hint; a reader that needs the truth takes
+        // the lock, and a free that happens-before a reader's load is seen
+        // by it through that happens-before relation (coherence).
+        self.len.store(shelf.len(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn counts(&self) -> CacheCounts {
+        let shelf = self.shelf();
+        CacheCounts {
+            blocks: shelf.len(),
+            bytes: shelf.bytes(),
+            // Relaxed: statistics.
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A cached block of exactly `size` bytes freed on the stream `stream`
+    /// is now, for an allocation in its order; `None`: ask the driver. Call
+    /// with a context current.
+    pub(crate) fn take(&self, stream: StreamHandle, size: usize) -> Option<usize> {
+        if !cacheable(stream) || !active() {
+            return None;
+        }
+        // Relaxed: a hint (see `set_len`).
+        let found = if self.len.load(Ordering::Relaxed) == 0 || capturing(stream) {
+            None
+        } else {
+            stream_id(stream).and_then(|id| {
+                let mut shelf = self.shelf();
+                let block = shelf.take(id, size);
+                self.set_len(&shelf);
+                block
+            })
+        };
+        // Relaxed: statistics.
+        match found {
+            Some(_) => self.hits.fetch_add(1, Ordering::Relaxed),
+            None => self.misses.fetch_add(1, Ordering::Relaxed),
+        };
+        found
+    }
+
+    /// Keeps `addr` (`size` bytes) freed in the order of `stream`. `false`:
+    /// not kept, the caller frees it to the driver. Blocks evicted to make
+    /// room are freed here, on `stream`, and counted in `frees`. Call with a
+    /// context current.
+    ///
+    /// # Safety
+    /// `addr` is a block of the device's default pool that the caller gives
+    /// up, with only work already queued on `stream` still using it (the
+    /// contract of a stream-ordered free).
+    pub(crate) unsafe fn put(
+        &self,
+        stream: StreamHandle,
+        addr: usize,
+        size: usize,
+        frees: &AtomicU64,
+    ) -> bool {
+        if !cacheable(stream) || !active() || capturing(stream) {
+            return false;
+        }
+        let Some(id) = stream_id(stream) else {
+            return false;
+        };
+        let put = {
+            let mut shelf = self.shelf();
+            let put = shelf.put(id, size, addr);
+            self.set_len(&shelf);
+            put
+        };
+        for old in put.evicted {
+            // Relaxed: statistics.
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: `old` was freed earlier in the order of the stream with
+            // id `id`, which is `stream` (ids are never reused), so every use
+            // of it was ordered before a point `stream` has already queued;
+            // `stream` is live (this call's contract). If the free fails, the
+            // block stays with the driver's pool unfreed until the context
+            // goes away (only a broken or exiting context fails here).
+            if unsafe { free_on(old, stream) }.is_ok() {
+                frees.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        match put.refused {
+            Some(_) => {
+                // Relaxed: statistics.
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Frees every block cached for `stream` with `cuMemFreeAsync` on it.
+    /// Returns how many. Call with a context current, while `stream` is live.
+    pub(crate) fn forget(
+        &self,
+        stream: StreamHandle,
+        frees: &AtomicU64,
+    ) -> Result<usize, CudaError> {
+        // Relaxed: a hint (see `set_len`); the frees the caller wants handled
+        // happen-before this call.
+        if !cacheable(stream) || self.len.load(Ordering::Relaxed) == 0 || !supported() {
+            return Ok(0);
+        }
+        if capturing(stream) {
+            // A free now would become a graph node.
+            return Err(capture_unsupported());
+        }
+        let Some(id) = stream_id(stream) else {
+            return Err(crate::memory::invalid_value());
+        };
+        let blocks = {
+            let mut shelf = self.shelf();
+            let blocks = shelf.drain_stream(id);
+            self.set_len(&shelf);
+            blocks
+        };
+        self.give_back(blocks, stream, frees)
+            .map(|(n, _)| n)
+            .map_err(|(e, left)| {
+                self.reshelve(id, left);
+                e
+            })
+    }
+
+    /// Frees every cached block of `device`, whatever its stream: waits for
+    /// the primary context's work, then frees them on `private` (the
+    /// backend's private stream of the device). Returns how many, and their
+    /// bytes. Nothing is synchronized when nothing is cached.
+    pub(crate) fn trim(
+        &self,
+        drv: &Driver,
+        device: DeviceId,
+        private: StreamHandle,
+        frees: &AtomicU64,
+    ) -> Result<(usize, usize), CudaError> {
+        let blocks = {
+            let mut shelf = self.shelf();
+            let blocks = shelf.drain();
+            self.set_len(&shelf);
+            blocks
+        };
+        if blocks.is_empty() {
+            return Ok((0, 0));
+        }
+        let mut left = Vec::new();
+        let done = drv.with_context(device, |_| {
+            // SAFETY: no arguments; waits for all work of the primary context
+            // (the context of every stream a block was freed on, the
+            // module's contract), work left on destroyed streams included.
+            if let Err(e) = check(unsafe { sys::cuCtxSynchronize() }) {
+                left = blocks;
+                return Err(e);
+            }
+            // Every use of every block was queued before its stream-ordered
+            // free, and all of that work has finished: any stream may free
+            // them now; `private` is the backend's, never destroyed.
+            let freed = self
+                .give_back(
+                    blocks.iter().map(|&(_, size, addr)| (size, addr)).collect(),
+                    private,
+                    frees,
+                )
+                .map_err(|(e, rest)| {
+                    left = blocks
+                        .iter()
+                        .filter(|b| rest.iter().any(|r| r.1 == b.2))
+                        .copied()
+                        .collect();
+                    e
+                })?;
+            // SAFETY: the backend's private stream, never destroyed; lets a
+            // following pool trim see the frees.
+            check(unsafe { sys::cuStreamSynchronize(raw_stream(private)) })?;
+            Ok(freed)
+        });
+        if !left.is_empty() {
+            // Not freed: still ours, back on the shelf for a later try.
+            let mut shelf = self.shelf();
+            for (id, size, addr) in left {
+                shelf.force(id, size, addr);
+            }
+            self.set_len(&shelf);
+        }
+        done
+    }
+
+    /// Frees `blocks` (size, address) on `stream`, counting them in
+    /// `frees`. Returns how many and their bytes; on a failure, the error
+    /// and the blocks not freed (the failed one first).
+    fn give_back(
+        &self,
+        blocks: Vec<(usize, usize)>,
+        stream: StreamHandle,
+        frees: &AtomicU64,
+    ) -> Result<(usize, usize), GiveBackError> {
+        let mut freed = (0, 0);
+        let mut rest = blocks.into_iter();
+        let mut failed = None;
+        for (size, addr) in rest.by_ref() {
+            // SAFETY: the callers' contract: every use of the block is
+            // ordered before the work queued on `stream` so far (it was freed
+            // in the order of `stream` itself, or all work has finished),
+            // and `stream` is live.
+            match unsafe { free_on(addr, stream) } {
+                Ok(()) => {
+                    freed.0 += 1;
+                    freed.1 += size;
+                }
+                Err(e) => {
+                    failed = Some((e, (size, addr)));
+                    break;
+                }
+            }
+        }
+        // Relaxed: statistics.
+        frees.fetch_add(freed.0 as u64, Ordering::Relaxed);
+        match failed {
+            None => Ok(freed),
+            Some((e, first)) => Err((e, std::iter::once(first).chain(rest).collect())),
+        }
+    }
+
+    /// Puts blocks that could not be freed back on the shelf.
+    fn reshelve(&self, stream: u64, blocks: Vec<(usize, usize)>) {
+        let mut shelf = self.shelf();
+        for (size, addr) in blocks {
+            shelf.force(stream, size, addr);
+        }
+        self.set_len(&shelf);
+    }
+}
+
+/// A failed [`DeviceCache::give_back`]: the error, and the blocks (size,
+/// address) not freed.
+type GiveBackError = (CudaError, Vec<(usize, usize)>);
+
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
+fn capture_unsupported() -> CudaError {
+    CudaError::Driver(cudarc::driver::result::DriverError(
+        sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+    ))
+}
+
+impl<B> Shelf<B> {
+    /// Keeps `block` whatever the bound: a block that could not be given
+    /// back stays cached (the bound is exceeded until it goes).
+    fn force(&mut self, stream: u64, size: usize, block: B) {
+        self.entries.push(Entry {
+            stream,
+            size,
+            block,
+        });
+        self.bytes += size;
+    }
+}
+
+impl CudaBackend {
+    /// Gives the device blocks cached for `stream` (freed in its order; see
+    /// [`device_cache`](self)) back to the driver, with `cuMemFreeAsync` on
+    /// `stream`. Returns how many.
+    ///
+    /// [`destroy_stream`](StreamBackend::destroy_stream) of this backend does
+    /// this itself; call it before destroying a stream some other way (raw
+    /// cudarc, the CUDA runtime) to have its blocks back at once rather than
+    /// at the next [`trim_memory`](Self::trim_memory). Not calling it is
+    /// safe: the blocks stay cached, and are never handed to another stream.
+    ///
+    /// `stream` must be a live stream of `device` (a special stream has
+    /// nothing cached); it must not be capturing a graph
+    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
+    pub fn forget_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<usize, CudaError> {
+        crate::memory::forget_stream_blocks(stream, device)
+    }
+
+    /// Turns the device cache ([`device_cache`](self)) on or off for the
+    /// whole process (on by default). Off, stream-ordered device calls go
+    /// to the driver; blocks already cached stay until their stream is
+    /// destroyed or forgotten, or [`trim_memory`](Self::trim_memory).
+    pub fn set_device_cache(&self, enabled: bool) {
+        // Relaxed: see `active`.
+        ENABLED.store(enabled, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shelf(max_blocks: usize, max_bytes: usize) -> Shelf<u32> {
+        Shelf::new(max_blocks, max_bytes)
+    }
+
+    fn kept(p: Put<u32>) -> Vec<u32> {
+        assert_eq!(p.refused, None);
+        p.evicted
+    }
+
+    #[test]
+    fn hits_only_on_the_same_stream_and_size() {
+        let mut s = shelf(8, 1 << 20);
+        assert!(kept(s.put(1, 4096, 10)).is_empty());
+        assert_eq!(s.take(2, 4096), None, "another stream");
+        assert_eq!(s.take(1, 4097), None, "another size");
+        assert_eq!(s.take(1, 2048), None, "a smaller size");
+        assert_eq!(s.take(1, 4096), Some(10));
+        assert_eq!(s.take(1, 4096), None, "taken once");
+        assert_eq!((s.len(), s.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn most_recently_freed_first() {
+        let mut s = shelf(8, 1 << 20);
+        for b in [1, 2, 3] {
+            kept(s.put(7, 256, b));
+        }
+        kept(s.put(8, 256, 4));
+        assert_eq!(s.take(7, 256), Some(3));
+        assert_eq!(s.take(7, 256), Some(2));
+        assert_eq!(s.take(7, 256), Some(1));
+        assert_eq!(s.take(7, 256), None);
+        assert_eq!(s.take(8, 256), Some(4));
+    }
+
+    #[test]
+    fn the_block_bound_evicts_the_oldest_of_the_same_stream() {
+        let mut s = shelf(3, 1 << 20);
+        kept(s.put(1, 100, 10));
+        kept(s.put(2, 100, 20));
+        kept(s.put(1, 200, 11));
+        // Full: stream 1's oldest goes.
+        assert_eq!(kept(s.put(1, 300, 12)), vec![10]);
+        assert_eq!((s.len(), s.bytes()), (3, 600));
+        // Stream 3 has nothing to evict: refused, nothing else touched.
+        let p = s.put(3, 100, 30);
+        assert_eq!(p.refused, Some(30));
+        assert!(p.evicted.is_empty());
+        assert_eq!(s.len(), 3);
+        assert_eq!(s.take(2, 100), Some(20));
+        assert_eq!(s.take(1, 200), Some(11));
+        assert_eq!(s.take(1, 300), Some(12));
+        assert_eq!((s.len(), s.bytes()), (0, 0));
+    }
+
+    #[test]
+    fn the_byte_bound_is_respected() {
+        let mut s = shelf(100, 1000);
+        assert_eq!(s.put(1, 1001, 1).refused, Some(1), "larger than the bound");
+        kept(s.put(1, 400, 2));
+        kept(s.put(2, 400, 3));
+        // 800 + 300 > 1000: stream 1's 400 goes.
+        assert_eq!(kept(s.put(1, 300, 4)), vec![2]);
+        assert_eq!(s.bytes(), 700);
+        // 700 + 400 > 1000, and stream 1 holds only 300: refused, nothing
+        // evicted.
+        let p = s.put(1, 700, 5);
+        assert_eq!(p.refused, Some(5));
+        assert!(p.evicted.is_empty());
+        assert_eq!(s.bytes(), 700);
+        // 800 + 700 > 1000: both of stream 2's blocks must go, oldest
+        // first; exactly at the bound is within it.
+        kept(s.put(2, 100, 6));
+        assert_eq!(s.bytes(), 800);
+        assert_eq!(kept(s.put(2, 700, 7)), vec![3, 6]);
+        assert_eq!((s.len(), s.bytes()), (2, 1000));
+        // Only as many as needed: 1000 - 700 + 600 fits after one.
+        assert_eq!(kept(s.put(2, 600, 8)), vec![7]);
+        assert_eq!((s.len(), s.bytes()), (2, 900));
+    }
+
+    #[test]
+    fn a_zero_bound_caches_nothing() {
+        let mut s = shelf(0, 1 << 20);
+        assert_eq!(s.put(1, 1, 1).refused, Some(1));
+        assert_eq!(s.len(), 0);
+    }
+
+    #[test]
+    fn draining_a_stream_leaves_the_others() {
+        let mut s = shelf(8, 1 << 20);
+        kept(s.put(1, 100, 10));
+        kept(s.put(2, 200, 20));
+        kept(s.put(1, 300, 11));
+        assert_eq!(s.drain_stream(1), vec![(100, 10), (300, 11)]);
+        assert_eq!((s.len(), s.bytes()), (1, 200));
+        assert_eq!(s.drain_stream(1), Vec::<(usize, u32)>::new());
+        assert_eq!(s.take(2, 200), Some(20));
+    }
+
+    #[test]
+    fn draining_returns_everything() {
+        let mut s = shelf(8, 1 << 20);
+        kept(s.put(1, 100, 10));
+        kept(s.put(2, 200, 20));
+        kept(s.put(1, 100, 11));
+        assert_eq!(s.drain(), vec![(1, 100, 10), (2, 200, 20), (1, 100, 11)]);
+        assert_eq!((s.len(), s.bytes()), (0, 0));
+        assert_eq!(s.take(1, 100), None);
+    }
+
+    #[test]
+    fn special_streams_are_never_cached() {
+        for s in [
+            StreamHandle::NULL,
+            StreamHandle::LEGACY,
+            StreamHandle::PER_THREAD,
+        ] {
+            assert!(!cacheable(s));
+        }
+        assert!(cacheable(StreamHandle(0x7f00_1234_5000)));
+        // And the driver-side entry points refuse them before any driver
+        // call (none is loaded here).
+        let cache = DeviceCache::new();
+        let frees = AtomicU64::new(0);
+        for s in [
+            StreamHandle::NULL,
+            StreamHandle::LEGACY,
+            StreamHandle::PER_THREAD,
+        ] {
+            assert_eq!(cache.take(s, 256), None);
+            // SAFETY: a special stream is refused before the block is looked
+            // at; nothing is freed.
+            assert!(!unsafe { cache.put(s, 0x1000, 256, &frees) });
+            assert_eq!(cache.forget(s, &frees), Ok(0));
+        }
+        let c = cache.counts();
+        assert_eq!((c.blocks, c.hits, c.misses, c.evictions), (0, 0, 0, 0));
+    }
+}
