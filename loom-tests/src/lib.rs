@@ -1,7 +1,8 @@
 //! loom models of every shared (`Sync`) type in gpupool.
 //!
 //! The models live in `tests/models.rs` (with `tests/models/mock_backend.rs`,
-//! `tests/models/block_pool.rs` and `tests/models/thread_exit.rs`) and compile
+//! `tests/models/block_pool.rs`, `tests/models/thread_exit.rs` and
+//! `tests/models/in_place.rs`) and compile
 //! only with `--cfg loom` (which also switches gpupool-core, gpupool-mock and
 //! the block pools of gpupool-cuda to loom's primitives) and
 //! `--cfg crossbeam_loom` (which makes crossbeam-epoch model its collector).
@@ -25,7 +26,7 @@
 //! | `DeviceTable<S>`: lazy per-device table (core, private) | one pointer published by CAS | `lazy_device_table_two_threads` |
 //! | `ParkedError<E>` (core, private) | error slot (CAS / swap), dropped-error tally | `parked_error_two_drops` |
 //! | `Counters` (core, private) | relaxed tallies | checked after the joins in `stream_pool_two_threads_one_device`, `event_pool_two_threads_get_put`, `stream_put_to_busy_races_scan` |
-//! | `ThreadCache` / `Cell`: per-thread cells, the pools' fast path (core, private) | cell slots (owner `take`/`give`/`keep` vs `drain`'s swaps), the registry `Mutex`, the `owned` flag (thread exit vs adoption), orphan list and flag, owner-only tallies | `thread_cache_owner_races_a_drain` (adopting flavour: events, idle streams), `thread_cache_registration_races_a_drain` (non-adopting flavour, `same_thread_reuse`: registration vs drain, `take_orphans`, tallies), `thread_exit::adopter_keeps_the_handles_racing_a_drain` (an owner exits, the next registration adopts its cell and handles, racing a drain; tallies continued), `thread_exit::adopter_is_not_served_the_orphans` (an owner exits, the adopter gets its streams only through `take_orphans` or a drain, none stranded), all through `internals::CacheModel` |
+//! | `ThreadCache` / `Cell`: per-thread cells, the pools' fast path (core, private) | cell slots (owner `take`/`give`/`keep`/`lease` vs drains' CASes, and the one plain store, `unlease` or `vacate`, that ends an in-place lease on any thread), the registry `Mutex`, the `owned` flag (thread exit vs adoption), orphan list and flag, owner-only tallies | `thread_cache_owner_races_a_drain` (adopting flavour: events, idle streams), `thread_cache_registration_races_a_drain` (non-adopting flavour, `same_thread_reuse`: registration vs drain, `take_orphans`, tallies), `thread_exit::adopter_keeps_the_handles_racing_a_drain` (an owner exits, the next registration adopts its cell and handles, racing a drain; tallies continued), `thread_exit::adopter_is_not_served_the_orphans` (an owner exits, the adopter gets its streams only through `take_orphans` or a drain, none stranded), `in_place::lease_ends_on_another_thread_racing_a_drain` (an in-place lease, `LEASED` in its slot, ended by `unlease` on another thread while the owner takes and gives and a drain runs: never drained while out; tallies, ended in-place leases included), `in_place::vacate_races_give_and_drain` (a lease `vacate`d on another thread while the owner gives into the cell and a drain runs: nothing overwritten, the vacated handle never drained), `in_place::lease_ends_after_its_owner_exits` (the owner exits with the lease out, the adopter leases in place from the adopted cell, the lease ends on a third thread, a drain races them), all through `internals::CacheModel` (in-place leases: `CellModel::lease`, `InPlaceModel`) |
 //! | `StreamPool<B>`, `StreamLease` (core) | the above, per device | `stream_pool_two_threads_one_device`, `stream_get_races_purge`, `stream_put_to_busy_races_scan`, `lazy_device_table_two_threads`, `parked_error_two_drops` |
 //! | `EventPool<B>`, `EventLease` (core) | the above, per device | `event_pool_two_threads_get_put`, `shared_event_last_two_clones` |
 //! | `SharedEvent` (core) | `Arc` count of one lease | `shared_event_last_two_clones` |
@@ -81,6 +82,9 @@ pub const MODELS: &[&str] = &[
     "thread_cache_registration_races_a_drain",
     "thread_exit::adopter_keeps_the_handles_racing_a_drain",
     "thread_exit::adopter_is_not_served_the_orphans",
+    "in_place::lease_ends_on_another_thread_racing_a_drain",
+    "in_place::vacate_races_give_and_drain",
+    "in_place::lease_ends_after_its_owner_exits",
     "mock_backend::two_threads_every_call",
     "mock_backend::completion_races_a_stream_ordered_free",
     "block_pool::reuse_waits_for_the_fence",
@@ -93,6 +97,6 @@ pub const MODELS: &[&str] = &[
 pub const MAX_PREEMPTIONS: &str = "2";
 
 /// The bound for the models cheap enough to go deeper (the mock backend's,
-/// the block pool's, the thread-cache registration and thread exits): a few
-/// seconds together.
+/// the block pool's, the thread-cache registration, thread exits and in-place
+/// leases): a few seconds together.
 pub const DEEP_PREEMPTIONS: usize = 3;

@@ -1,7 +1,8 @@
 //! loom models of every shared (`Sync`) type in gpupool: the core's
 //! lock-free paths, each over the public API (or the hidden `internals`
 //! wrappers for the raw stacks and the per-thread cache), thread exits and
-//! the adoption of their per-thread cells (`models/thread_exit.rs`), the mock
+//! the adoption of their per-thread cells (`models/thread_exit.rs`), the
+//! event pool's in-place leases of cell slots (`models/in_place.rs`), the mock
 //! backend (`models/mock_backend.rs`) and the CUDA backend's pinned/managed
 //! block pool over a fake upstream (`models/block_pool.rs`); 2–3 threads
 //! each. The list, and which model covers which type, is in the crate
@@ -15,6 +16,8 @@
 // their own.
 #[path = "models/block_pool.rs"]
 mod block_pool;
+#[path = "models/in_place.rs"]
+mod in_place;
 #[path = "models/mock_backend.rs"]
 mod mock_backend;
 #[path = "models/thread_exit.rs"]

@@ -23,26 +23,26 @@ use gpupool_core::internals::CacheModel;
 use super::{model_deep, spawn_scoped};
 
 /// How many executions of a model adopted the exited owner's cell, and how
-/// many registered a new one.
-struct Outcomes {
+/// many registered a new one (also used by `in_place.rs`).
+pub(super) struct Outcomes {
     adopted: StdAtomicUsize,
     fresh: StdAtomicUsize,
 }
 
 impl Outcomes {
-    const fn new() -> Self {
+    pub(super) const fn new() -> Self {
         Outcomes {
             adopted: StdAtomicUsize::new(0),
             fresh: StdAtomicUsize::new(0),
         }
     }
 
-    fn record(&self, adopted: bool) {
+    pub(super) fn record(&self, adopted: bool) {
         let n = if adopted { &self.adopted } else { &self.fresh };
         n.fetch_add(1, Relaxed);
     }
 
-    fn assert_both_reached(&self) {
+    pub(super) fn assert_both_reached(&self) {
         let (a, f) = (self.adopted.load(Relaxed), self.fresh.load(Relaxed));
         assert!(
             a > 0 && f > 0,
