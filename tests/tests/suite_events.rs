@@ -205,8 +205,9 @@ fn purge_with_leases_out_and_drop_destroy_everything_pooled() {
     let pool = EventPool::new(gpu.backend());
     let out = pool.get(0).unwrap();
     let kept = out.get();
-    drop(pool.get(last).unwrap());
-    drop(pool.get(0).unwrap());
+    // Both held at once, so that they are two events even when `last` is 0.
+    let (a, b) = (pool.get(last).unwrap(), pool.get(0).unwrap());
+    drop((a, b));
     assert_count(gpu.live_events(), 3, "before the purge");
     assert_eq!(pool.purge().unwrap(), 2);
     assert_eq!(pool.total_stats().destroyed, 2);
