@@ -27,8 +27,19 @@ impl MockBackend {
         kind: CallKind,
         op: impl FnOnce(&mut State) -> Result<T, MockError>,
     ) -> Result<T, MockError> {
+        self.call_on(kind, &[], op)
+    }
+
+    /// [`call`](Self::call) for a call that names `handles` (raw stream or
+    /// event handles): per-handle faults armed on them fire too.
+    fn call_on<T>(
+        &self,
+        kind: CallKind,
+        handles: &[usize],
+        op: impl FnOnce(&mut State) -> Result<T, MockError>,
+    ) -> Result<T, MockError> {
         let mut state = lock(&self.inner);
-        state.begin_call(kind)?;
+        state.begin_call_on(kind, handles)?;
         let result = op(&mut state);
         state.reclaim();
         result.inspect_err(|error| {
@@ -71,7 +82,7 @@ impl StreamBackend for MockBackend {
     /// Destroys a created stream; its queued work counts as finished. The
     /// special handles cannot be destroyed.
     fn destroy_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), MockError> {
-        self.call(CallKind::DestroyStream, |st| {
+        self.call_on(CallKind::DestroyStream, &[stream.0], |st| {
             st.destroy_stream(stream, device)
         })
     }
@@ -81,13 +92,15 @@ impl StreamBackend for MockBackend {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<Completion, MockError> {
-        self.call(CallKind::QueryStream, |st| st.query_stream(stream, device))
+        self.call_on(CallKind::QueryStream, &[stream.0], |st| {
+            st.query_stream(stream, device)
+        })
     }
 
     /// Completes everything the stream's queued items depend on, on other
     /// streams too, and then the stream's own items.
     fn synchronize_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), MockError> {
-        self.call(CallKind::SynchronizeStream, |st| {
+        self.call_on(CallKind::SynchronizeStream, &[stream.0], |st| {
             st.synchronize_stream(stream, device)
         })
     }
@@ -99,14 +112,16 @@ impl StreamBackend for MockBackend {
         device: DeviceId,
         event: EventHandle,
     ) -> Result<(), MockError> {
-        self.call(CallKind::StreamWaitEvent, |st| {
+        self.call_on(CallKind::StreamWaitEvent, &[stream.0, event.0], |st| {
             st.stream_wait_event(stream, device, event)
         })
     }
 
     /// For a special handle (0, 1, 2): the mock-wide current device.
     fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, MockError> {
-        self.call(CallKind::StreamDevice, |st| st.stream_device(stream))
+        self.call_on(CallKind::StreamDevice, &[stream.0], |st| {
+            st.stream_device(stream)
+        })
     }
 }
 
@@ -116,7 +131,9 @@ impl EventBackend for MockBackend {
     }
 
     fn destroy_event(&self, event: EventHandle, device: DeviceId) -> Result<(), MockError> {
-        self.call(CallKind::DestroyEvent, |st| st.destroy_event(event, device))
+        self.call_on(CallKind::DestroyEvent, &[event.0], |st| {
+            st.destroy_event(event, device)
+        })
     }
 
     /// The event and the stream must both belong to `device`.
@@ -126,17 +143,19 @@ impl EventBackend for MockBackend {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<(), MockError> {
-        self.call(CallKind::RecordEvent, |st| {
+        self.call_on(CallKind::RecordEvent, &[event.0, stream.0], |st| {
             st.record_event(event, stream, device)
         })
     }
 
     fn query_event(&self, event: EventHandle, device: DeviceId) -> Result<Completion, MockError> {
-        self.call(CallKind::QueryEvent, |st| st.query_event(event, device))
+        self.call_on(CallKind::QueryEvent, &[event.0], |st| {
+            st.query_event(event, device)
+        })
     }
 
     fn synchronize_event(&self, event: EventHandle, device: DeviceId) -> Result<(), MockError> {
-        self.call(CallKind::SynchronizeEvent, |st| {
+        self.call_on(CallKind::SynchronizeEvent, &[event.0], |st| {
             st.synchronize_event(event, device)
         })
     }

@@ -35,7 +35,10 @@
 //!   bad handle, device, layout, pointer or range is logged as a [`Misuse`].
 //! - **Fault injection**: [`fail_nth`](MockBackend::fail_nth) makes the n-th call
 //!   of a kind fail with [`MockError::Injected`], with no effect (an injected
-//!   allocation allocates nothing; an injected free frees nothing).
+//!   allocation allocates nothing; an injected free frees nothing);
+//!   [`fail_stream`](MockBackend::fail_stream) and
+//!   [`fail_event`](MockBackend::fail_event) make the next call of a kind on
+//!   one handle fail.
 //!
 //! The order of checks in every backend call: count it, fire an armed fault,
 //! check the device, then the handles, then pointers and sizes. Nothing panics
@@ -462,13 +465,46 @@ impl MockBackend {
         lock(&self.inner).arm(kind, n);
     }
 
-    /// Disarms every fault not yet fired.
-    pub fn clear_faults(&self) {
-        lock(&self.inner).armed.clear();
+    /// Arms a fault on one stream: the next call of `kind` that names `stream`
+    /// fails with [`MockError::Injected`] and has no effect, whatever the
+    /// order in which the caller reaches its streams (a pool's drop, say).
+    /// Calls of `kind` on other streams are unaffected. Counted by
+    /// [`calls`](Self::calls) like any call.
+    ///
+    /// ```
+    /// use gpupool_core::{DeviceId, StreamBackend};
+    /// use gpupool_mock::{CallKind, MockBackend, MockError};
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let (a, b) = (gpu.create_stream(DeviceId(0), Default::default()).unwrap(),
+    ///               gpu.create_stream(DeviceId(0), Default::default()).unwrap());
+    /// gpu.fail_stream(CallKind::DestroyStream, b);
+    /// assert!(gpu.destroy_stream(a, DeviceId(0)).is_ok());
+    /// assert_eq!(gpu.destroy_stream(b, DeviceId(0)),
+    ///            Err(MockError::Injected(CallKind::DestroyStream)));
+    /// assert!(gpu.destroy_stream(b, DeviceId(0)).is_ok()); // fired once
+    /// ```
+    pub fn fail_stream(&self, kind: CallKind, stream: StreamHandle) {
+        lock(&self.inner).armed_handles.push((kind, stream.0));
     }
 
-    /// How many armed faults have not fired yet.
+    /// Arms a fault on one event: the next call of `kind` that names `event`
+    /// fails with [`MockError::Injected`] and has no effect (see
+    /// [`fail_stream`](Self::fail_stream)).
+    pub fn fail_event(&self, kind: CallKind, event: EventHandle) {
+        lock(&self.inner).armed_handles.push((kind, event.0));
+    }
+
+    /// Disarms every fault not yet fired.
+    pub fn clear_faults(&self) {
+        let mut state = lock(&self.inner);
+        state.armed.clear();
+        state.armed_handles.clear();
+    }
+
+    /// How many armed faults (per call count or per handle) have not fired yet.
     pub fn armed_faults(&self) -> usize {
-        lock(&self.inner).armed.len()
+        let state = lock(&self.inner);
+        state.armed.len() + state.armed_handles.len()
     }
 }

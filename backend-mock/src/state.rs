@@ -47,6 +47,10 @@ pub(crate) struct State {
     pub(crate) calls: HashMap<CallKind, u64>,
     /// Armed faults: (kind, the value of that kind's counter at which it fires).
     pub(crate) armed: Vec<(CallKind, u64)>,
+    /// Armed per-handle faults: (kind, the raw handle whose next call of that
+    /// kind fails). Stream and event handles never collide (see
+    /// [`FIRST_EVENT`]), so one raw value names one object.
+    pub(crate) armed_handles: Vec<(CallKind, usize)>,
     pub(crate) misuses: Vec<Misuse>,
 }
 
@@ -63,6 +67,7 @@ impl State {
             next_event: FIRST_EVENT,
             calls: HashMap::new(),
             armed: Vec::new(),
+            armed_handles: Vec::new(),
             misuses: Vec::new(),
         }
     }
@@ -81,6 +86,28 @@ impl State {
             Ok(())
         } else {
             Err(MockError::Injected(kind))
+        }
+    }
+
+    /// [`begin_call`](Self::begin_call) for a call that names `handles`: then
+    /// fires the first per-handle fault armed for `kind` and one of them. The
+    /// call is counted once, and one call fires at most one fault.
+    pub(crate) fn begin_call_on(
+        &mut self,
+        kind: CallKind,
+        handles: &[usize],
+    ) -> Result<(), MockError> {
+        self.begin_call(kind)?;
+        match self
+            .armed_handles
+            .iter()
+            .position(|&(k, h)| k == kind && handles.contains(&h))
+        {
+            Some(i) => {
+                self.armed_handles.remove(i);
+                Err(MockError::Injected(kind))
+            }
+            None => Ok(()),
         }
     }
 

@@ -436,6 +436,10 @@ impl<B: EventBackend> EventPool<B> {
 impl<B: EventBackend> Drop for EventPool<B> {
     fn drop(&mut self) {
         self.flush_caches();
+        // An error parked and never taken has nobody left to take it now.
+        if let Some(e) = self.parked.take() {
+            crate::lost::report(&e);
+        }
         if let Some(table) = self.devices.take() {
             // SAFETY: `&mut self` excludes every concurrent reader of the stacks,
             // so their nodes may be freed at once.

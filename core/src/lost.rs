@@ -10,6 +10,26 @@
 //! [`StreamPool::purge`](crate::StreamPool::purge),
 //! [`EventPool::purge`](crate::EventPool::purge)) to get the errors as values.
 //!
+//! ```
+//! use gpupool_core::{lost_errors, set_lost_error_hook, BackendOp, StreamPool};
+//! use gpupool_mock::MockBackend;
+//!
+//! fn log(e: &dyn core::fmt::Display) {
+//!     eprintln!("gpupool: {e}");
+//! }
+//! set_lost_error_hook(Some(log));
+//!
+//! let gpu = MockBackend::new(1);
+//! let pool = StreamPool::new(gpu.clone());
+//! drop(pool.get(0)?); // one idle stream, pooled
+//! gpu.fail_nth(BackendOp::DestroyStream, 1);
+//! let before = lost_errors();
+//! drop(pool); // its destroy fails: handed to `log` and counted
+//! assert_eq!(lost_errors(), before + 1);
+//! assert_eq!(gpu.live_streams(), 1);
+//! # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+//! ```
+//!
 //! The two statics are plain `core` atomics in every build (loom included):
 //! they are process-wide, and a loom model would not reset them between its
 //! executions.

@@ -681,6 +681,10 @@ impl<B: StreamBackend> StreamPool<B> {
 impl<B: StreamBackend> Drop for StreamPool<B> {
     fn drop(&mut self) {
         self.flush_caches();
+        // An error parked and never taken has nobody left to take it now.
+        if let Some(e) = self.parked.take() {
+            crate::lost::report(&e);
+        }
         // No lease can be out (each borrows the pool), and no other thread can be
         // inside a method. Destroy everything; an error has no owner left to park
         // it with, so it goes to `lost_errors` and the hook.

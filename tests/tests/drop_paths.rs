@@ -1,0 +1,560 @@
+//! Mock-only: every `Drop` in gpupool-core that can meet a backend failure,
+//! with one failure injected into each path (issue 6, item 5: "drop never
+//! panics: errors during drop are parked and reported by the next call or an
+//! accessor"). Each test checks that nothing panics, that the error surfaces
+//! where it is documented to, that the pool stays usable where it still
+//! exists, and that the mock's live streams and events end at exactly the
+//! handles whose destroy failed. The scratchpad's drop has its own file
+//! (`scratch_drop_paths.rs`).
+//!
+//! Faults are armed on one handle ([`MockBackend::fail_stream`],
+//! [`MockBackend::fail_event`]), so a test does not depend on the order in
+//! which a drop reaches its lists. "Lost" below means: counted by
+//! [`lost_errors`] (process-wide) and handed, as text, to the
+//! [`set_lost_error_hook`] hook. The tests of this file run one at a time
+//! ([`watch`]) and compare deltas of that counter.
+//!
+//! | `Drop` (`core/src`) | path, backend call that fails | test | what surfaces |
+//! |---|---|---|---|
+//! | `StreamLease` (stream_pool.rs) | return: `query_stream` fails | [`stream_lease_drop_whose_query_fails_parks_the_error_and_quarantines_the_stream`] | `take_error()` = `Backend { QueryStream }`; stream quarantined, never leased again, destroyed by the pool's drop; nothing lost |
+//! | `StreamLease` | two returns fail | same | first parked, `dropped_errors() == 1` |
+//! | `StreamLease`, `same_thread_reuse` | kept in the thread's cell: no call | [`same_thread_reuse_lease_drop_queries_only_when_the_cell_is_full`] | no backend call |
+//! | `StreamLease`, `same_thread_reuse` | cell full: `query_stream` fails | same | parked (`QueryStream`), one per failed query; quarantined |
+//! | `EventLease`, `SharedEvent`'s last clone (event_pool.rs) | no backend call (back into the cell slot it was leased in place from, else the returning thread's cell, else the ready list) | [`event_lease_and_shared_event_drops_make_no_backend_call`] | zero calls, even with faults armed on every kind |
+//! | `StreamPool` (stream_pool.rs) | `destroy_stream` fails: a stream on the shared ready list | [`stream_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_stream`] | lost +1, the hook sees the `DestroyStream` error; only that stream stays live |
+//! | `StreamPool` | a busy stream (returned with work pending) | same | same |
+//! | `StreamPool` | a quarantined stream | same | same |
+//! | `StreamPool` | an idle stream kept in this thread's cell | same | same |
+//! | `StreamPool` | an idle stream kept in the cell of an exited thread | same | same |
+//! | `StreamPool`, `same_thread_reuse` | an unqueried stream kept in this thread's cell | [`stream_pool_drop_reports_a_failed_destroy_of_a_stream_kept_in_a_thread_cache`] | same |
+//! | `StreamPool`, `same_thread_reuse` | an unqueried stream left by an exited thread | same | same |
+//! | `EventPool` (event_pool.rs) | `destroy_event` fails: an event on the shared ready list | [`event_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_event`] | lost +1, the hook sees the `DestroyEvent` error; only that event stays live |
+//! | `EventPool` | a quarantined event (its discard's destroy failed) | same | same |
+//! | `EventPool` | an event in this thread's cell | same | same |
+//! | `EventPool` | an event in the cell of an exited thread | same | same |
+//! | (`AccessOrder::wait`, not a drop) | record or wait fails, then the event's destroy fails | [`access_order_wait_parks_the_failed_discard_and_returns_the_first_error`] | returns `RecordEvent` / `StreamWaitEvent`; `events.take_error()` = `DestroyEvent`; event quarantined |
+//! | lost-error hook | the hook itself panics | [`a_panicking_lost_error_hook_does_not_escape_the_drop`] | caught; still counted |
+//! | `ParkedError` (stats.rs), dropped with its pool | an error parked and never taken | [`an_error_parked_and_never_taken_is_reported_when_its_pool_drops`] | `lost_errors` +1, the hook sees its text |
+//! | `thread_cache::Owned` (thread exit), `ThreadCache` | no backend call; handles stay reachable | the exited-thread cases above | handles destroyed by the pool's drop |
+//! | `Stack`, `Bag`, `Chain` (stack.rs), `DeviceTable` (table.rs) | free nodes and tables only; no backend call | every pool-drop test | live counts end exact |
+//! | `Scratchpad` (scratchpad.rs) | see `scratch_drop_paths.rs` | | |
+#![cfg(not(feature = "cuda"))]
+
+use std::fmt::Display;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use gpupool_core::{
+    lost_errors, set_lost_error_hook, BackendOp, DeviceId, Error, EventHandle, EventPool,
+    StreamHandle, StreamPool, StreamPoolConfig,
+};
+use gpupool_mock::{CallKind, MockBackend, MockError};
+
+const D0: DeviceId = DeviceId(0);
+
+/// More leases than a per-thread cell keeps (four handles per device today),
+/// so that some returns must take the shared path. Fewer under Miri, which is
+/// slow.
+const OVERFLOW: usize = if cfg!(miri) { 8 } else { 16 };
+
+/// Serialises the tests of this file: `lost_errors` and the hook are
+/// process-wide, and tests run on parallel threads.
+static SERIAL: Mutex<()> = Mutex::new(());
+/// What the hook saw during the current test.
+static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn record(e: &dyn Display) {
+    lock(&SEEN).push(e.to_string());
+}
+
+/// The lost errors a closure caused: how many, and the hook's texts.
+#[derive(Debug, PartialEq, Eq)]
+struct Lost {
+    count: usize,
+    texts: Vec<String>,
+}
+
+/// Runs `f` alone (no other test of this file runs meanwhile) with the
+/// recording hook installed; asserts that it did not panic; returns what was
+/// lost meanwhile.
+fn watch(f: impl FnOnce()) -> Lost {
+    let _serial = lock(&SERIAL);
+    lock(&SEEN).clear();
+    let before = lost_errors();
+    let previous = set_lost_error_hook(Some(record));
+    let outcome = catch_unwind(AssertUnwindSafe(f));
+    set_lost_error_hook(previous);
+    let count = lost_errors() - before;
+    let texts = std::mem::take(&mut *lock(&SEEN));
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+    Lost { count, texts }
+}
+
+/// Drops `value`, asserting that the drop does not panic.
+fn drop_quietly<T>(what: &str, value: T) {
+    let outcome = catch_unwind(AssertUnwindSafe(move || drop(value)));
+    assert!(outcome.is_ok(), "dropping {what} panicked");
+}
+
+fn injected(op: BackendOp) -> Error<MockError> {
+    Error::Backend {
+        op,
+        source: MockError::Injected(op),
+    }
+}
+
+fn is_injected(e: &Error<MockError>, op: BackendOp) -> bool {
+    matches!(e, Error::Backend { op: o, source: MockError::Injected(k) } if *o == op && *k == op)
+}
+
+/// What a drop with one failed destroy must have lost: exactly that error.
+fn one_lost(op: BackendOp) -> Lost {
+    Lost {
+        count: 1,
+        texts: vec![injected(op).to_string()],
+    }
+}
+
+fn nothing_lost() -> Lost {
+    Lost {
+        count: 0,
+        texts: vec![],
+    }
+}
+
+#[test]
+fn stream_lease_drop_whose_query_fails_parks_the_error_and_quarantines_the_stream() {
+    let gpu = MockBackend::new(1);
+    let lost = watch(|| {
+        let pool = StreamPool::new(gpu.clone());
+        let (a, b, c) = (
+            pool.get(0).unwrap(),
+            pool.get(0).unwrap(),
+            pool.get(0).unwrap(),
+        );
+        let (ha, hb, hc) = (a.get(), b.get(), c.get());
+        gpu.fail_stream(CallKind::QueryStream, ha);
+        drop_quietly("a lease whose query fails", a);
+
+        let e = pool.take_error().expect("the error is parked");
+        assert!(is_injected(&e, BackendOp::QueryStream), "{e:?}");
+        assert!(pool.take_error().is_none(), "taken once");
+        assert_eq!(pool.dropped_errors(), 0);
+        let s = pool.stats(D0).unwrap();
+        assert_eq!((s.quarantined, s.live_leases), (1, 2));
+
+        // Two more failures: the first is parked, the second only counted.
+        gpu.fail_stream(CallKind::QueryStream, hb);
+        gpu.fail_stream(CallKind::QueryStream, hc);
+        drop_quietly("a second lease whose query fails", b);
+        drop_quietly("a third lease whose query fails", c);
+        let e = pool.take_error().expect("parked");
+        assert!(is_injected(&e, BackendOp::QueryStream), "{e:?}");
+        assert_eq!(pool.dropped_errors(), 1);
+        assert_eq!(pool.stats(D0).unwrap().quarantined, 3);
+        assert_eq!(gpu.armed_faults(), 0);
+
+        // Still usable; a quarantined stream is never leased again.
+        let d = pool.get(0).unwrap();
+        assert!(![ha, hb, hc].contains(&d.get()));
+        drop(d);
+        assert!(pool.take_error().is_none());
+        assert_eq!(pool.live_leases(), 0);
+        assert_eq!(gpu.live_streams(), 4);
+
+        // The pool's drop destroys the quarantined streams too.
+        drop_quietly("the pool", pool);
+    });
+    assert_eq!(lost, nothing_lost(), "a parked error is not also lost");
+    assert_eq!(gpu.live_streams(), 0);
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+}
+
+#[test]
+fn same_thread_reuse_lease_drop_queries_only_when_the_cell_is_full() {
+    // More leases than a cell keeps: some returns must query.
+    const N: usize = OVERFLOW;
+    let gpu = MockBackend::new(1);
+    let lost = watch(|| {
+        let config = StreamPoolConfig {
+            same_thread_reuse: true,
+            ..StreamPoolConfig::default()
+        };
+        let pool = StreamPool::with_config(gpu.clone(), config);
+        let leases: Vec<_> = (0..N).map(|_| pool.get(0).unwrap()).collect();
+        let handles: Vec<StreamHandle> = leases.iter().map(|l| l.get()).collect();
+        for &h in &handles {
+            gpu.fail_stream(CallKind::QueryStream, h);
+        }
+        let calls = gpu.total_calls();
+        let queries = gpu.calls(CallKind::QueryStream);
+        drop_quietly("the leases", leases);
+
+        // Every backend call the drops made is a (failed) query of a stream
+        // that did not fit in the cell.
+        let queried = (gpu.calls(CallKind::QueryStream) - queries) as usize;
+        assert_eq!(gpu.total_calls() - calls, queried as u64);
+        assert!(queried >= 1, "a cell keeps fewer than {N} streams");
+        assert!(queried < N, "the cell keeps at least one stream, unqueried");
+        let e = pool.take_error().expect("parked");
+        assert!(is_injected(&e, BackendOp::QueryStream), "{e:?}");
+        assert_eq!(pool.dropped_errors(), queried - 1);
+        assert_eq!(pool.stats(D0).unwrap().quarantined, queried);
+        // The kept streams were never queried: their faults are still armed.
+        assert_eq!(gpu.armed_faults(), N - queried);
+        gpu.clear_faults();
+
+        // Still usable: the kept streams come back to this thread without a
+        // backend call.
+        let calls = gpu.total_calls();
+        let again: Vec<_> = (0..N - queried).map(|_| pool.get(0).unwrap()).collect();
+        assert_eq!(gpu.total_calls(), calls, "served from the cell");
+        let s = pool.stats(D0).unwrap();
+        assert_eq!((s.live_leases, s.created), (N - queried, N));
+        drop(again);
+        assert!(pool.take_error().is_none());
+        drop_quietly("the pool", pool);
+    });
+    assert_eq!(lost, nothing_lost());
+    assert_eq!(gpu.live_streams(), 0);
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+}
+
+#[test]
+fn event_lease_and_shared_event_drops_make_no_backend_call() {
+    // More leases than a cell keeps: some returns go to the shared ready
+    // list. Neither path calls the backend.
+    const N: usize = OVERFLOW;
+    let gpu = MockBackend::new(1);
+    let lost = watch(|| {
+        let pool = EventPool::new(gpu.clone());
+        let leases: Vec<_> = (0..N).map(|_| pool.get(0).unwrap()).collect();
+        let shared = pool.get_shared(0).unwrap();
+        let clones = vec![shared.clone(), shared.clone()];
+        for kind in [
+            CallKind::DestroyEvent,
+            CallKind::QueryEvent,
+            CallKind::RecordEvent,
+            CallKind::SynchronizeEvent,
+            CallKind::CreateEvent,
+            CallKind::DeviceCount,
+            CallKind::CurrentDevice,
+        ] {
+            gpu.fail_nth(kind, 1);
+        }
+        let calls = gpu.total_calls();
+        drop_quietly("the event leases", leases);
+        drop_quietly("two clones of a shared event", clones);
+        assert_eq!(pool.live_leases(), 1, "the last clone still holds it");
+        drop_quietly("the last clone of a shared event", shared);
+        assert_eq!(gpu.total_calls(), calls, "no backend call");
+        assert_eq!(gpu.armed_faults(), 7, "no fault fired");
+        assert!(pool.take_error().is_none());
+        assert_eq!(pool.live_leases(), 0);
+        gpu.clear_faults();
+        // Every event is back: N + 1 leases reuse them all.
+        let again: Vec<_> = (0..=N).map(|_| pool.get(0).unwrap()).collect();
+        assert_eq!(gpu.calls(CallKind::CreateEvent), N as u64 + 1);
+        drop(again);
+        drop_quietly("the pool", pool);
+    });
+    assert_eq!(lost, nothing_lost());
+    assert_eq!(gpu.live_events(), 0);
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+}
+
+/// Where a stream can sit when its pool drops.
+#[derive(Copy, Clone, Debug)]
+enum StreamPlace {
+    /// The shared ready list.
+    Ready,
+    Busy,
+    Quarantined,
+    /// Idle at return, kept in this thread's cell.
+    OwnCell,
+    /// Idle at return, kept in the cell of a thread that has exited.
+    ExitedThreadCell,
+}
+
+#[test]
+fn stream_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_stream() {
+    for target in [
+        StreamPlace::Ready,
+        StreamPlace::Busy,
+        StreamPlace::Quarantined,
+        StreamPlace::OwnCell,
+        StreamPlace::ExitedThreadCell,
+    ] {
+        let gpu = MockBackend::new(2);
+        let mut doomed = StreamHandle::NULL;
+        let lost = watch(|| {
+            let pool = StreamPool::new(gpu.clone());
+            // This thread's cell is registered by its first `get`, before the
+            // other thread exits (so it never adopts that thread's cell).
+            let (b, q, c) = (
+                pool.get(0).unwrap(),
+                pool.get(0).unwrap(),
+                pool.get(0).unwrap(),
+            );
+            let fill: Vec<_> = (0..OVERFLOW).map(|_| pool.get(0).unwrap()).collect();
+            let on_device_1 = pool.get(1).unwrap();
+            // A thread returns an idle stream into its cell, and exits.
+            let he = std::thread::scope(|s| {
+                s.spawn(|| {
+                    let l = pool.get(0).unwrap();
+                    let h = l.get();
+                    drop(l);
+                    h
+                })
+                .join()
+                .unwrap()
+            });
+            // This thread's cell: `c`, returned idle while the cell is empty.
+            let hc = c.get();
+            drop(c);
+            // More idle returns fill the cell, then the ready list; a lease
+            // from the shared lists only, returned, goes to the ready list.
+            drop(fill);
+            let guard = gpupool_core::epoch_crate::pin();
+            let r = pool.get_in(0, &guard).unwrap();
+            let hr = r.get();
+            drop(r);
+            drop(guard);
+            // Busy: returned with work pending.
+            let hb = b.get();
+            gpu.enqueue_work(hb).unwrap();
+            drop(b);
+            // Quarantined: its query on return fails.
+            let hq = q.get();
+            gpu.fail_stream(CallKind::QueryStream, hq);
+            drop(q);
+            let e = pool.take_error().expect("the quarantine's error");
+            assert!(is_injected(&e, BackendOp::QueryStream), "{e:?}");
+            drop(on_device_1);
+            let s = pool.stats(D0).unwrap();
+            assert_eq!((s.quarantined, s.live_leases), (1, 0));
+            assert_eq!(gpu.live_streams(), OVERFLOW + 5);
+            let distinct: std::collections::HashSet<_> = [hr, hb, hq, hc, he].into();
+            assert_eq!(distinct.len(), 5);
+
+            doomed = match target {
+                StreamPlace::Ready => hr,
+                StreamPlace::Busy => hb,
+                StreamPlace::Quarantined => hq,
+                StreamPlace::OwnCell => hc,
+                StreamPlace::ExitedThreadCell => he,
+            };
+            gpu.fail_stream(CallKind::DestroyStream, doomed);
+            drop_quietly("the stream pool", pool);
+        });
+        assert_eq!(lost, one_lost(BackendOp::DestroyStream), "{target:?}");
+        assert_eq!(gpu.armed_faults(), 0, "{target:?}");
+        assert_eq!(gpu.live_streams(), 1, "{target:?}: all but the failed one");
+        assert!(gpu.is_live_stream(doomed), "{target:?}");
+        assert!(gpu.misuses().is_empty(), "{target:?}: {:?}", gpu.misuses());
+    }
+}
+
+#[test]
+fn stream_pool_drop_reports_a_failed_destroy_of_a_stream_kept_in_a_thread_cache() {
+    for exited_thread in [false, true] {
+        let gpu = MockBackend::new(1);
+        let mut doomed = StreamHandle::NULL;
+        let lost = watch(|| {
+            let config = StreamPoolConfig {
+                same_thread_reuse: true,
+                ..StreamPoolConfig::default()
+            };
+            let pool = StreamPool::with_config(gpu.clone(), config);
+            let (r, b) = (pool.get(0).unwrap(), pool.get(0).unwrap());
+            let b_handle = b.get();
+            // The stream kept in a cell: this thread's, or that of a thread
+            // that has exited since. Its return makes no call.
+            let lease_and_return = || {
+                let l = pool.get(0).unwrap();
+                let h = l.get();
+                let calls = gpu.total_calls();
+                drop(l);
+                assert_eq!(gpu.total_calls(), calls, "kept without a query");
+                h
+            };
+            doomed = if exited_thread {
+                std::thread::scope(|s| s.spawn(lease_and_return).join().unwrap())
+            } else {
+                lease_and_return()
+            };
+            // A ready and a busy stream, put in directly (no cell involved).
+            pool.put(r.release(), None).unwrap();
+            gpu.enqueue_work(b_handle).unwrap();
+            pool.put(b.release(), None).unwrap();
+            assert_eq!(gpu.calls(CallKind::QueryStream), 2, "only the two puts");
+            assert_eq!(gpu.live_streams(), 3);
+            gpu.fail_stream(CallKind::DestroyStream, doomed);
+            drop_quietly("the stream pool", pool);
+        });
+        let case = if exited_thread { "exited" } else { "own" };
+        assert_eq!(lost, one_lost(BackendOp::DestroyStream), "{case}");
+        assert_eq!(
+            gpu.armed_faults(),
+            0,
+            "{case}: the cached stream was reached"
+        );
+        assert_eq!(gpu.live_streams(), 1, "{case}");
+        assert!(gpu.is_live_stream(doomed), "{case}");
+        assert!(gpu.misuses().is_empty(), "{case}: {:?}", gpu.misuses());
+    }
+}
+
+/// Where an event can sit when its pool drops.
+#[derive(Copy, Clone, Debug)]
+enum EventPlace {
+    /// The shared ready list.
+    Ready,
+    Quarantined,
+    OwnCell,
+    ExitedThreadCell,
+}
+
+#[test]
+fn event_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_event() {
+    for target in [
+        EventPlace::Ready,
+        EventPlace::Quarantined,
+        EventPlace::OwnCell,
+        EventPlace::ExitedThreadCell,
+    ] {
+        let gpu = MockBackend::new(1);
+        let mut doomed = EventHandle::NULL;
+        let lost = watch(|| {
+            let pool = EventPool::new(gpu.clone());
+            // As for streams: this thread registers first.
+            let (q, c) = (pool.get(0).unwrap(), pool.get(0).unwrap());
+            let fill: Vec<_> = (0..OVERFLOW).map(|_| pool.get(0).unwrap()).collect();
+            let he = std::thread::scope(|s| {
+                s.spawn(|| {
+                    let l = pool.get(0).unwrap();
+                    let h = l.get();
+                    drop(l);
+                    h
+                })
+                .join()
+                .unwrap()
+            });
+            // This thread's cell: `c`, returned while the cell is empty.
+            let hc = c.get();
+            drop(c);
+            // The cell fills, then the ready list.
+            drop(fill);
+            let guard = gpupool_core::epoch_crate::pin();
+            let r = pool.get_in(0, &guard).unwrap();
+            let hr = r.get();
+            drop(r);
+            drop(guard);
+            // Quarantined: a discard whose destroy fails.
+            let hq = q.get();
+            gpu.fail_event(CallKind::DestroyEvent, hq);
+            let e = q.discard().unwrap_err();
+            assert!(is_injected(&e, BackendOp::DestroyEvent), "{e:?}");
+            let s = pool.stats(D0).unwrap();
+            assert_eq!((s.quarantined, s.live_leases), (1, 0));
+            assert_eq!(gpu.live_events(), OVERFLOW + 3);
+            assert!(pool.take_error().is_none());
+            let distinct: std::collections::HashSet<_> = [hr, hq, hc, he].into();
+            assert_eq!(distinct.len(), 4);
+
+            doomed = match target {
+                EventPlace::Ready => hr,
+                EventPlace::Quarantined => hq,
+                EventPlace::OwnCell => hc,
+                EventPlace::ExitedThreadCell => he,
+            };
+            gpu.fail_event(CallKind::DestroyEvent, doomed);
+            drop_quietly("the event pool", pool);
+        });
+        assert_eq!(lost, one_lost(BackendOp::DestroyEvent), "{target:?}");
+        assert_eq!(gpu.armed_faults(), 0, "{target:?}");
+        assert_eq!(gpu.live_events(), 1, "{target:?}: all but the failed one");
+        assert!(gpu.is_live_event(doomed), "{target:?}");
+        assert!(gpu.misuses().is_empty(), "{target:?}: {:?}", gpu.misuses());
+    }
+}
+
+#[test]
+fn access_order_wait_parks_the_failed_discard_and_returns_the_first_error() {
+    for failing in [CallKind::RecordEvent, CallKind::StreamWaitEvent] {
+        let gpu = MockBackend::new(1);
+        let lost = watch(|| {
+            let streams = StreamPool::new(gpu.clone());
+            let events = EventPool::new(gpu.clone());
+            let (a, b) = (streams.get(0).unwrap(), streams.get(0).unwrap());
+            // Learn which event `wait` leases: the pool's next one.
+            let e = events.get(0).unwrap();
+            let he = e.get();
+            drop(e);
+            gpu.fail_event(failing, he);
+            gpu.fail_event(CallKind::DestroyEvent, he);
+            let err = a.order().wait(&b.order(), &events).unwrap_err();
+            assert!(is_injected(&err, failing), "{failing:?}: {err:?}");
+            let parked = events.take_error().expect("the discard's error");
+            assert!(is_injected(&parked, BackendOp::DestroyEvent), "{parked:?}");
+            assert_eq!(gpu.armed_faults(), 0);
+            assert_eq!(events.stats(D0).unwrap().quarantined, 1);
+            assert_eq!(events.live_leases(), 0);
+            // Still usable, with another event.
+            a.order().wait(&b.order(), &events).unwrap();
+            assert_eq!(gpu.live_events(), 2);
+            drop((a, b));
+            drop_quietly("the event pool", events);
+            drop_quietly("the stream pool", streams);
+        });
+        assert_eq!(lost, nothing_lost(), "{failing:?}");
+        assert_eq!((gpu.live_streams(), gpu.live_events()), (0, 0));
+        assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+    }
+}
+
+#[test]
+fn a_panicking_lost_error_hook_does_not_escape_the_drop() {
+    fn panics(_: &dyn Display) {
+        panic!("a lost-error hook that panics (expected by this test)");
+    }
+    let gpu = MockBackend::new(1);
+    let mut doomed = EventHandle::NULL;
+    let lost = watch(|| {
+        let pool = EventPool::new(gpu.clone());
+        let e = pool.get(0).unwrap();
+        doomed = e.get();
+        pool.put(e.release(), None).unwrap();
+        gpu.fail_event(CallKind::DestroyEvent, doomed);
+        let recording = set_lost_error_hook(Some(panics));
+        drop_quietly("an event pool whose lost-error hook panics", pool);
+        set_lost_error_hook(recording);
+    });
+    assert_eq!(lost.count, 1, "counted although the hook panicked");
+    assert!(lost.texts.is_empty());
+    assert!(gpu.is_live_event(doomed));
+    assert_eq!(gpu.live_events(), 1);
+}
+
+/// A lease's error parked in its pool and never taken, when the pool drops:
+/// nobody is left to take it, so it is lost (counted, and handed to the hook)
+/// like the pool's own destroy errors: the pools' drops hand it to
+/// `lost::report` before `ParkedError`'s drop could discard it.
+#[test]
+fn an_error_parked_and_never_taken_is_reported_when_its_pool_drops() {
+    let gpu = MockBackend::new(1);
+    let lost = watch(|| {
+        let pool = StreamPool::new(gpu.clone());
+        let l = pool.get(0).unwrap();
+        gpu.fail_stream(CallKind::QueryStream, l.get());
+        drop_quietly("a lease whose query fails", l);
+        drop_quietly("the stream pool, its error untaken", pool);
+    });
+    assert_eq!(lost, one_lost(BackendOp::QueryStream));
+}
