@@ -10,6 +10,7 @@
 //! left unused. A zero-byte request returns no pointer and touches nothing.
 
 use alloc::vec::Vec;
+use core::cell::{Cell, RefCell};
 use core::ptr::NonNull;
 
 use crate::backend::{DeviceId, MemoryBackend, MemoryKind};
@@ -58,45 +59,131 @@ pub(crate) fn check_request<E>(bytes: usize, align: usize) -> Result<(), Error<E
     Ok(())
 }
 
-/// A monotonic (bump) resource of one memory kind.
+/// The bump position in a resource's current block, kept in `Cell`s so that an
+/// allocation through `&self` needs no borrow flag and no `Option`: the
+/// scratchpad's fast path is [`try_bump`](Self::try_bump) and nothing else.
+///
+/// Addresses are plain integers; the pointer handed out is `base` moved to the
+/// new address (`<*mut u8>::with_addr`, no integer-to-pointer cast), so a host
+/// block's provenance carries over (strict provenance) and a device address,
+/// which has none, stays an address.
+#[derive(Debug)]
+pub(crate) struct Cursor {
+    /// The current block's start (dangling when there is no block). Every
+    /// pointer handed out derives from it.
+    base: Cell<NonNull<u8>>,
+    /// Where the next allocation may start: the current block's start plus
+    /// the bytes handed out of it so far (alignment padding included).
+    pos: Cell<usize>,
+    /// Where handing out must stop: the current block's end, or 0 while there
+    /// is no block or bumping is paused (every bump then fails, since a
+    /// nonzero request ends past 0).
+    limit: Cell<usize>,
+    /// Bytes requested since the last reset (for statistics).
+    requested: Cell<usize>,
+}
+
+impl Cursor {
+    const fn new() -> Self {
+        Cursor {
+            base: Cell::new(NonNull::dangling()),
+            pos: Cell::new(0),
+            limit: Cell::new(0),
+            requested: Cell::new(0),
+        }
+    }
+
+    /// Bumps `bytes` (nonzero) aligned to `align` (a power of two) inside the
+    /// current block, if they fit and bumping is not paused.
+    #[inline(always)]
+    fn try_bump(&self, bytes: usize, align: usize) -> Option<NonNull<u8>> {
+        debug_assert!(bytes != 0 && align.is_power_of_two());
+        let start = self.pos.get().checked_add(align - 1)? & !(align - 1);
+        let end = start.checked_add(bytes)?;
+        if end > self.limit.get() {
+            return None;
+        }
+        // `start` lies inside the current block (`pos <= start < end <= limit`,
+        // the block's end), so `base` moved there stays in its allocation; it
+        // is not null because the block does not start at address 0.
+        let p = NonNull::new(self.base.get().as_ptr().with_addr(start))?;
+        self.pos.set(end);
+        self.requested.set(self.requested.get() + bytes);
+        Some(p)
+    }
+
+    /// Makes `block` current with its first `used` bytes handed out, or clears
+    /// the cursor with `None`. `paused`: no bumping until
+    /// [`resume`](MonotonicResource::resume). Leaves `requested` alone.
+    fn set(&self, block: Option<&Block>, used: usize, paused: bool) {
+        match block {
+            Some(b) => {
+                let start = b.ptr.as_ptr().addr();
+                self.base.set(b.ptr);
+                self.pos.set(start + used);
+                self.limit.set(if paused { 0 } else { start + b.size });
+            }
+            None => {
+                self.base.set(NonNull::dangling());
+                self.pos.set(0);
+                self.limit.set(0);
+            }
+        }
+    }
+}
+
+/// A monotonic (bump) resource of one memory kind. Usable through `&self`:
+/// the bump position is a [`Cursor`] of `Cell`s; the blocks, touched only when
+/// one is taken or given back, sit in a `RefCell` that is never borrowed
+/// across a call out (so its borrows cannot fail).
 #[derive(Debug)]
 pub(crate) struct MonotonicResource {
+    /// The current block's bump position.
+    cursor: Cursor,
     /// The size of the first block; also where `next_block` restarts when all
     /// blocks are released.
     first_block: usize,
     /// The size the next block from upstream starts doubling from. Never 0.
-    next_block: usize,
-    /// Every block held, oldest first; the last one is the current block.
-    blocks: Vec<Block>,
-    /// Bytes of the current block handed out (including alignment padding).
-    /// Invariant: `used <= blocks.last().size`, and 0 when there is no block.
-    used: usize,
-    /// Bytes requested since the last reset (for statistics).
-    requested: usize,
+    next_block: Cell<usize>,
+    /// Bytes held from upstream: the sum of the blocks' sizes.
+    reserved: Cell<usize>,
+    /// Every block held, oldest first; the last one is the current block (the
+    /// cursor's).
+    blocks: RefCell<Vec<Block>>,
 }
 
 impl MonotonicResource {
     /// An empty resource whose first block will be `first_block` bytes (0 means
-    /// [`DEFAULT_FIRST_BLOCK`]).
-    pub(crate) fn new(first_block: usize) -> Self {
+    /// [`DEFAULT_FIRST_BLOCK`]). Allocates nothing.
+    pub(crate) const fn new(first_block: usize) -> Self {
         let first_block = if first_block == 0 {
             DEFAULT_FIRST_BLOCK
         } else {
             first_block
         };
         MonotonicResource {
+            cursor: Cursor::new(),
             first_block,
-            next_block: first_block,
-            blocks: Vec::new(),
-            used: 0,
-            requested: 0,
+            next_block: Cell::new(first_block),
+            reserved: Cell::new(0),
+            blocks: RefCell::new(Vec::new()),
         }
     }
 
+    /// Bumps `bytes` (nonzero, unchecked otherwise: a request past `isize::MAX`
+    /// never fits) aligned to `align` (a power of two) inside the current
+    /// block, if they fit and bumping is not paused. The fast path.
+    #[inline(always)]
+    pub(crate) fn try_bump(&self, bytes: usize, align: usize) -> Option<NonNull<u8>> {
+        self.cursor.try_bump(bytes, align)
+    }
+
     /// `bytes` aligned to `align` (a nonzero power of two, checked), or `None`
-    /// for zero bytes. On error nothing changed.
+    /// for zero bytes. On error nothing changed. Takes a new block if the
+    /// request does not fit (or bumping is paused: the caller settles a pause
+    /// before calling this).
     pub(crate) fn allocate<U: Upstream>(
-        &mut self,
+        &self,
         upstream: &U,
         bytes: usize,
         align: usize,
@@ -108,7 +195,7 @@ impl MonotonicResource {
         if let Some(p) = self.try_bump(bytes, align) {
             return Ok(Some(p));
         }
-        let mut size = self.next_block;
+        let mut size = self.next_block.get();
         while size < bytes {
             size = size.checked_mul(2).ok_or(Error::SizeOverflow)?;
         }
@@ -116,80 +203,92 @@ impl MonotonicResource {
             return Err(Error::SizeOverflow);
         }
         let block_align = align.max(MIN_BLOCK_ALIGN);
+        // No borrow is held here: the upstream is a call out.
         let ptr = upstream.allocate(size, block_align)?;
-        self.blocks.push(Block {
+        let block = Block {
             ptr,
             size,
             align: block_align,
-        });
-        self.used = bytes;
-        self.requested += bytes;
-        self.next_block = size.saturating_mul(2).min(isize::MAX as usize);
+        };
+        self.blocks.borrow_mut().push(block);
+        self.reserved.set(self.reserved.get() + size);
+        self.cursor.set(Some(&block), bytes, false);
+        // Counted since the last reset, across blocks.
+        self.cursor
+            .requested
+            .set(self.cursor.requested.get() + bytes);
+        self.next_block
+            .set(size.saturating_mul(2).min(isize::MAX as usize));
         Ok(Some(ptr))
     }
 
-    /// Bumps `bytes` (nonzero, at most `isize::MAX`) aligned to `align` (a
-    /// power of two) inside the current block, if they fit.
-    #[inline]
-    pub(crate) fn try_bump(&mut self, bytes: usize, align: usize) -> Option<NonNull<u8>> {
-        let cur = self.blocks.last()?;
-        let base = cur.ptr.as_ptr() as usize;
-        // Padding to reach `align` from the current position. `base + used`
-        // cannot overflow: it lies inside (or one past) a live block.
-        let pad = base.wrapping_add(self.used).wrapping_neg() & (align - 1);
-        let offset = self.used + pad;
-        let end = offset.checked_add(bytes)?;
-        if end > cur.size {
-            return None;
+    /// Stops bumping in the current block until [`resume`](Self::resume).
+    pub(crate) fn pause(&self) {
+        self.cursor.limit.set(0);
+    }
+
+    /// Bumps in the current block again, if there is one.
+    pub(crate) fn resume(&self) {
+        if let Some(b) = self.blocks.borrow().last() {
+            self.cursor.limit.set(b.ptr.as_ptr().addr() + b.size);
         }
-        // `wrapping_add`: device addresses carry no provenance, so in-bounds
-        // arithmetic (`add`) is not available for them; the result stays inside
-        // the block either way, and host blocks keep their provenance.
-        let ptr = NonNull::new(cur.ptr.as_ptr().wrapping_add(offset))?;
-        self.used = end;
-        self.requested += bytes;
-        Some(ptr)
     }
 
-    /// Empties the current (only) block for reuse, keeping it.
-    pub(crate) fn rewind(&mut self) {
-        debug_assert!(self.blocks.len() <= 1);
-        self.used = 0;
-        self.requested = 0;
+    /// Empties the current (only) block for reuse, keeping it (and its pause).
+    #[inline]
+    pub(crate) fn rewind(&self) {
+        debug_assert!(self.blocks.borrow().len() <= 1);
+        self.cursor.pos.set(self.cursor.base.get().as_ptr().addr());
+        self.cursor.requested.set(0);
     }
 
-    /// The blocks held, oldest first.
-    pub(crate) fn blocks(&self) -> &[Block] {
-        &self.blocks
+    /// How many blocks are held.
+    #[inline]
+    pub(crate) fn block_count(&self) -> usize {
+        self.blocks.borrow().len()
+    }
+
+    /// How many blocks are held, through `&mut` (no borrow flag).
+    #[inline]
+    pub(crate) fn block_count_mut(&mut self) -> usize {
+        self.blocks.get_mut().len()
+    }
+
+    /// The blocks held, oldest first (a copy).
+    pub(crate) fn blocks(&self) -> Vec<Block> {
+        self.blocks.borrow().clone()
     }
 
     /// Bytes held from upstream.
     pub(crate) fn reserved(&self) -> usize {
-        self.blocks.iter().map(|b| b.size).sum()
+        self.reserved.get()
     }
 
     /// Bytes requested since the last reset.
     pub(crate) fn requested(&self) -> usize {
-        self.requested
+        self.cursor.requested.get()
     }
 
     /// Forgets the blocks (the caller releases or keeps them) and returns them,
     /// newest first; the next block size restarts at `next`.
-    pub(crate) fn take_blocks(&mut self, next: usize) -> Vec<Block> {
-        self.used = 0;
-        self.requested = 0;
-        self.next_block = next.max(self.first_block);
-        let mut blocks = core::mem::take(&mut self.blocks);
+    pub(crate) fn take_blocks(&self, next: usize) -> Vec<Block> {
+        self.cursor.set(None, 0, false);
+        self.cursor.requested.set(0);
+        self.reserved.set(0);
+        self.next_block.set(next.max(self.first_block));
+        let mut blocks = self.blocks.take();
         blocks.reverse();
         blocks
     }
 
-    /// Makes `block` the current block again, empty.
-    pub(crate) fn keep_block(&mut self, block: Block) {
-        debug_assert!(self.blocks.is_empty());
-        self.blocks.push(block);
-        self.used = 0;
-        self.requested = 0;
+    /// Takes `block` back (one `take_blocks` handed out and that could not be
+    /// released) as the current block, empty; `paused` as in
+    /// [`pause`](Self::pause).
+    pub(crate) fn keep_block(&self, block: Block, paused: bool) {
+        self.blocks.borrow_mut().push(block);
+        self.reserved.set(self.reserved.get() + block.size);
+        self.cursor.set(Some(&block), 0, paused);
+        self.cursor.requested.set(0);
     }
 
     /// The first block size.

@@ -2,7 +2,8 @@
 //! (host, pinned, device, managed), safe by construction.
 //!
 //! Each kind has its own monotonic (bump) resource over a
-//! fixed-order upstream, created on the kind's first non-empty allocation:
+//! fixed-order upstream, which takes its first block on the kind's first
+//! non-empty allocation:
 //!
 //! | kind | allocated in | released in |
 //! |---|---|---|
@@ -34,9 +35,28 @@
 //!
 //! In a steady loop whose rounds need the same memory and whose streams keep
 //! up, resets ask upstream for nothing.
+//!
+//! # Cost
+//!
+//! An allocation that fits the current block of its kind is a bump of a
+//! per-kind cursor held in `Cell`s: no borrow flag, no `Option`, no fence check
+//! (a kept block waiting on its fence pauses its cursor instead). Everything
+//! else (the first block, growth, a fence to settle, a bad request) takes the
+//! slow path. A reset visits only the kinds that hold blocks.
+//!
+//! # Errors in drop
+//!
+//! Dropping a scratchpad releases every block and destroys its events, never
+//! panics, and reports each failure it meets (every one, not just the first)
+//! through [`lost_errors`](crate::lost_errors) and the
+//! [`set_lost_error_hook`](crate::set_lost_error_hook) hook: there is no
+//! owner left to return it to. [`release`](Scratchpad::release) is the
+//! fallible form. A call that meets several failures ([`reset`](Scratchpad::reset),
+//! [`release`](Scratchpad::release)) returns the first and reports the others
+//! the same way, so none is dropped silently.
 
 use alloc::vec::Vec;
-use core::cell::{Cell, RefCell};
+use core::cell::Cell;
 use core::fmt;
 use core::marker::PhantomData;
 use core::mem::{size_of, MaybeUninit};
@@ -92,7 +112,7 @@ impl<T> DeviceSlice<'_, T> {
     /// The device address as an integer (a `CUdeviceptr` on CUDA).
     #[inline]
     pub fn addr(&self) -> usize {
-        self.ptr.as_ptr() as usize
+        self.ptr.as_ptr().addr()
     }
 
     /// Number of elements.
@@ -148,17 +168,58 @@ pub struct ScratchStats {
 }
 
 /// The event that fences a kept block of a host-visible kind.
+#[derive(Copy, Clone)]
 struct Fence {
     event: EventHandle,
     device: DeviceId,
-    /// Whether the kept block waits for the event.
+    /// Whether the kept block waits for the event (its cursor is paused
+    /// meanwhile, so the fast path cannot hand it out).
     armed: bool,
 }
 
+/// One kind's resource and what goes with it. Every field is usable through
+/// `&self`.
 struct KindState {
     res: MonotonicResource,
-    fence: Option<Fence>,
-    high_water: usize,
+    fence: Cell<Option<Fence>>,
+    high_water: Cell<usize>,
+}
+
+impl KindState {
+    const fn new(first_block: usize) -> Self {
+        KindState {
+            res: MonotonicResource::new(first_block),
+            fence: Cell::new(None),
+            high_water: Cell::new(0),
+        }
+    }
+}
+
+/// The errors of a call that may meet several: the first is returned, each
+/// later one is reported as lost (the caller sees only one).
+struct FirstError<E: fmt::Display> {
+    first: Option<Error<E>>,
+}
+
+impl<E: fmt::Display> FirstError<E> {
+    const fn new() -> Self {
+        FirstError { first: None }
+    }
+
+    fn push(&mut self, e: Error<E>) {
+        match self.first {
+            None => self.first = Some(e),
+            Some(_) => crate::lost::report(&e),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    fn result(self) -> Result<(), Error<E>> {
+        self.first.map_or(Ok(()), Err)
+    }
 }
 
 /// Scratch memory in four kinds. See the [module documentation](self).
@@ -185,8 +246,13 @@ pub struct Scratchpad<'b, B: ScratchBackend> {
     backend: &'b B,
     device_order: AccessOrder,
     config: ScratchpadConfig,
-    /// Per kind, created on the kind's first non-empty allocation.
-    kinds: RefCell<[Option<KindState>; 4]>,
+    /// Per kind, indexed by [`MemoryKind::index`].
+    kinds: [KindState; 4],
+    /// Bit `i` set: kind `i` holds at least one block. What `reset` visits.
+    held: Cell<u8>,
+    /// Bit `i` set: a block of kind `i` kept by `reset` is fenced (host-visible
+    /// memory released in stream order). Fixed at construction.
+    fenced: u8,
     /// The resolved device, once known.
     device: Cell<Option<DeviceId>>,
     upstream_allocations: Cell<usize>,
@@ -196,7 +262,8 @@ pub struct Scratchpad<'b, B: ScratchBackend> {
 // SAFETY: the scratchpad owns its blocks (raw pointers into memory nobody else
 // frees) and its bookkeeping; moving it to another thread moves that ownership.
 // The backend is only reached through `&B`, which is `Send` because `B: Sync`
-// (every `Backend` is). It is not `Sync`: allocation goes through `RefCell`.
+// (every `Backend` is). It is not `Sync`: allocation goes through `Cell`s and
+// a `RefCell`, unsynchronised.
 unsafe impl<B: ScratchBackend> Send for Scratchpad<'_, B> {}
 
 impl<B: ScratchBackend> fmt::Debug for Scratchpad<'_, B> {
@@ -221,15 +288,28 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         device_order: AccessOrder,
         config: ScratchpadConfig,
     ) -> Self {
-        Scratchpad {
+        let mut scratch = Scratchpad {
             backend,
             device_order,
             config,
-            kinds: RefCell::new([None, None, None, None]),
+            fenced: 0,
+            kinds: [
+                KindState::new(config.initial_sizes[0]),
+                KindState::new(config.initial_sizes[1]),
+                KindState::new(config.initial_sizes[2]),
+                KindState::new(config.initial_sizes[3]),
+            ],
+            held: Cell::new(0),
             device: Cell::new(config.device.or(device_order.device())),
             upstream_allocations: Cell::new(0),
             upstream_releases: Cell::new(0),
+        };
+        for kind in MemoryKind::ALL {
+            if kind.is_host_accessible() && !scratch.release_order(kind).is_host() {
+                scratch.fenced |= 1 << kind.index();
+            }
         }
+        scratch
     }
 
     /// The order device memory is allocated and released in.
@@ -278,13 +358,56 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         }
     }
 
+    /// The upstream of `kind`, counted.
+    fn counting(&self, kind: MemoryKind, device: DeviceId) -> Counting<'_, FixedOrder<'b, B>> {
+        Counting {
+            inner: self.upstream(kind, device),
+            allocations: &self.upstream_allocations,
+            releases: &self.upstream_releases,
+        }
+    }
+
+    /// Records whether `kind` holds blocks, for `reset`.
+    fn note_held(&self, kind: MemoryKind) {
+        let bit = 1u8 << kind.index();
+        let held = self.held.get();
+        self.held
+            .set(if self.kinds[kind.index()].res.block_count() > 0 {
+                held | bit
+            } else {
+                held & !bit
+            });
+    }
+
     /// `bytes` of `kind` memory aligned to `align`: a raw pointer, or `None`
     /// for zero bytes (which touches nothing). The memory stays valid until
     /// [`reset`](Self::reset) or drop.
     ///
     /// Errors: an alignment that is not a nonzero power of two, a size past
     /// `isize::MAX`, a failed upstream; the scratchpad is unchanged by any of them.
+    #[inline]
     pub fn alloc(
+        &self,
+        kind: MemoryKind,
+        bytes: usize,
+        align: usize,
+    ) -> Result<Option<NonNull<u8>>, Error<B::Error>> {
+        // Fast path: room in the current block of the kind. The cursor fails
+        // every request when the kind has no block or its kept block waits on
+        // its fence, and a request past `isize::MAX` never fits; bad
+        // alignments and zero sizes are left to the slow path, which checks.
+        if bytes != 0 && align.is_power_of_two() {
+            if let Some(p) = self.kinds[kind.index()].res.try_bump(bytes, align) {
+                return Ok(Some(p));
+            }
+        }
+        self.alloc_slow(kind, bytes, align)
+    }
+
+    /// Everything `alloc`'s fast path leaves: checks, the first block, growth,
+    /// a fence to settle.
+    #[inline(never)]
+    fn alloc_slow(
         &self,
         kind: MemoryKind,
         bytes: usize,
@@ -294,41 +417,30 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if bytes == 0 {
             return Ok(None);
         }
-        // Fast path: room in the current block, and no fence to settle.
-        if let Some(Some(st)) = self.kinds.borrow_mut().get_mut(kind.index()) {
-            if !st.fence.as_ref().is_some_and(|f| f.armed) {
-                if let Some(p) = st.res.try_bump(bytes, align) {
-                    return Ok(Some(p));
-                }
-            }
-        }
         let device = self.device_id()?;
-        let up = Counting {
-            inner: self.upstream(kind, device),
-            allocations: &self.upstream_allocations,
-            releases: &self.upstream_releases,
-        };
-        let mut kinds = self.kinds.borrow_mut();
-        let st = kinds[kind.index()].get_or_insert_with(|| KindState {
-            res: MonotonicResource::new(self.config.initial_sizes[kind.index()]),
-            fence: None,
-            high_water: 0,
-        });
-        self.settle_fence(st, &up)?;
-        let p = st.res.allocate(&up, bytes, align)?;
-        st.high_water = st.high_water.max(st.res.reserved());
+        let up = self.counting(kind, device);
+        let st = &self.kinds[kind.index()];
+        let settled = self.settle_fence(st, &up);
+        self.note_held(kind);
+        settled?;
+        let p = st.res.allocate(&up, bytes, align);
+        self.note_held(kind);
+        let p = p?;
+        st.high_water
+            .set(st.high_water.get().max(st.res.reserved()));
         Ok(p)
     }
 
     /// If the kept block of a kind waits on its fence: hand it out again if the
     /// event completed; otherwise release it in its stream order, so the next
-    /// allocation takes a fresh block.
+    /// allocation takes a fresh block. A block whose release fails is kept,
+    /// still fenced, and the error returned.
     fn settle_fence<U: Upstream<Error = B::Error>>(
         &self,
-        st: &mut KindState,
+        st: &KindState,
         up: &U,
     ) -> Result<(), Error<B::Error>> {
-        let Some(fence) = st.fence.as_mut() else {
+        let Some(mut fence) = st.fence.get() else {
             return Ok(());
         };
         if !fence.armed {
@@ -336,21 +448,27 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         }
         if let Ok(Completion::Complete) = self.backend.query_event(fence.event, fence.device) {
             fence.armed = false;
+            st.fence.set(Some(fence));
+            st.res.resume();
             return Ok(());
         }
         // Still in use (or unknown): do not reuse; release in stream order.
         let next = st.res.reserved();
+        let mut errors = FirstError::new();
         for block in st.res.take_blocks(next) {
             // SAFETY: the block came from this upstream and is forgotten by the
             // resource; the release order is a stream (fences exist only then),
             // so work still using it finishes first.
             if let Err(e) = unsafe { up.release(block) } {
-                st.res.keep_block(block);
-                return Err(e);
+                st.res.keep_block(block, true);
+                errors.push(e);
             }
         }
-        fence.armed = false;
-        Ok(())
+        if errors.is_empty() {
+            fence.armed = false;
+            st.fence.set(Some(fence));
+        }
+        errors.result()
     }
 
     fn alloc_typed<T>(
@@ -545,169 +663,222 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                     .map_err(Error::backend(BackendOp::Deallocate))
             },
         };
-        copied.map_err(Error::backend(BackendOp::CopyAsync))?;
-        freed?;
+        // Both may fail: the copy's error is returned, the free's reported.
+        let mut errors = FirstError::new();
+        if let Err(e) = copied {
+            errors.push(Error::backend(BackendOp::CopyAsync)(e));
+        }
+        if let Err(e) = freed {
+            errors.push(e);
+        }
+        errors.result()?;
         Ok((dst, ranges))
     }
 
     /// Ends the round: every allocation is over (the `&mut` proves no slice is
     /// left), and the memory is reused in stream order (module documentation).
-    /// On error the kind concerned releases what it can; the scratchpad stays
-    /// usable.
+    /// Visits only the kinds that hold blocks.
+    ///
+    /// On error the kind concerned releases what it can (a block whose release
+    /// fails is forgotten: the error says it is still allocated); the
+    /// scratchpad stays usable. The first error is returned, any further one
+    /// reported through [`lost_errors`](crate::lost_errors).
+    #[inline]
     pub fn reset(&mut self) -> Result<(), Error<B::Error>> {
-        let device = match self.device.get() {
-            Some(d) => d,
-            None => return Ok(()), // nothing was ever allocated
-        };
-        let mut first_error = None;
-        for kind in MemoryKind::ALL {
-            if self.kinds.get_mut()[kind.index()].is_none() {
-                continue;
-            }
-            let up = Counting {
-                inner: self.upstream(kind, device),
-                allocations: &self.upstream_allocations,
-                releases: &self.upstream_releases,
-            };
-            let release = self.release_order(kind);
-            let kinds = self.kinds.get_mut();
-            let Some(st) = kinds[kind.index()].as_mut() else {
-                continue;
-            };
-            if let Err(e) = Self::reset_kind(self.backend, kind, release, st, &up) {
-                first_error.get_or_insert(e);
+        // Fast path, inline: a kind that holds one block, not waiting on a
+        // fence, and needs no fence (host memory, device memory, or a release
+        // in host order) is rewound, and that is all.
+        let held = self.held.get();
+        let mut slow = held & self.fenced;
+        let quick = held & !self.fenced;
+        for i in 0..4 {
+            if quick & (1 << i) != 0 {
+                // No fence: nothing can be waiting on one.
+                let res = &mut self.kinds[i].res;
+                if res.block_count_mut() == 1 {
+                    res.rewind();
+                } else {
+                    slow |= 1 << i;
+                }
             }
         }
-        match first_error {
-            None => Ok(()),
-            Some(e) => Err(e),
-        }
-    }
-
-    fn reset_kind<U: Upstream<Error = B::Error>>(
-        backend: &B,
-        kind: MemoryKind,
-        release: AccessOrder,
-        st: &mut KindState,
-        up: &U,
-    ) -> Result<(), Error<B::Error>> {
-        let n = st.res.blocks().len();
-        let armed = st.fence.as_ref().is_some_and(|f| f.armed);
-        if n == 0 {
+        if slow == 0 {
             return Ok(());
         }
-        if n > 1 || armed {
+        self.reset_slow(slow)
+    }
+
+    /// The kinds of `reset` (a bit each) that the fast path left.
+    #[inline(never)]
+    fn reset_slow(&mut self, kinds: u8) -> Result<(), Error<B::Error>> {
+        let Some(device) = self.device.get() else {
+            return Ok(()); // nothing was ever allocated (a kind holds blocks only once it is known)
+        };
+        let mut errors = FirstError::new();
+        for kind in MemoryKind::ALL {
+            if kinds & (1 << kind.index()) != 0 {
+                self.reset_kind(kind, device, &mut errors);
+            }
+        }
+        errors.result()
+    }
+
+    fn reset_kind(&self, kind: MemoryKind, device: DeviceId, errors: &mut FirstError<B::Error>) {
+        let st = &self.kinds[kind.index()];
+        let n = st.res.block_count();
+        let fence = st.fence.get();
+        if n == 0 {
+            return;
+        }
+        if n > 1 || fence.is_some_and(|f| f.armed) {
             // Release everything; next time one block of the total size.
+            let up = self.counting(kind, device);
             let total = st.res.reserved();
-            let mut first_error = None;
             for block in st.res.take_blocks(total) {
                 // SAFETY: each block came from this upstream and is released
                 // once, in the kind's release order.
                 if let Err(e) = unsafe { up.release(block) } {
-                    first_error.get_or_insert(e);
+                    errors.push(e);
                 }
             }
-            if let Some(f) = st.fence.as_mut() {
-                f.armed = false;
+            if let Some(f) = fence {
+                st.fence.set(Some(Fence { armed: false, ..f }));
             }
-            return first_error.map_or(Ok(()), Err);
+            self.note_held(kind);
+            return;
         }
         st.res.rewind();
-        let AccessOrder::Stream { stream, device } = release else {
-            return Ok(()); // host order: reusable now
-        };
         if !kind.is_host_accessible() {
-            return Ok(()); // device memory: allocated and released on this stream
+            return; // device memory: allocated and released on the device order
         }
-        // Fence the kept block with an event recorded on the release stream.
+        let AccessOrder::Stream {
+            stream,
+            device: release_device,
+        } = self.release_order(kind)
+        else {
+            return; // host order: reusable now
+        };
+        self.fence_kept(kind, device, stream, release_device, errors);
+    }
+
+    /// Fences the kept block of a host-visible kind with an event recorded on
+    /// its release stream; if that fails, releases the block instead.
+    fn fence_kept(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        stream: StreamHandle,
+        release_device: DeviceId,
+        errors: &mut FirstError<B::Error>,
+    ) {
+        let st = &self.kinds[kind.index()];
         let fence = match st.fence.take() {
-            Some(f) if f.device == device => f,
+            Some(f) if f.device == release_device => f,
             other => {
                 if let Some(old) = other {
-                    let _ = backend.destroy_event(old.event, old.device);
+                    if let Err(source) = self.backend.destroy_event(old.event, old.device) {
+                        errors.push(Error::Backend {
+                            op: BackendOp::DestroyEvent,
+                            source,
+                        });
+                    }
                 }
-                match backend.create_event(device, EventFlags::DISABLE_TIMING) {
+                match self
+                    .backend
+                    .create_event(release_device, EventFlags::DISABLE_TIMING)
+                {
                     Ok(event) => Fence {
                         event,
-                        device,
+                        device: release_device,
                         armed: false,
                     },
-                    Err(e) => {
-                        Self::drop_kept(st, up)?;
-                        return Err(Error::Backend {
+                    Err(source) => {
+                        errors.push(Error::Backend {
                             op: BackendOp::CreateEvent,
-                            source: e,
+                            source,
                         });
+                        self.drop_kept(kind, device, errors);
+                        return;
                     }
                 }
             }
         };
-        let recorded = backend.record_event(fence.event, stream, device);
-        st.fence = Some(Fence {
-            armed: recorded.is_ok(),
-            ..fence
-        });
-        if let Err(e) = recorded {
-            Self::drop_kept(st, up)?;
-            return Err(Error::Backend {
-                op: BackendOp::RecordEvent,
-                source: e,
-            });
+        match self
+            .backend
+            .record_event(fence.event, stream, release_device)
+        {
+            Ok(()) => {
+                st.fence.set(Some(Fence {
+                    armed: true,
+                    ..fence
+                }));
+                st.res.pause();
+            }
+            Err(source) => {
+                st.fence.set(Some(fence));
+                errors.push(Error::Backend {
+                    op: BackendOp::RecordEvent,
+                    source,
+                });
+                self.drop_kept(kind, device, errors);
+            }
         }
-        Ok(())
     }
 
-    /// Releases a kept block that could not be fenced.
-    fn drop_kept<U: Upstream<Error = B::Error>>(
-        st: &mut KindState,
-        up: &U,
-    ) -> Result<(), Error<B::Error>> {
+    /// Releases a kept block that could not be fenced (a failed release
+    /// forgets the block: the error says it is still allocated).
+    fn drop_kept(&self, kind: MemoryKind, device: DeviceId, errors: &mut FirstError<B::Error>) {
+        let up = self.counting(kind, device);
+        let st = &self.kinds[kind.index()];
         let total = st.res.reserved();
         for block in st.res.take_blocks(total) {
             // SAFETY: the block came from this upstream; released once, in the
             // kind's (stream) release order.
-            unsafe { up.release(block)? };
+            if let Err(e) = unsafe { up.release(block) } {
+                errors.push(e);
+            }
         }
-        Ok(())
+        self.note_held(kind);
     }
 
-    /// Releases everything now and reports the first failure (dropping does the
-    /// same and discards failures).
+    /// Releases everything now (every block, every event), carrying on past
+    /// failures, and returns the first; any further one is reported through
+    /// [`lost_errors`](crate::lost_errors). Dropping does the same and reports
+    /// every failure that way.
     pub fn release(mut self) -> Result<(), Error<B::Error>> {
-        self.release_all()
+        let mut errors = FirstError::new();
+        self.release_all(&mut |e| errors.push(e));
+        // The drop that follows finds nothing left to release.
+        errors.result()
     }
 
-    fn release_all(&mut self) -> Result<(), Error<B::Error>> {
-        let Some(device) = self.device.get() else {
-            return Ok(());
-        };
-        let mut first_error = None;
+    /// Releases every block and destroys every event, handing each failure to
+    /// `sink` and carrying on. A block whose release fails is forgotten.
+    fn release_all(&mut self, sink: &mut dyn FnMut(Error<B::Error>)) {
+        let device = self.device.get();
         for kind in MemoryKind::ALL {
-            let up = Counting {
-                inner: self.upstream(kind, device),
-                allocations: &self.upstream_allocations,
-                releases: &self.upstream_releases,
-            };
-            let Some(mut st) = self.kinds.get_mut()[kind.index()].take() else {
-                continue;
-            };
-            for block in st.res.take_blocks(0) {
-                // SAFETY: each block came from this upstream and is released
-                // once, newest first, in the kind's release order.
-                if let Err(e) = unsafe { up.release(block) } {
-                    first_error.get_or_insert(e);
+            let st = &self.kinds[kind.index()];
+            // A kind holds blocks only once the device is resolved.
+            if let Some(device) = device {
+                let up = self.counting(kind, device);
+                for block in st.res.take_blocks(0) {
+                    // SAFETY: each block came from this upstream and is released
+                    // once, newest first, in the kind's release order.
+                    if let Err(e) = unsafe { up.release(block) } {
+                        sink(e);
+                    }
                 }
             }
             if let Some(f) = st.fence.take() {
-                if let Err(e) = self.backend.destroy_event(f.event, f.device) {
-                    first_error.get_or_insert(Error::Backend {
+                if let Err(source) = self.backend.destroy_event(f.event, f.device) {
+                    sink(Error::Backend {
                         op: BackendOp::DestroyEvent,
-                        source: e,
+                        source,
                     });
                 }
             }
         }
-        first_error.map_or(Ok(()), Err)
+        self.held.set(0);
     }
 
     /// Statistics per kind.
@@ -717,13 +888,11 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             upstream_releases: self.upstream_releases.get(),
             ..ScratchStats::default()
         };
-        for (i, st) in self.kinds.borrow().iter().enumerate() {
-            if let Some(st) = st {
-                s.reserved[i] = st.res.reserved();
-                s.blocks[i] = st.res.blocks().len();
-                s.requested[i] = st.res.requested();
-                s.high_water[i] = st.high_water;
-            }
+        for (i, st) in self.kinds.iter().enumerate() {
+            s.reserved[i] = st.res.reserved();
+            s.blocks[i] = st.res.block_count();
+            s.requested[i] = st.res.requested();
+            s.high_water[i] = st.high_water.get();
         }
         s
     }
@@ -731,31 +900,26 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// The blocks held for `kind` (address, size), oldest first: for tests.
     #[doc(hidden)]
     pub fn blocks(&self, kind: MemoryKind) -> Vec<(usize, usize)> {
-        self.kinds.borrow()[kind.index()]
-            .as_ref()
-            .map(|st| {
-                st.res
-                    .blocks()
-                    .iter()
-                    .map(|b| (b.ptr.as_ptr() as usize, b.size))
-                    .collect()
-            })
-            .unwrap_or_default()
+        self.kinds[kind.index()]
+            .res
+            .blocks()
+            .iter()
+            .map(|b| (b.ptr.as_ptr().addr(), b.size))
+            .collect()
     }
 
     /// The first block size of `kind`.
     pub fn first_block_size(&self, kind: MemoryKind) -> usize {
-        match &self.kinds.borrow()[kind.index()] {
-            Some(st) => st.res.first_block(),
-            None => MonotonicResource::new(self.config.initial_sizes[kind.index()]).first_block(),
-        }
+        self.kinds[kind.index()].res.first_block()
     }
 }
 
 impl<B: ScratchBackend> Drop for Scratchpad<'_, B> {
     fn drop(&mut self) {
-        // Never panics: failures are discarded (use `release` to see them).
-        let _ = self.release_all();
+        // Never panics, and releases everything it can. There is no owner left
+        // to return a failure to: each one is counted by `lost_errors` and
+        // handed to the hook.
+        self.release_all(&mut |e| crate::lost::report(&e));
     }
 }
 

@@ -9,10 +9,32 @@ use std::mem::MaybeUninit;
 
 use gpupool_core::{
     AccessOrder, DeviceId, Error, KernelContext, MemoryBackend, MemoryKind, Scratchpad,
-    ScratchpadConfig, StreamPool,
+    ScratchpadConfig, StreamBackend, StreamHandle, StreamOptions,
 };
 use gpupool_mock::{CallKind, MockBackend};
 use gpupool_tests::mock;
+
+/// A stream made directly on the mock, not leased from a pool: these tests
+/// stay clear of the pools' crossbeam-epoch, so Miri can run them under
+/// `-Zmiri-strict-provenance` too.
+struct Stream(StreamHandle);
+
+impl Stream {
+    fn new(gpu: &MockBackend) -> Self {
+        Stream(
+            gpu.create_stream(DeviceId(0), StreamOptions::default())
+                .unwrap(),
+        )
+    }
+
+    fn get(&self) -> StreamHandle {
+        self.0
+    }
+
+    fn order(&self) -> AccessOrder {
+        AccessOrder::stream(self.0, DeviceId(0))
+    }
+}
 
 const KINDS: [MemoryKind; 4] = MemoryKind::ALL;
 /// Warm reset rounds counted for upstream calls (fewer under Miri).
@@ -37,8 +59,7 @@ fn live_bytes(gpu: &MockBackend) -> usize {
 #[test]
 fn each_kind_takes_its_first_block_in_its_allocation_order() {
     let gpu = mock(1);
-    let streams = StreamPool::new(gpu.clone());
-    let s = streams.get(0).unwrap();
+    let s = Stream::new(&gpu);
     let scratch = Scratchpad::new(&gpu, s.order());
     scratch.pinned::<u8>(10).unwrap();
     scratch.device::<u8>(10).unwrap();
@@ -107,8 +128,7 @@ fn a_failing_upstream_is_an_error_that_changes_nothing_and_leaks_nothing() {
     for kind in KINDS {
         for op in [CallKind::Allocate, CallKind::AllocateAsync] {
             let gpu = mock(1);
-            let streams = StreamPool::new(gpu.clone());
-            let s = streams.get(0).unwrap();
+            let s = Stream::new(&gpu);
             {
                 let scratch = Scratchpad::new(&gpu, s.order());
                 scratch.alloc(kind, 100, 8).unwrap();
@@ -137,8 +157,7 @@ fn a_failing_upstream_is_an_error_that_changes_nothing_and_leaks_nothing() {
 #[test]
 fn drop_releases_every_block_in_its_release_order() {
     let gpu = mock(1);
-    let streams = StreamPool::new(gpu.clone());
-    let s = streams.get(0).unwrap();
+    let s = Stream::new(&gpu);
     {
         let scratch = Scratchpad::new(&gpu, s.order());
         for kind in KINDS {
@@ -172,8 +191,7 @@ fn a_scratchpad_can_be_moved_while_its_memory_stays_valid() {
 #[test]
 fn reset_reuses_blocks_and_a_steady_loop_asks_upstream_for_nothing() {
     let gpu = mock(1);
-    let streams = StreamPool::new(gpu.clone());
-    let s = streams.get(0).unwrap();
+    let s = Stream::new(&gpu);
     let mut scratch = Scratchpad::new(&gpu, s.order());
     let round = |scratch: &Scratchpad<'_, MockBackend>| {
         for (i, kind) in KINDS.into_iter().enumerate() {
@@ -217,8 +235,7 @@ fn reset_reuses_blocks_and_a_steady_loop_asks_upstream_for_nothing() {
 #[test]
 fn a_pinned_block_still_read_by_the_stream_is_not_handed_out_again() {
     let gpu = mock(1);
-    let streams = StreamPool::new(gpu.clone());
-    let s = streams.get(0).unwrap();
+    let s = Stream::new(&gpu);
     let mut scratch = Scratchpad::new(&gpu, s.order());
     let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
     gpu.use_memory(s.get(), p, 4096).unwrap(); // a copy still reading it
@@ -240,8 +257,7 @@ fn the_hazard_detector_reports_a_wrong_release_order() {
     // A test double of a mistake: pinned memory declared released in host order
     // while the stream still reads it. The mock must report the reuse.
     let gpu = mock(1);
-    let streams = StreamPool::new(gpu.clone());
-    let s = streams.get(0).unwrap();
+    let s = Stream::new(&gpu);
     let config = ScratchpadConfig {
         pinned_release: Some(AccessOrder::host()),
         ..ScratchpadConfig::default()
@@ -262,8 +278,7 @@ fn the_hazard_detector_reports_a_wrong_release_order() {
 #[test]
 fn copy_helpers_round_trip_data_exactly() {
     let gpu = mock(1);
-    let streams = StreamPool::new(gpu.clone());
-    let s = streams.get(0).unwrap();
+    let s = Stream::new(&gpu);
     let scratch = Scratchpad::new(&gpu, s.order());
     let src: Vec<u32> = (0..1000).map(|i| i * 7 + 1).collect();
     let on_device = scratch.to_device(s.get(), &src).unwrap();
@@ -326,8 +341,7 @@ fn copy_helpers_round_trip_data_exactly() {
 #[test]
 fn a_kernel_context_carries_the_order_and_a_borrowed_scratchpad() {
     let gpu = mock(1);
-    let streams = StreamPool::new(gpu.clone());
-    let s = streams.get(0).unwrap();
+    let s = Stream::new(&gpu);
     let scratch = Scratchpad::new(&gpu, s.order());
     let ctx = KernelContext::with_scratchpad(s.order(), &scratch);
     let tmp = ctx.scratchpad.unwrap().device::<f32>(256).unwrap();
@@ -340,8 +354,7 @@ fn a_kernel_context_carries_the_order_and_a_borrowed_scratchpad() {
 #[test]
 fn release_reports_and_drop_never_panics_on_upstream_failure() {
     let gpu = mock(1);
-    let streams = StreamPool::new(gpu.clone());
-    let s = streams.get(0).unwrap();
+    let s = Stream::new(&gpu);
     let scratch = Scratchpad::new(&gpu, s.order());
     scratch.alloc(MemoryKind::Device, 10, 8).unwrap();
     gpu.fail_nth(CallKind::DeallocateAsync, 1);
