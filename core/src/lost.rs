@@ -1,10 +1,13 @@
-//! Errors met in a `Drop` with no owner left to report them to.
+//! Errors with nobody left to report them to.
 //!
 //! A lease that fails while returning its handle parks the error in its pool
-//! (`take_error`). Some drops have nobody to park with: a pool's own drop
-//! (destroying what it pooled), a scratchpad's drop (releasing its blocks). They
-//! never panic; each such error is counted here, process-wide, and handed to
-//! the hook set by [`set_lost_error_hook`], if any, on the dropping thread.
+//! (`take_error`). Some errors have nobody to park with: those of a pool's own
+//! drop (destroying what it pooled, or an error parked and never taken), of a
+//! scratchpad's drop (releasing its blocks), and the second and later errors
+//! of a scratchpad call that returns only its first (`release`, `reset`,
+//! `to_contiguous_device`). Drops never panic; each such error is counted here,
+//! process-wide, and handed to the hook set by [`set_lost_error_hook`], if any,
+//! on the thread that met it.
 //! Call the fallible form first where one exists
 //! ([`Scratchpad::release`](crate::Scratchpad::release),
 //! [`StreamPool::purge`](crate::StreamPool::purge),
@@ -44,10 +47,11 @@ static LOST: AtomicUsize = AtomicUsize::new(0);
 /// Null, or a [`LostErrorHook`] cast to a data pointer.
 static HOOK: AtomicPtr<()> = AtomicPtr::new(core::ptr::null_mut());
 
-/// How many errors drops have met, since the process started, with no owner to
-/// report them to: a pool's own drop destroying what it pooled, a scratchpad's
-/// drop releasing its blocks. (A lease's drop parks its error in its pool
-/// instead: `take_error`.) Call the fallible form first where one exists
+/// How many errors, since the process started, had nobody to report them to:
+/// those of a pool's own drop (destroying what it pooled, or a parked error
+/// never taken), of a scratchpad's drop (releasing its blocks), and the second
+/// and later errors of a scratchpad call that returns only its first. (A
+/// lease's drop parks its error in its pool instead: `take_error`.) Call the fallible form first where one exists
 /// ([`Scratchpad::release`](crate::Scratchpad::release),
 /// [`StreamPool::purge`](crate::StreamPool::purge),
 /// [`EventPool::purge`](crate::EventPool::purge)) to get such errors as values.
