@@ -198,6 +198,7 @@ impl<B: EventBackend> EventPool<B> {
 
     /// Leases an event on `device`: a pooled one, or a new one.
     #[cfg(feature = "std")]
+    #[inline]
     pub fn get(
         &self,
         device: impl Into<DeviceSelector>,
@@ -219,6 +220,14 @@ impl<B: EventBackend> EventPool<B> {
                 });
             }
         }
+        self.get_slow(device)
+    }
+
+    /// `get` past the memo: resolves the device, then the thread's cell (found
+    /// the slow way, registered if need be), then the shared list or the backend.
+    #[cfg(feature = "std")]
+    #[inline(never)]
+    fn get_slow(&self, device: DeviceSelector) -> Result<EventLease<'_, B>, Error<B::Error>> {
         let (device, slot) = self.slot(device)?;
         #[cfg(not(loom))]
         if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
@@ -582,6 +591,7 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
 }
 
 impl<B: EventBackend> Drop for EventLease<'_, B> {
+    #[inline]
     fn drop(&mut self) {
         // Leased in place: back into its slot, whichever thread this is.
         #[cfg(all(feature = "std", not(loom)))]
@@ -589,6 +599,14 @@ impl<B: EventBackend> Drop for EventLease<'_, B> {
             crate::thread_cache::unlease(s, self.event.0);
             return;
         }
+        self.give_back();
+    }
+}
+
+impl<B: EventBackend> EventLease<'_, B> {
+    /// Returns an event not leased in place.
+    #[inline(never)]
+    fn give_back(&mut self) {
         // The returning thread's cache next (no epoch, no shared line).
         #[cfg(all(feature = "std", not(loom)))]
         if self

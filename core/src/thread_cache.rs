@@ -58,7 +58,7 @@ pub(crate) struct Cell {
     /// Handles, 0 for an empty slot. Nonzero values are written only by the
     /// owner; drains write 0 with `swap`.
     slots: [AtomicUsize; SLOTS],
-    /// Leases served from this cell (written by its owner only).
+    /// Leases served from this cell by `take` (written by its owner only).
     served: AtomicUsize,
     /// Leases returned into this cell (written by its owner only).
     kept: AtomicUsize,
@@ -114,6 +114,7 @@ impl Cell {
     /// (whichever thread holds it) until one of those two calls.
     #[inline]
     pub(crate) fn lease(&self) -> Option<(usize, &AtomicUsize)> {
+        // Last filled first, as `take`.
         for s in self.slots.iter().rev() {
             // Relaxed pre-check: only the owner makes a slot hold an unleased
             // handle; a drain may empty it meanwhile, which the CAS settles.
@@ -126,7 +127,7 @@ impl Cell {
                 && s.compare_exchange(h, LEASED, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
-                Self::bump(&self.served);
+                // Counted as served by `counts` (one tally, not two).
                 Self::bump(&self.in_place);
                 return Some((h, s));
             }
@@ -473,7 +474,7 @@ impl ThreadCache {
                 let out = c.slots.iter().filter(|x| r(x) == LEASED).count();
                 let ended = r(&c.in_place).wrapping_sub(out);
                 (
-                    s.wrapping_add(r(&c.served)),
+                    s.wrapping_add(r(&c.served)).wrapping_add(r(&c.in_place)),
                     k.wrapping_add(r(&c.kept)).wrapping_add(ended),
                 )
             })
