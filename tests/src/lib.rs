@@ -388,6 +388,33 @@ pub fn mock(devices: u32) -> MockBackend {
     MockBackend::new(devices)
 }
 
+/// A stream made directly on the mock's device 0, not leased from a pool: the
+/// scratch tests use it to stay clear of the pools' crossbeam-epoch, so Miri
+/// can run them under `-Zmiri-strict-provenance` too. Not destroyed on drop
+/// (the mock is dropped with the test).
+#[derive(Clone, Copy, Debug)]
+pub struct MockStream(StreamHandle);
+
+impl MockStream {
+    /// Creates a stream on device 0 of `gpu`.
+    pub fn new(gpu: &MockBackend) -> Self {
+        MockStream(
+            gpu.create_stream(DeviceId(0), gpupool_core::StreamOptions::default())
+                .expect("the mock creates a stream"),
+        )
+    }
+
+    /// The raw handle.
+    pub fn get(&self) -> StreamHandle {
+        self.0
+    }
+
+    /// The stream as an order on device 0.
+    pub fn order(&self) -> gpupool_core::AccessOrder {
+        gpupool_core::AccessOrder::stream(self.0, DeviceId(0))
+    }
+}
+
 /// A small deterministic random number generator (xorshift64*) for workloads;
 /// tests need reproducible mixes, not statistical quality.
 #[derive(Clone, Debug)]

@@ -9,32 +9,13 @@ use std::mem::MaybeUninit;
 
 use gpupool_core::{
     AccessOrder, DeviceId, Error, KernelContext, MemoryBackend, MemoryKind, Scratchpad,
-    ScratchpadConfig, StreamBackend, StreamHandle, StreamOptions,
+    ScratchpadConfig,
 };
 use gpupool_mock::{CallKind, MockBackend};
 use gpupool_tests::mock;
 
-/// A stream made directly on the mock, not leased from a pool: these tests
-/// stay clear of the pools' crossbeam-epoch, so Miri can run them under
-/// `-Zmiri-strict-provenance` too.
-struct Stream(StreamHandle);
-
-impl Stream {
-    fn new(gpu: &MockBackend) -> Self {
-        Stream(
-            gpu.create_stream(DeviceId(0), StreamOptions::default())
-                .unwrap(),
-        )
-    }
-
-    fn get(&self) -> StreamHandle {
-        self.0
-    }
-
-    fn order(&self) -> AccessOrder {
-        AccessOrder::stream(self.0, DeviceId(0))
-    }
-}
+/// Streams straight from the mock (see `MockStream`).
+use gpupool_tests::MockStream as Stream;
 
 const KINDS: [MemoryKind; 4] = MemoryKind::ALL;
 /// Warm reset rounds counted for upstream calls (fewer under Miri).

@@ -21,30 +21,12 @@
 //! (`align - 1`) in R.
 #![cfg(not(feature = "cuda"))]
 
-use gpupool_core::{
-    AccessOrder, DeviceId, MemoryKind, Scratchpad, StreamBackend, StreamHandle, StreamOptions,
-};
-use gpupool_mock::MockBackend;
+use gpupool_core::{AccessOrder, MemoryKind, Scratchpad};
 use gpupool_tests::mock;
 use proptest::prelude::*;
 
-/// A stream made directly on the mock, not leased from a pool: these tests
-/// stay clear of the pools' crossbeam-epoch, so Miri can run them under
-/// `-Zmiri-strict-provenance` too.
-struct Stream(StreamHandle);
-
-impl Stream {
-    fn new(gpu: &MockBackend) -> Self {
-        Stream(
-            gpu.create_stream(DeviceId(0), StreamOptions::default())
-                .unwrap(),
-        )
-    }
-
-    fn order(&self) -> AccessOrder {
-        AccessOrder::stream(self.0, DeviceId(0))
-    }
-}
+/// Streams straight from the mock (see `MockStream`).
+use gpupool_tests::MockStream as Stream;
 
 fn request() -> impl Strategy<Value = (usize, usize, u32)> {
     // (kind index, size, log2 alignment); sizes up to 300 KiB, skewed small.

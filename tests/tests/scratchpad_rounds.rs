@@ -5,33 +5,12 @@
 //! allocated.
 #![cfg(not(feature = "cuda"))]
 
-use gpupool_core::{
-    AccessOrder, DeviceId, MemoryKind, Scratchpad, StreamBackend, StreamHandle, StreamOptions,
-};
+use gpupool_core::{MemoryKind, Scratchpad};
 use gpupool_mock::MockBackend;
 use gpupool_tests::{mock, Rng};
 
-/// A stream made directly on the mock, not leased from a pool: these tests
-/// stay clear of the pools' crossbeam-epoch, so Miri can run them under
-/// `-Zmiri-strict-provenance` too.
-struct Stream(StreamHandle);
-
-impl Stream {
-    fn new(gpu: &MockBackend) -> Self {
-        Stream(
-            gpu.create_stream(DeviceId(0), StreamOptions::default())
-                .unwrap(),
-        )
-    }
-
-    fn get(&self) -> StreamHandle {
-        self.0
-    }
-
-    fn order(&self) -> AccessOrder {
-        AccessOrder::stream(self.0, DeviceId(0))
-    }
-}
+/// Streams straight from the mock (see `MockStream`).
+use gpupool_tests::MockStream as Stream;
 
 const ROUNDS: usize = if cfg!(miri) { 50 } else { 10_000 };
 
