@@ -222,3 +222,61 @@ fn purge_with_leases_out_and_drop_destroy_everything_pooled() {
     assert_count(gpu.live_events(), 0, "dropping the pool destroys the rest");
     assert_no_misuse(&gpu);
 }
+
+/// Leases taken on one thread (served in place from its cell once warm) end on
+/// another, while a third thread purges and leases of its own come and go:
+/// no event is ever held by two leases, every lease ends, and purge and drop
+/// reach every event. (TSan and Miri run this too.)
+#[test]
+fn leases_ended_on_another_thread_while_a_third_purges_lose_and_share_nothing() {
+    use std::collections::HashSet;
+    use std::sync::{mpsc, Mutex};
+    let Some(gpu) = gpu(1) else { return };
+    let rounds = if cfg!(miri) { 40 } else { 5_000 };
+    let pool = EventPool::new(gpu.backend());
+    let held = Mutex::new(HashSet::new());
+    let claim =
+        |e: gpupool_core::EventHandle| assert!(held.lock().unwrap().insert(e), "held twice");
+    let free = |e: gpupool_core::EventHandle| assert!(held.lock().unwrap().remove(&e));
+    std::thread::scope(|s| {
+        let (tx, rx) = mpsc::sync_channel(4);
+        let (pool, claim, free) = (&pool, &claim, &free);
+        s.spawn(move || {
+            for i in 0..rounds {
+                let lease = pool.get(0).unwrap();
+                claim(lease.get());
+                if i % 3 == 0 {
+                    // Ended here: into this thread's cell, to be leased in
+                    // place by the next gets, which the other thread ends.
+                    free(lease.get());
+                    drop(lease);
+                } else {
+                    tx.send(lease).unwrap();
+                }
+            }
+        });
+        s.spawn(move || {
+            for lease in rx {
+                free(lease.get());
+                drop(lease);
+            }
+        });
+        s.spawn(move || {
+            for i in 0..rounds / 8 {
+                if i % 4 == 0 {
+                    pool.purge().unwrap();
+                }
+                let lease = pool.get(0).unwrap();
+                claim(lease.get());
+                free(lease.get());
+            }
+        });
+    });
+    assert!(held.lock().unwrap().is_empty());
+    assert_eq!(pool.live_leases(), 0);
+    assert!(pool.take_error().is_none());
+    pool.purge().unwrap();
+    drop(pool);
+    assert_count(gpu.live_events(), 0, "events left after purge and drop");
+    assert_no_misuse(&gpu);
+}
