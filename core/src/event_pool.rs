@@ -435,10 +435,9 @@ impl<B: EventBackend> EventPool<B> {
 
     /// The slot of a leased event's device: always there, since a lease exists
     /// only after its slot was found and borrows the pool that owns the table.
+    /// (No assertion: this runs in a lease's drop, which never panics.)
     fn leased_slot(&self, device: DeviceId) -> Option<&EventSlot> {
-        let slot = self.devices.slot_of(device);
-        debug_assert!(slot.is_some(), "a lease outlived its pool's device table");
-        slot
+        self.devices.slot_of(device)
     }
 }
 

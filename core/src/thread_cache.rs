@@ -150,9 +150,10 @@ impl Cell {
     /// handle `put` into the pool, not returned by a lease). Owner only.
     #[inline]
     pub(crate) fn keep(&self, handle: usize) -> bool {
-        debug_assert!(handle != 0);
-        if handle == LEASED {
-            // Would read as leased: never taken, never drained. Shared lists.
+        // 0 reads as an empty slot and LEASED as a leased one: such a value
+        // would never be taken or drained. (No live handle is either: the
+        // pools refuse null handles.) The shared lists take it instead.
+        if handle == 0 || handle == LEASED {
             return false;
         }
         for s in &self.slots {
@@ -219,7 +220,8 @@ fn take_slot(slot: &AtomicUsize) -> Option<usize> {
 /// ready to be leased again or drained. Any thread (the holder of the lease).
 #[inline]
 pub(crate) fn unlease(slot: &AtomicUsize, handle: usize) {
-    debug_assert_eq!(slot.load(Ordering::Relaxed), LEASED);
+    // (No assertion on the slot: this runs in a lease's drop, which never
+    // panics; the loom models check that the slot holds LEASED here.)
     // A plain store: while the slot is marked leased nobody else writes it
     // (the owner's `keep` claims only empty slots, `lease` and every taker
     // only unleased ones). Release: publishes the handle, and what the lease
@@ -231,7 +233,6 @@ pub(crate) fn unlease(slot: &AtomicUsize, handle: usize) {
 /// caller, or destroyed): the slot is empty again. Any thread.
 #[inline]
 pub(crate) fn vacate(slot: &AtomicUsize) {
-    debug_assert_eq!(slot.load(Ordering::Relaxed), LEASED);
     // A plain store, as in `unlease`. Release: orders the holder's last use
     // of the slot before the owner's next `keep` into it.
     slot.store(0, Ordering::Release);
