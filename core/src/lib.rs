@@ -84,7 +84,8 @@ pub use lost::{lost_errors, set_lost_error_hook, LostErrorHook};
 pub use monotonic::{Block, DEFAULT_FIRST_BLOCK};
 pub use order::AccessOrder;
 pub use scratchpad::{
-    DeviceSlice, KernelContext, ScratchBackend, ScratchStats, Scratchpad, ScratchpadConfig,
+    DeviceSlice, KernelContext, ScratchBackend, ScratchSizes, ScratchStats, Scratchpad,
+    ScratchpadConfig,
 };
 pub use stats::PoolStats;
 pub use stream_pool::{OwnedStream, StreamLease, StreamPool, StreamPoolConfig};

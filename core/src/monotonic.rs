@@ -170,6 +170,17 @@ impl MonotonicResource {
         }
     }
 
+    /// Makes the first block at least `size` bytes. Only while no block is
+    /// held (the caller's construction).
+    pub(crate) fn raise_first_block(&mut self, size: usize) {
+        debug_assert!(self.blocks.get_mut().is_empty());
+        let size = size.min(isize::MAX as usize);
+        if size > self.first_block {
+            self.first_block = size;
+            self.next_block.set(size);
+        }
+    }
+
     /// Bumps `bytes` (nonzero, unchecked otherwise: a request past `isize::MAX`
     /// never fits) aligned to `align` (a power of two) inside the current
     /// block, if they fit and bumping is not paused. The fast path.

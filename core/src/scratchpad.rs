@@ -62,6 +62,9 @@ use core::marker::PhantomData;
 use core::mem::{size_of, MaybeUninit};
 use core::ops::Range;
 use core::ptr::NonNull;
+// Plain atomics, under loom too: `ScratchSizes` holds independent relaxed
+// hints that order nothing, and its constructor is `const`.
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::backend::{
     Completion, DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend, MemoryKind,
@@ -89,6 +92,83 @@ pub struct ScratchpadConfig {
     /// The device memory is allocated for; `None`: the device order's device,
     /// or for host order the current device (resolved on first use).
     pub device: Option<DeviceId>,
+}
+
+/// First block sizes learned from earlier scratchpads: a runtime that makes a
+/// new scratchpad for every run of an operation keeps one `ScratchSizes` for
+/// that operation and builds each scratchpad with
+/// [`learn_sizes`](Scratchpad::learn_sizes).
+///
+/// A scratchpad made that way starts each kind with one block as large as the
+/// most any earlier one held of that kind at once (or its configured first
+/// block, if larger), and records its own peak when it is released or
+/// dropped. A run that needs what the last one needed then takes one block per
+/// kind from upstream instead of a chain of doubling blocks (a 16-allocation
+/// round of 1 B – 64 KiB: one block instead of four). The sizes only grow:
+/// one large run makes every later scratchpad start large (its blocks come
+/// from the backend's pools, but are held while it lives);
+/// [`forget`](Self::forget) starts over.
+///
+/// It is `Sync` (four relaxed atomic sizes), so scratchpads on several threads
+/// may share one.
+///
+/// ```
+/// use gpupool_core::{AccessOrder, MemoryKind, Scratchpad, ScratchSizes};
+/// use gpupool_mock::MockBackend;
+///
+/// let gpu = MockBackend::new(1);
+/// let sizes = ScratchSizes::new();
+/// for _run in 0..3 {
+///     let pad = Scratchpad::new(&gpu, AccessOrder::host()).learn_sizes(&sizes);
+///     for n in [1000usize, 60_000, 60_000] {
+///         pad.host::<u8>(n).unwrap();
+///     }
+/// } // the first run took two blocks (64 + 128 KiB); the others one of 192 KiB
+/// assert_eq!(sizes.get()[MemoryKind::Host.index()], 192 * 1024);
+/// ```
+#[derive(Debug, Default)]
+pub struct ScratchSizes {
+    /// Per kind, indexed by [`MemoryKind::index`]; 0: nothing learned.
+    sizes: [AtomicUsize; 4],
+}
+
+impl ScratchSizes {
+    /// Nothing learned yet: scratchpads start with their configured first
+    /// blocks.
+    pub const fn new() -> Self {
+        ScratchSizes {
+            sizes: [
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+            ],
+        }
+    }
+
+    /// The learned first block size per kind (indexed by
+    /// [`MemoryKind::index`]; 0: none yet).
+    pub fn get(&self) -> [usize; 4] {
+        // Relaxed: each size is an independent hint; no other memory is
+        // published through it.
+        core::array::from_fn(|i| self.sizes[i].load(Ordering::Relaxed))
+    }
+
+    /// Forgets what was learned.
+    pub fn forget(&self) {
+        for s in &self.sizes {
+            // Relaxed: as in `get`.
+            s.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn learn(&self, kind: MemoryKind, bytes: usize) {
+        if bytes != 0 {
+            // Relaxed: as in `get`; `fetch_max` keeps the largest of racing
+            // scratchpads.
+            self.sizes[kind.index()].fetch_max(bytes, Ordering::Relaxed);
+        }
+    }
 }
 
 /// A typed range of scratch device memory: its address, length and device. It
@@ -257,6 +337,8 @@ pub struct Scratchpad<'b, B: ScratchBackend> {
     device: Cell<Option<DeviceId>>,
     upstream_allocations: Cell<usize>,
     upstream_releases: Cell<usize>,
+    /// Where the peak of each kind is recorded on release, if anywhere.
+    sizes: Option<&'b ScratchSizes>,
 }
 
 // SAFETY: the scratchpad owns its blocks (raw pointers into memory nobody else
@@ -303,6 +385,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             device: Cell::new(config.device.or(device_order.device())),
             upstream_allocations: Cell::new(0),
             upstream_releases: Cell::new(0),
+            sizes: None,
         };
         for kind in MemoryKind::ALL {
             if kind.is_host_accessible() && !scratch.release_order(kind).is_host() {
@@ -310,6 +393,21 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             }
         }
         scratch
+    }
+
+    /// Starts each kind with one block the size `sizes` learned for it (when
+    /// larger than the configured first block) and, when this scratchpad is
+    /// released or dropped, records there the most it held of each kind. See
+    /// [`ScratchSizes`].
+    pub fn learn_sizes(mut self, sizes: &'b ScratchSizes) -> Self {
+        let learned = sizes.get();
+        for (st, size) in self.kinds.iter_mut().zip(learned) {
+            // Nothing is allocated before the scratchpad is returned to the
+            // caller, so every kind is still empty.
+            st.res.raise_first_block(size);
+        }
+        self.sizes = Some(sizes);
+        self
     }
 
     /// The order device memory is allocated and released in.
@@ -858,6 +956,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let device = self.device.get();
         for kind in MemoryKind::ALL {
             let st = &self.kinds[kind.index()];
+            if let Some(sizes) = self.sizes {
+                sizes.learn(kind, st.high_water.get());
+            }
             // A kind holds blocks only once the device is resolved.
             if let Some(device) = device {
                 let up = self.counting(kind, device);

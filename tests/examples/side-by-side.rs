@@ -23,7 +23,8 @@
 //!   own: p50, p99 and p99.9.
 //! - **Scratch rounds** of 16 allocations (1 B to 64 KiB) on one thread, per
 //!   kind (host, pinned, device): gpupool's `Scratchpad` made anew each round
-//!   and reset between rounds, DALI's scratchpad made anew each round, one
+//!   (plain, and with `learn_sizes`: one block of the size the earlier rounds
+//!   needed) and reset between rounds, DALI's scratchpad made anew each round, one
 //!   plain allocation call per buffer (host: the system allocator; pinned:
 //!   synchronous; device: stream-ordered), and for host memory bumpalo.
 //!
@@ -47,7 +48,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gpupool_core::{
     AccessOrder, DeviceId, EventBackend, EventFlags, EventPool, MemoryBackend, MemoryKind,
-    Scratchpad, StreamBackend, StreamOptions, StreamPool, StreamPoolConfig,
+    ScratchSizes, Scratchpad, StreamBackend, StreamOptions, StreamPool, StreamPoolConfig,
 };
 use gpupool_tests::baselines::{
     bumpalo_round, event_create_destroy, raw_round, stream_create_destroy, DaliEventPool,
@@ -79,6 +80,7 @@ const ALIGN: usize = 8;
 /// At most this many latency samples per repeat (8 bytes each).
 const MAX_SAMPLES: usize = 4_000_000;
 const SCRATCH_NEW: &str = "gpupool new each round";
+const SCRATCH_SIZED: &str = "gpupool new each round, learned sizes";
 const SCRATCH_RESET: &str = "gpupool reset reuse";
 const SCRATCH_DALI: &str = "DALI-style new each round";
 const SCRATCH_RAW: &str = "raw calls";
@@ -501,6 +503,7 @@ fn measure_scratch<B: Machine>(
             AccessOrder::host()
         };
         let mut kept = Scratchpad::new(backend, order);
+        let sizes = ScratchSizes::new();
         let mut bump = bumpalo::Bump::new();
         let mut blocks = Vec::with_capacity(SIZES.len());
         let mut variants: Vec<(&'static str, RoundFn<'_>)> = vec![
@@ -508,6 +511,15 @@ fn measure_scratch<B: Machine>(
                 SCRATCH_NEW,
                 Box::new(|| {
                     let pad = Scratchpad::new(backend, order);
+                    for &n in &SIZES {
+                        black_box(pad.alloc(kind, n, ALIGN).expect("gpupool scratch"));
+                    }
+                }),
+            ),
+            (
+                SCRATCH_SIZED,
+                Box::new(|| {
+                    let pad = Scratchpad::new(backend, order).learn_sizes(&sizes);
                     for &n in &SIZES {
                         black_box(pad.alloc(kind, n, ALIGN).expect("gpupool scratch"));
                     }
@@ -792,8 +804,8 @@ fn targets(r: &Results, s: &Settings, cuda: bool) -> Vec<Target> {
         let k = kind_name(kind);
         let dali = r.round(kind, SCRATCH_DALI);
         t.push(Target::le(
-            format!("{k} scratch round of 16, new each round ÷ DALI-style"),
-            ratio(r.round(kind, SCRATCH_NEW), dali),
+            format!("{k} scratch round of 16, new each round (learned sizes) ÷ DALI-style"),
+            ratio(r.round(kind, SCRATCH_SIZED), dali),
             0.5,
         ));
         t.push(Target::le(
@@ -802,6 +814,17 @@ fn targets(r: &Results, s: &Settings, cuda: bool) -> Vec<Target> {
             0.1,
         ));
     }
+    let host_dali = r.round(MemoryKind::Host, SCRATCH_DALI);
+    t.push(Target::le(
+        "host scratch round of 16, new each round (learned sizes) ÷ DALI-style".into(),
+        ratio(r.round(MemoryKind::Host, SCRATCH_SIZED), host_dali),
+        1.0,
+    ));
+    t.push(Target::le(
+        "host scratch round of 16, reset reuse ÷ DALI-style".into(),
+        ratio(r.round(MemoryKind::Host, SCRATCH_RESET), host_dali),
+        1.0,
+    ));
     t.push(Target::le(
         "host scratch round (reset reuse) per allocation ÷ bumpalo".into(),
         bumpalo,
@@ -972,23 +995,28 @@ fn report(r: &Results, s: &Settings, a: &About, targets: &[Target]) -> String {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "| kind | gpupool new | gpupool reset | DALI-style new | raw calls | bumpalo | new ÷ DALI-style | reset ÷ DALI-style | reset ÷ raw calls | reset ÷ bumpalo |"
+        "| kind | gpupool new | gpupool new, learned sizes | gpupool reset | DALI-style new | raw calls | bumpalo | new ÷ DALI-style | new, learned ÷ DALI-style | reset ÷ DALI-style | reset ÷ raw calls | reset ÷ bumpalo |"
     );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for kind in [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Device] {
         let cell = |v: &str| r.round(kind, v).map_or("–".into(), fmt_ns);
         let reset = r.round(kind, SCRATCH_RESET);
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             kind_name(kind),
             cell(SCRATCH_NEW),
+            cell(SCRATCH_SIZED),
             cell(SCRATCH_RESET),
             cell(SCRATCH_DALI),
             cell(SCRATCH_RAW),
             cell(SCRATCH_BUMP),
             fmt_ratio(ratio(
                 r.round(kind, SCRATCH_NEW),
+                r.round(kind, SCRATCH_DALI)
+            )),
+            fmt_ratio(ratio(
+                r.round(kind, SCRATCH_SIZED),
                 r.round(kind, SCRATCH_DALI)
             )),
             fmt_ratio(ratio(reset, r.round(kind, SCRATCH_DALI))),
