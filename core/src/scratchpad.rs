@@ -28,10 +28,14 @@
 //!   allocated and released in the device order, so the next round's work on
 //!   that stream runs after the last round's. Pinned and managed memory is
 //!   written by the host as soon as it is handed out, so when their release
-//!   order is a stream, reset records an event there and the block is handed
-//!   out again only once the event has completed; if it has not when the next
-//!   round needs the block, the block is released in stream order and a fresh
-//!   one taken instead.
+//!   order is a stream, reset asks whether that stream is idle (everything
+//!   queued on it has finished): if so, the block is reusable at once.
+//!   Otherwise reset records an event there and the block is handed out again
+//!   only once the event has completed; if it has not when the next round
+//!   needs the block, the block is released in stream order and a fresh one
+//!   taken instead. A stream found busy is not asked again for the next seven
+//!   resets of that kind (a loop that resets while its kernels still run gains
+//!   nothing from the question).
 //!
 //! In a steady loop whose rounds need the same memory and whose streams keep
 //! up, resets ask upstream for nothing.
@@ -247,6 +251,10 @@ pub struct ScratchStats {
     pub upstream_releases: usize,
 }
 
+/// How many resets of a kind skip the idle-stream question after it was
+/// answered "busy".
+const PROBE_BACKOFF: u8 = 7;
+
 /// The event that fences a kept block of a host-visible kind.
 #[derive(Copy, Clone)]
 struct Fence {
@@ -262,6 +270,9 @@ struct Fence {
 struct KindState {
     res: MonotonicResource,
     fence: Cell<Option<Fence>>,
+    /// Resets left before `reset` asks the release stream whether it is idle
+    /// again (0: ask at the next one). See `reset_kind`.
+    skip_probes: Cell<u8>,
     high_water: Cell<usize>,
 }
 
@@ -270,6 +281,7 @@ impl KindState {
         KindState {
             res: MonotonicResource::new(first_block),
             fence: Cell::new(None),
+            skip_probes: Cell::new(0),
             high_water: Cell::new(0),
         }
     }
@@ -856,6 +868,21 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         else {
             return; // host order: reusable now
         };
+        // One question first: if the stream has finished everything queued on
+        // it so far (the work of the rounds that used the block included), the
+        // block is reusable now and needs no fence. A stream found busy is
+        // not asked again for the next `PROBE_BACKOFF` resets (a loop that
+        // resets while its kernels still run would pay the query for nothing
+        // on every round); the fence is recorded straight away meanwhile.
+        let skip = st.skip_probes.get();
+        if skip == 0 {
+            if let Ok(Completion::Complete) = self.backend.query_stream(stream, release_device) {
+                return;
+            }
+            st.skip_probes.set(PROBE_BACKOFF);
+        } else {
+            st.skip_probes.set(skip - 1);
+        }
         self.fence_kept(kind, device, stream, release_device, errors);
     }
 

@@ -348,3 +348,85 @@ fn release_reports_and_drop_never_panics_on_upstream_failure() {
     gpu.fail_nth(CallKind::DeallocateAsync, 1);
     drop(scratch); // must not panic
 }
+
+/// The driver calls a pinned reset makes: (stream queries, event records).
+fn reset_calls(gpu: &MockBackend) -> (u64, u64) {
+    (
+        gpu.calls(CallKind::QueryStream),
+        gpu.calls(CallKind::RecordEvent),
+    )
+}
+
+#[test]
+fn a_reset_on_an_idle_stream_keeps_the_pinned_block_without_a_fence() {
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
+    gpu.use_memory(s.get(), p, 4096).unwrap(); // a copy reads it
+    gpu.complete_all(s.get()).unwrap(); // and has finished
+    for _ in 0..20 {
+        let before = reset_calls(&gpu);
+        scratch.reset().unwrap();
+        // One question, no event.
+        assert_eq!(reset_calls(&gpu), (before.0 + 1, before.1));
+        let q = scratch.pinned::<u8>(4096).unwrap().as_ptr() as *const u8;
+        assert_eq!(q, p, "the kept block is handed out at once");
+        gpu.host_access(q, 4096).unwrap();
+        gpu.use_memory(s.get(), q, 4096).unwrap();
+        gpu.complete_all(s.get()).unwrap();
+    }
+    assert_eq!(gpu.live_events(), 0);
+    assert_eq!(
+        gpu.calls(CallKind::AllocateAsync) + gpu.calls(CallKind::Allocate),
+        1
+    );
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+}
+
+#[test]
+fn a_stream_found_busy_at_reset_is_fenced_and_not_asked_for_seven_resets() {
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let mut calls = Vec::new();
+    for _ in 0..17 {
+        let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
+        gpu.host_access(p, 4096).unwrap();
+        gpu.use_memory(s.get(), p, 4096).unwrap(); // still running at reset
+        let before = reset_calls(&gpu);
+        scratch.reset().unwrap();
+        let after = reset_calls(&gpu);
+        calls.push((after.0 - before.0, after.1 - before.1));
+        gpu.complete_all(s.get()).unwrap();
+    }
+    // Asked at the 1st, 9th and 17th reset; fenced at every one.
+    let asked: Vec<usize> = (0..17).filter(|&i| calls[i].0 == 1).collect();
+    assert_eq!(asked, [0, 8, 16]);
+    assert!(calls.iter().all(|c| c.1 == 1), "{calls:?}");
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+}
+
+#[test]
+fn a_failed_idle_question_at_reset_counts_as_busy() {
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
+    gpu.use_memory(s.get(), p, 4096).unwrap();
+    gpu.complete_all(s.get()).unwrap();
+    gpu.fail_nth(CallKind::QueryStream, 1);
+    let records = gpu.calls(CallKind::RecordEvent);
+    scratch.reset().unwrap(); // the failed question is not an error of reset
+    assert_eq!(gpu.armed_faults(), 0);
+    assert_eq!(
+        gpu.calls(CallKind::RecordEvent),
+        records + 1,
+        "fenced instead"
+    );
+    // The fence has completed (the stream was idle): the block comes back.
+    let q = scratch.pinned::<u8>(4096).unwrap().as_ptr() as *const u8;
+    assert_eq!(q, p);
+    gpu.host_access(q, 4096).unwrap();
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+}
