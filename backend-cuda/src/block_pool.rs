@@ -10,7 +10,10 @@
 //!   to twice what they asked for.
 //! - **Free blocks** are kept per class, newest first (warm in the caches).
 //! - **Parked blocks**: a stream-ordered free ([`give_after`](Pool::give_after))
-//!   records an event on the stream and parks the block with it. A parked block
+//!   first asks whether the stream is idle (one query); if it is, the block is
+//!   free at once. Otherwise it records an event on the stream and parks the
+//!   block with it (and the next few such frees skip the question: streams
+//!   are busy when blocks come back). A parked block
 //!   re-enters the free list *only* after a query has seen its event complete,
 //!   so a block is never handed out while work queued before its free may still
 //!   use it. When a class has no free block, an allocation queries up to
@@ -51,7 +54,7 @@ use std::collections::VecDeque;
 // The tallies in `KindCounters` are std atomics in every build (loom
 // included): relaxed statistics, read by the models only after every thread
 // has been joined.
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::sys;
 use gpupool_core::{
@@ -73,6 +76,10 @@ pub(crate) const MIN_BLOCK: usize = 1 << MIN_BLOCK_SHIFT;
 /// How many parked blocks an allocation that finds its class empty queries at
 /// most before it asks the driver.
 pub(crate) const SCAN_LIMIT: usize = 16;
+
+/// How many stream-ordered returns record their fence without asking whether
+/// the stream is idle, after it was found busy.
+pub(crate) const PROBE_BACKOFF: usize = 7;
 
 /// The size class of a request of `size` bytes: the power of two that holds
 /// it (at least 4 KiB), counted from 4 KiB. `None` past the largest power of
@@ -129,6 +136,14 @@ pub trait Upstream {
 
     /// Waits until `stream` has finished all of its work so far.
     fn synchronize(&self, stream: StreamHandle, device: DeviceId) -> Result<(), Self::Error>;
+
+    /// Whether `stream` has finished all of its work so far. The pool treats
+    /// an error as pending.
+    fn query_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Completion, Self::Error>;
 }
 
 /// What a pool's blocks are.
@@ -219,6 +234,14 @@ impl Upstream for PoolKind {
 
     fn synchronize(&self, stream: StreamHandle, device: DeviceId) -> Result<(), CudaError> {
         CudaBackend::new().synchronize_stream(stream, device)
+    }
+
+    fn query_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Completion, CudaError> {
+        CudaBackend::new().query_stream(stream, device)
     }
 }
 
@@ -376,6 +399,9 @@ pub struct PoolTallies {
 pub struct Pool<U: Upstream> {
     upstream: U,
     lists: Mutex<Lists<U::Fence>>,
+    /// Stream-ordered returns left before one asks its stream whether it is
+    /// idle again (0: the next one asks). See [`give_after`](Self::give_after).
+    skip_probes: AtomicUsize,
     /// Upstream calls and reuses.
     pub(crate) counters: KindCounters,
 }
@@ -389,6 +415,7 @@ impl<U: Upstream> Pool<U> {
         Pool {
             upstream,
             lists: Mutex::new(Lists::default()),
+            skip_probes: AtomicUsize::new(0),
             counters: KindCounters::default(),
         }
     }
@@ -440,10 +467,15 @@ impl<U: Upstream> Pool<U> {
         Ok(())
     }
 
-    /// Returns a block in the order of `stream`: it is parked behind a fence
-    /// recorded on `stream` now. If no fence can be recorded, the stream is
-    /// synchronized instead and the block is free at once. On error the block
-    /// is untouched and still the caller's.
+    /// Returns a block in the order of `stream`. If the stream has finished
+    /// all of its work (one query), the block is free at once; otherwise it is
+    /// parked behind a fence recorded on `stream` now. If no fence can be
+    /// recorded, the stream is synchronized instead and the block is free at
+    /// once. On error the block is untouched and still the caller's.
+    ///
+    /// A stream found busy makes the next `PROBE_BACKOFF` returns (from any
+    /// stream) record their fence without asking: where streams are busy when
+    /// blocks come back, the query would be paid for nothing each time.
     ///
     /// # Safety
     /// As for [`give`](Self::give), except that work already issued on
@@ -457,6 +489,12 @@ impl<U: Upstream> Pool<U> {
         stream: StreamHandle,
     ) -> Result<(), U::Error> {
         let class = class_of(size).ok_or_else(|| self.upstream.invalid_size())?;
+        if self.stream_is_idle(stream, device) {
+            // Everything issued on `stream` before this call has finished, and
+            // only that work may use the block (the caller's contract).
+            self.lock().push_free(class, addr);
+            return Ok(());
+        }
         let idle = self.lock().idle_fences.pop();
         let fence = match idle {
             Some(f) => Ok(f),
@@ -482,6 +520,23 @@ impl<U: Upstream> Pool<U> {
                 Ok(())
             }
         }
+    }
+
+    /// Asks whether `stream` is idle, unless a recent answer was "busy".
+    fn stream_is_idle(&self, stream: StreamHandle, device: DeviceId) -> bool {
+        // Relaxed: a hint of when to ask, guarding no memory; racing returns
+        // may lose an update, which only moves the next question.
+        let skip = self.skip_probes.load(Ordering::Relaxed);
+        if skip > 0 {
+            self.skip_probes.store(skip - 1, Ordering::Relaxed);
+            return false;
+        }
+        if let Ok(Completion::Complete) = self.upstream.query_stream(stream, device) {
+            return true;
+        }
+        // Relaxed: as above.
+        self.skip_probes.store(PROBE_BACKOFF, Ordering::Relaxed);
+        false
     }
 
     /// Frees every free block, and every parked block whose fence has
@@ -610,6 +665,10 @@ mod tests {
         fail_sync: bool,
         fail_free: bool,
         synchronized: usize,
+        /// What a stream query answers (the tests' streams are busy unless
+        /// they say otherwise).
+        stream_idle: bool,
+        stream_queries: usize,
     }
 
     impl Fake {
@@ -671,6 +730,15 @@ mod tests {
             }
             st.synchronized += 1;
             Ok(())
+        }
+        fn query_stream(&self, _: StreamHandle, _: DeviceId) -> Result<Completion, &'static str> {
+            let mut st = self.st();
+            st.stream_queries += 1;
+            if st.stream_idle {
+                Ok(Completion::Complete)
+            } else {
+                Ok(Completion::Pending)
+            }
         }
     }
 
@@ -748,6 +816,35 @@ mod tests {
         assert_eq!(pool.tallies().upstream_frees, 2);
         let st = pool.upstream().st();
         assert!(st.live.is_empty() && st.fences.is_empty());
+    }
+
+    #[test]
+    fn a_return_on_an_idle_stream_is_free_at_once_and_a_busy_one_backs_off() {
+        let pool = Pool::new(Fake::default());
+        pool.upstream().st().stream_idle = true;
+        let a = pool.take(D, 4096).unwrap();
+        // SAFETY: taken above with the same size; only "work on S" uses it.
+        unsafe { pool.give_after(D, a, 4096, S) }.unwrap();
+        assert_eq!(pool.counts().free_blocks, 1, "free at once");
+        assert!(pool.upstream().st().fences.is_empty(), "no fence");
+        assert_eq!(pool.take(D, 4096).unwrap(), a);
+        // Busy: fenced, and the next seven returns do not ask.
+        pool.upstream().st().stream_idle = false;
+        let mut asked = Vec::new();
+        for _ in 0..9 {
+            let before = pool.upstream().st().stream_queries;
+            // SAFETY: as above (the block is taken again right after).
+            unsafe { pool.give_after(D, a, 4096, S) }.unwrap();
+            asked.push(pool.upstream().st().stream_queries - before);
+            assert_eq!(pool.counts().parked_blocks, 1, "parked behind its fence");
+            let fence = *pool.upstream().st().fences.keys().next().unwrap();
+            *pool.upstream().st().fences.get_mut(&fence).unwrap() = Some(true);
+            assert_eq!(pool.take(D, 4096).unwrap(), a);
+        }
+        assert_eq!(asked, [1, 0, 0, 0, 0, 0, 0, 0, 1]);
+        // SAFETY: taken above, unused.
+        unsafe { pool.give(a, 4096).unwrap() };
+        assert_eq!(pool.trim(D), Ok(4096));
     }
 
     #[test]

@@ -5,9 +5,9 @@
 //! | kind | allocate (host order) | allocate in stream order | free (host order) | free in stream order |
 //! |---|---|---|---|---|
 //! | host | `std::alloc` | the same | `std::alloc::dealloc` | synchronize the stream, then dealloc |
-//! | pinned | pinned pool | the same | back to the pool's free list | event on the stream, block parked until it completes |
+//! | pinned | pinned pool | the same | back to the pool's free list | free at once if the stream is idle (one query), else an event on the stream and the block parked until it completes |
 //! | device | device pool, then synchronize a private stream | the [device cache](crate::device_cache) (same stream, same size), else `cuMemAllocFromPoolAsync` on the stream | `cuMemFreeAsync` on a private stream | kept by the device cache, else `cuMemFreeAsync` on the stream |
-//! | managed | managed pool | the same | back to the pool's free list | event on the stream, block parked until it completes |
+//! | managed | managed pool | the same | back to the pool's free list | free at once if the stream is idle (one query), else an event on the stream and the block parked until it completes |
 //!
 //! ## Device memory
 //!

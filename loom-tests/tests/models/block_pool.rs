@@ -211,6 +211,18 @@ impl Upstream for FakeGpu {
         self.complete_all(index(s));
         Ok(())
     }
+
+    fn query_stream(&self, s: StreamHandle, _: DeviceId) -> Result<Completion, &'static str> {
+        let st = &self.streams[index(s)];
+        // Acquire: the asking thread's own launches are before it anyway; the
+        // load of `done` pairs with the GPU's completion.
+        let queued = st.queued.load(Ordering::Acquire);
+        if st.done.load(Ordering::Acquire) >= queued {
+            Ok(Completion::Complete)
+        } else {
+            Ok(Completion::Pending)
+        }
+    }
 }
 
 /// The pool, and the blocks its users hold (so a block handed to two of them
@@ -358,6 +370,28 @@ fn failed_record_races_take() {
         user.join();
         h.gpu().book().fail_record = false;
         h.give_after(b, 1);
+        h.finish(2);
+    });
+}
+
+/// A stream-ordered return that finds its stream idle frees the block at
+/// once (no fence); here it races the GPU completing that stream and a taker
+/// on another thread: the taker gets the block only once its use has
+/// completed, never a block still in use, and a return that finds the stream
+/// busy parks it behind a fence as before.
+#[test]
+fn idle_return_races_take() {
+    model_deep(|| {
+        let h = Harness::new();
+        let a = h.take();
+        h.gpu().use_block(a, 0);
+        let gpu = spawn_scoped(|| h.gpu().complete_all(0));
+        let user = spawn_scoped(|| h.give_after(a, 0));
+        let b = h.take();
+        h.gpu().use_block(b, 1);
+        h.give_after(b, 1);
+        user.join();
+        gpu.join();
         h.finish(2);
     });
 }
