@@ -54,7 +54,7 @@ use std::collections::VecDeque;
 // The tallies in `KindCounters` are std atomics in every build (loom
 // included): relaxed statistics, read by the models only after every thread
 // has been joined.
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use cudarc::driver::sys;
 use gpupool_core::{
@@ -76,6 +76,21 @@ pub(crate) const MIN_BLOCK: usize = 1 << MIN_BLOCK_SHIFT;
 /// How many parked blocks an allocation that finds its class empty queries at
 /// most before it asks the driver.
 pub(crate) const SCAN_LIMIT: usize = 16;
+
+/// Process-wide switch ([`CudaBackend::set_idle_probe`]).
+static IDLE_PROBE: AtomicBool = AtomicBool::new(true);
+
+impl CudaBackend {
+    /// Whether a stream-ordered free of pinned or managed memory first asks
+    /// if the stream is idle and, if so, frees the block at once (on by
+    /// default). Off, every such free records an event and parks the block
+    /// until the event completes, as DALI's pinned pool does; the
+    /// side-by-side benchmark turns it off for its baselines.
+    pub fn set_idle_probe(&self, enabled: bool) {
+        // Relaxed: see `stream_is_idle`.
+        IDLE_PROBE.store(enabled, Ordering::Relaxed);
+    }
+}
 
 /// How many stream-ordered returns record their fence without asking whether
 /// the stream is idle, after it was found busy.
@@ -522,8 +537,13 @@ impl<U: Upstream> Pool<U> {
         }
     }
 
-    /// Asks whether `stream` is idle, unless a recent answer was "busy".
+    /// Asks whether `stream` is idle, unless a recent answer was "busy" (or
+    /// the question is switched off: [`CudaBackend::set_idle_probe`]).
     fn stream_is_idle(&self, stream: StreamHandle, device: DeviceId) -> bool {
+        // Relaxed: a switch that guards no memory.
+        if !IDLE_PROBE.load(Ordering::Relaxed) {
+            return false;
+        }
         // Relaxed: a hint of when to ask, guarding no memory; racing returns
         // may lose an update, which only moves the next question.
         let skip = self.skip_probes.load(Ordering::Relaxed);

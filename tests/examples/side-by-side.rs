@@ -990,7 +990,8 @@ fn report(r: &Results, s: &Settings, a: &About, targets: &[Target]) -> String {
     let _ = writeln!(
         o,
         "(The baselines run over the plain backend: on CUDA without the backend's same-stream device \
-         cache, which only gpupool's scratch uses.)"
+         cache and without the idle-stream question on pinned stream-ordered frees, which only \
+         gpupool's scratch uses.)"
     );
     let _ = writeln!(o);
     let _ = writeln!(
@@ -1411,9 +1412,14 @@ fn run_cuda(args: &Args) -> ExitCode {
         .and_then(|c| c.name().ok())
         .unwrap_or_else(|| "GPU 0".into());
     // The baselines' scratch rounds run without the backend's same-stream
-    // device cache (DALI has no such cache; its figures are what the plain
-    // driver pool costs), gpupool's with it.
-    let plain = |on: bool| gpu.set_device_cache(!on);
+    // device cache and without the idle-stream question on pinned frees
+    // (DALI has neither: its device figures are what the plain driver pool
+    // costs, and its pinned pool records an event at every stream-ordered
+    // free), gpupool's with both.
+    let plain = |on: bool| {
+        gpu.set_device_cache(!on);
+        gpu.set_idle_probe(!on);
+    };
     run(gpu, format!("CUDA backend, {name}"), args, &plain, || None)
 }
 
