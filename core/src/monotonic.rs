@@ -147,6 +147,10 @@ pub(crate) struct MonotonicResource {
     next_block: Cell<usize>,
     /// Bytes held from upstream: the sum of the blocks' sizes.
     reserved: Cell<usize>,
+    /// Bytes handed out (alignment padding included) of the blocks before
+    /// the current one, since the blocks were last rewound or taken: with the
+    /// current block's, what one block would have needed ([`used`](Self::used)).
+    spent: Cell<usize>,
     /// Every block held, oldest first; the last one is the current block (the
     /// cursor's).
     blocks: RefCell<Vec<Block>>,
@@ -166,6 +170,7 @@ impl MonotonicResource {
             first_block,
             next_block: Cell::new(first_block),
             reserved: Cell::new(0),
+            spent: Cell::new(0),
             blocks: RefCell::new(Vec::new()),
         }
     }
@@ -221,6 +226,7 @@ impl MonotonicResource {
             size,
             align: block_align,
         };
+        self.spent.set(self.used());
         self.blocks.borrow_mut().push(block);
         self.reserved.set(self.reserved.get() + size);
         self.cursor.set(Some(&block), bytes, false);
@@ -251,6 +257,19 @@ impl MonotonicResource {
         debug_assert!(self.blocks.borrow().len() <= 1);
         self.cursor.pos.set(self.cursor.base.get().as_ptr().addr());
         self.cursor.requested.set(0);
+        self.spent.set(0);
+    }
+
+    /// Bytes handed out since the blocks were last rewound or taken,
+    /// alignment padding included but not the unused tails of earlier blocks:
+    /// about what one block would have needed for the same requests.
+    pub(crate) fn used(&self) -> usize {
+        let current = if self.cursor.base.get() == NonNull::dangling() {
+            0
+        } else {
+            self.cursor.pos.get() - self.cursor.base.get().as_ptr().addr()
+        };
+        self.spent.get() + current
     }
 
     /// How many blocks are held.
@@ -286,6 +305,7 @@ impl MonotonicResource {
         self.cursor.set(None, 0, false);
         self.cursor.requested.set(0);
         self.reserved.set(0);
+        self.spent.set(0);
         self.next_block.set(next.max(self.first_block));
         let mut blocks = self.blocks.take();
         blocks.reverse();
@@ -300,6 +320,7 @@ impl MonotonicResource {
         self.reserved.set(self.reserved.get() + block.size);
         self.cursor.set(Some(&block), 0, paused);
         self.cursor.requested.set(0);
+        self.spent.set(0);
     }
 
     /// The first block size.

@@ -22,8 +22,10 @@
 //! DALI's scratchpad must be short-lived: kept, it grows without bound (its
 //! #4790). This one can be [`reset`](Scratchpad::reset) and reused:
 //! - a kind that used more than one block releases them all (in its release
-//!   order) and takes one block of their total size next time, so a loop
-//!   converges to one block per kind;
+//!   order) and next time takes one block that holds the largest round so far
+//!   (the bytes handed out, alignment padding included, plus a sixteenth,
+//!   rounded up to 4 KiB), so a loop converges to one block per kind, about
+//!   the size of what a round asks for;
 //! - a kind that used one block keeps it. Device memory is reused at once: it is
 //!   allocated and released in the device order, so the next round's work on
 //!   that stream runs after the last round's. Pinned and managed memory is
@@ -103,10 +105,11 @@ pub struct ScratchpadConfig {
 /// that operation and builds each scratchpad with
 /// [`learn_sizes`](Scratchpad::learn_sizes).
 ///
-/// A scratchpad made that way starts each kind with one block as large as the
-/// most any earlier one held of that kind at once (or its configured first
-/// block, if larger), and records its own peak when it is released or
-/// dropped. A run that needs what the last one needed then takes one block per
+/// A scratchpad made that way starts each kind with one block that holds the
+/// largest round any earlier one handed out of that kind (the bytes, alignment
+/// padding included, plus a sixteenth, rounded up to 4 KiB; or its configured
+/// first block, if larger), and records its own largest round when it is
+/// released or dropped. A run that needs what the last one needed then takes one block per
 /// kind from upstream instead of a chain of doubling blocks (a 16-allocation
 /// round of 1 B – 64 KiB: one block instead of four). The sizes only grow:
 /// one large run makes every later scratchpad start large (its blocks come
@@ -127,8 +130,8 @@ pub struct ScratchpadConfig {
 ///     for n in [1000usize, 60_000, 60_000] {
 ///         pad.host::<u8>(n).unwrap();
 ///     }
-/// } // the first run took two blocks (64 + 128 KiB); the others one of 192 KiB
-/// assert_eq!(sizes.get()[MemoryKind::Host.index()], 192 * 1024);
+/// } // the first run took two blocks (64 + 128 KiB); the others one of 128 KiB
+/// assert_eq!(sizes.get()[MemoryKind::Host.index()], 128 * 1024);
 /// ```
 #[derive(Debug, Default)]
 pub struct ScratchSizes {
@@ -251,6 +254,26 @@ pub struct ScratchStats {
     pub upstream_releases: usize,
 }
 
+/// The one block that holds a round of `used` bytes again: a sixteenth more
+/// (alignment padding may fall differently in one block than across
+/// several), rounded up to 4 KiB.
+fn fitted(used: usize) -> usize {
+    let with_slack = used.saturating_add(used / 16);
+    with_slack
+        .checked_next_multiple_of(4096)
+        .unwrap_or(with_slack)
+}
+
+impl KindState {
+    /// Records the bytes this round handed out; returns the block size that
+    /// holds the largest round so far.
+    fn note_round(&self) -> usize {
+        let peak = self.peak_used.get().max(self.res.used());
+        self.peak_used.set(peak);
+        fitted(peak)
+    }
+}
+
 /// How many resets of a kind skip the idle-stream question after it was
 /// answered "busy".
 const PROBE_BACKOFF: u8 = 7;
@@ -274,6 +297,9 @@ struct KindState {
     /// again (0: ask at the next one). See `reset_kind`.
     skip_probes: Cell<u8>,
     high_water: Cell<usize>,
+    /// The most bytes one round handed out (alignment padding included),
+    /// recorded at each reset and at release: what one block must hold.
+    peak_used: Cell<usize>,
 }
 
 impl KindState {
@@ -283,6 +309,7 @@ impl KindState {
             fence: Cell::new(None),
             skip_probes: Cell::new(0),
             high_water: Cell::new(0),
+            peak_used: Cell::new(0),
         }
     }
 }
@@ -840,11 +867,13 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if n == 0 {
             return;
         }
+        let fit = st.note_round();
         if n > 1 || fence.is_some_and(|f| f.armed) {
-            // Release everything; next time one block of the total size.
+            // Release everything; next time one block that holds the largest
+            // round (not the sum of the blocks: their unused tails and the
+            // doubling are not needed again).
             let up = self.counting(kind, device);
-            let total = st.res.reserved();
-            for block in st.res.take_blocks(total) {
+            for block in st.res.take_blocks(fit) {
                 // SAFETY: each block came from this upstream and is released
                 // once, in the kind's release order.
                 if let Err(e) = unsafe { up.release(block) } {
@@ -983,8 +1012,11 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let device = self.device.get();
         for kind in MemoryKind::ALL {
             let st = &self.kinds[kind.index()];
+            let fit = st.note_round();
             if let Some(sizes) = self.sizes {
-                sizes.learn(kind, st.high_water.get());
+                if st.peak_used.get() > 0 {
+                    sizes.learn(kind, fit);
+                }
             }
             // A kind holds blocks only once the device is resolved.
             if let Some(device) = device {

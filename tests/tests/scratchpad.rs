@@ -430,3 +430,48 @@ fn a_failed_idle_question_at_reset_counts_as_busy() {
     gpu.host_access(q, 4096).unwrap();
     assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
 }
+
+#[test]
+fn a_reset_loop_holds_one_block_within_twice_what_a_round_asks_for() {
+    // The side-by-side benchmark's round: 16 sizes from 2 B to 64 KiB.
+    const SIZES: [usize; 16] = [
+        1, 24, 100, 512, 4096, 65536, 17, 3000, 8192, 40000, 64, 256, 1024, 12345, 50000, 2,
+    ];
+    let asked: usize = SIZES.iter().sum();
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let round = |scratch: &Scratchpad<'_, MockBackend>| {
+        for kind in KINDS {
+            for &n in &SIZES {
+                let p = scratch.alloc(kind, n, 8).unwrap().unwrap();
+                gpu.use_memory(s.get(), p.as_ptr(), n).unwrap();
+            }
+        }
+    };
+    // Warm-up: the first round grows by doubling (64 + 128 + 256 KiB per
+    // kind), its reset gives those back, the second takes one block each.
+    for _ in 0..2 {
+        round(&scratch);
+        gpu.complete_all(s.get()).unwrap();
+        scratch.reset().unwrap();
+    }
+    let before = upstream_calls(&gpu);
+    for _ in 0..WARM_ROUNDS {
+        round(&scratch);
+        let st = scratch.stats();
+        for kind in KINDS {
+            let i = kind.index();
+            assert_eq!(st.blocks[i], 1, "{kind:?}");
+            assert!(
+                st.reserved[i] <= 2 * asked,
+                "{kind:?}: {} reserved for {asked} asked",
+                st.reserved[i]
+            );
+        }
+        gpu.complete_all(s.get()).unwrap();
+        scratch.reset().unwrap();
+    }
+    assert_eq!(upstream_calls(&gpu) - before, 0, "upstream calls after warm-up");
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+}
