@@ -472,6 +472,10 @@ fn a_reset_loop_holds_one_block_within_twice_what_a_round_asks_for() {
         gpu.complete_all(s.get()).unwrap();
         scratch.reset().unwrap();
     }
-    assert_eq!(upstream_calls(&gpu) - before, 0, "upstream calls after warm-up");
+    assert_eq!(
+        upstream_calls(&gpu) - before,
+        0,
+        "upstream calls after warm-up"
+    );
     assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
 }
