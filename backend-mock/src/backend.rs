@@ -1,11 +1,21 @@
 //! The core's backend traits ([`Backend`], [`StreamBackend`], [`EventBackend`],
 //! [`MemoryBackend`]) for [`MockBackend`].
 //!
-//! Every call goes through [`MockBackend::call`]: it counts itself, fires an
-//! armed fault (a failing call has no other effect), then runs the operation on
-//! the state; an argument error is logged as a [`Misuse`](crate::Misuse).
-//! Afterwards the free-pending blocks whose stream has passed the free are
-//! reclaimed.
+//! Every call goes through [`MockBackend::call`] under the write lock: it
+//! counts itself, fires an armed fault (a failing call has no other effect),
+//! then runs the operation on the state; an argument error is logged as a
+//! [`Misuse`](crate::Misuse). Afterwards the free-pending blocks whose stream
+//! has passed the free are reclaimed.
+//!
+//! The read-only calls (`device_count`, `current_device`, `query_stream`,
+//! `stream_device`, `query_event`) first try a fast path under the read lock,
+//! [`MockBackend::read_call_on`], so that threads querying at once do not wait
+//! for each other: when the slow path would change nothing but the call
+//! counter (nothing armed, settled, reclaimed; see `State::is_quiet`) and the
+//! call succeeds, it counts itself in an atomic counter and returns the same
+//! answer. Anything else (an armed fault, a wait to settle, a free-pending
+//! block, an error to log as a misuse) goes to the write lock, which does it
+//! all again from the start.
 
 use core::ptr::NonNull;
 
@@ -17,7 +27,7 @@ use gpupool_core::{
 use crate::error::BlockLayout;
 
 use crate::state::State;
-use crate::sync::lock;
+use crate::sync::{read, write};
 use crate::{CallKind, Misuse, MockBackend, MockError};
 
 impl MockBackend {
@@ -38,7 +48,7 @@ impl MockBackend {
         handles: &[usize],
         op: impl FnOnce(&mut State) -> Result<T, MockError>,
     ) -> Result<T, MockError> {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         state.begin_call_on(kind, handles)?;
         let result = op(&mut state);
         state.reclaim();
@@ -51,6 +61,39 @@ impl MockBackend {
             }
         })
     }
+
+    /// [`call_on`](Self::call_on) for a call that only reads: when the state
+    /// is quiet (see `State::is_quiet`: the write-locked call would change
+    /// nothing but its counter) and `peek` succeeds on it, the call is counted
+    /// and answered under the read lock; otherwise (an armed fault, work to
+    /// settle or reclaim, an error to log) it runs as `op` under the write
+    /// lock, from the start. `peek` must give what `op` gives on a quiet
+    /// state, and `kind` must have an atomic counter (else it always takes
+    /// the write lock).
+    ///
+    /// The read lock keeps every writer out while it is held, so nothing the
+    /// answer depends on (the handle's stream or event, the armed faults) can
+    /// change between the checks and the count: the call takes effect at one
+    /// point, as under the write lock.
+    fn read_call_on<T>(
+        &self,
+        kind: CallKind,
+        handles: &[usize],
+        peek: impl FnOnce(&State) -> Result<T, MockError>,
+        op: impl FnOnce(&mut State) -> Result<T, MockError>,
+    ) -> Result<T, MockError> {
+        {
+            let state = read(&self.inner);
+            if state.is_quiet() {
+                if let Ok(value) = peek(&state) {
+                    if state.calls.count_shared(kind) {
+                        return Ok(value);
+                    }
+                }
+            }
+        }
+        self.call_on(kind, handles, op)
+    }
 }
 
 impl Backend for MockBackend {
@@ -58,13 +101,15 @@ impl Backend for MockBackend {
 
     /// The device count given to [`MockBackend::new`].
     fn device_count(&self) -> Result<u32, MockError> {
-        self.call(CallKind::DeviceCount, |st| Ok(st.devices))
+        let count = |st: &State| Ok(st.devices);
+        self.read_call_on(CallKind::DeviceCount, &[], count, |st| count(st))
     }
 
     /// The mock-wide current device (see [`MockBackend::set_current_device`]),
     /// even when it is out of range: checking it is the caller's job.
     fn current_device(&self) -> Result<DeviceId, MockError> {
-        self.call(CallKind::CurrentDevice, |st| Ok(st.current))
+        let current = |st: &State| Ok(st.current);
+        self.read_call_on(CallKind::CurrentDevice, &[], current, |st| current(st))
     }
 }
 
@@ -92,9 +137,12 @@ impl StreamBackend for MockBackend {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<Completion, MockError> {
-        self.call_on(CallKind::QueryStream, &[stream.0], |st| {
-            st.query_stream(stream, device)
-        })
+        self.read_call_on(
+            CallKind::QueryStream,
+            &[stream.0],
+            |st| st.query_stream_settled(stream, device),
+            |st| st.query_stream(stream, device),
+        )
     }
 
     /// Completes everything the stream's queued items depend on, on other
@@ -119,9 +167,8 @@ impl StreamBackend for MockBackend {
 
     /// For a special handle (0, 1, 2): the mock-wide current device.
     fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, MockError> {
-        self.call_on(CallKind::StreamDevice, &[stream.0], |st| {
-            st.stream_device(stream)
-        })
+        let device = |st: &State| st.stream_device(stream);
+        self.read_call_on(CallKind::StreamDevice, &[stream.0], device, |st| device(st))
     }
 }
 
@@ -149,9 +196,12 @@ impl EventBackend for MockBackend {
     }
 
     fn query_event(&self, event: EventHandle, device: DeviceId) -> Result<Completion, MockError> {
-        self.call_on(CallKind::QueryEvent, &[event.0], |st| {
-            st.query_event(event, device)
-        })
+        self.read_call_on(
+            CallKind::QueryEvent,
+            &[event.0],
+            |st| st.query_event_settled(event, device),
+            |st| st.query_event(event, device),
+        )
     }
 
     fn synchronize_event(&self, event: EventHandle, device: DeviceId) -> Result<(), MockError> {
@@ -255,7 +305,8 @@ impl MemoryBackend for MockBackend {
             // memory in this mock) until the copy has run, which is now. The
             // checks above found `dst` inside a live block of this mock and
             // the ranges disjoint, which `copy_nonoverlapping` requires; we
-            // hold the state lock, so no free of this mock can run meanwhile.
+            // hold the state's write lock, so no free of this mock can run
+            // meanwhile.
             // `u8` needs no alignment.
             unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), size) };
             Ok(())

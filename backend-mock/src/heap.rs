@@ -22,9 +22,16 @@ pub(crate) struct Allocation {
 
 // SAFETY: an `Allocation` owns its block exclusively, like a `Box<[u8]>`; it
 // never reads or writes the memory itself and hands out only the pointer value,
-// so moving the owner to another thread (under the mock's mutex) is sound. Any
+// so moving the owner to another thread (under the mock's lock) is sound. Any
 // access through the handed-out pointer is governed by the caller's contract.
 unsafe impl Send for Allocation {}
+
+// SAFETY: a shared `&Allocation` gives access to nothing but copies of the
+// pointer value and the layout (no interior mutability; the memory is neither
+// read nor written through it, and only `Drop`, through `&mut`, frees it), so
+// sharing one between threads, as the mock's read lock does, is sound, like
+// sharing a `&Box<[u8]>`.
+unsafe impl Sync for Allocation {}
 
 impl Allocation {
     /// Allocates a block of `layout`; `None` if the size is zero or the

@@ -44,6 +44,26 @@
 //! check the device, then the handles, then pointers and sizes. Nothing panics
 //! on bad input.
 //!
+//! ## Locking
+//!
+//! All state sits behind one reader-writer lock, held only for the length of
+//! a call. Every call takes it for writing, so calls take effect one at a
+//! time, in one order, as if under a mutex, with one exception that changes
+//! nothing observable: the read-only backend calls
+//! ([`query_stream`](gpupool_core::StreamBackend::query_stream),
+//! [`query_event`](gpupool_core::EventBackend::query_event),
+//! [`stream_device`](gpupool_core::StreamBackend::stream_device),
+//! [`current_device`](gpupool_core::Backend::current_device),
+//! [`device_count`](gpupool_core::Backend::device_count)) run under the read
+//! lock, side by side, when no fault is armed, no wait is queued, no block is
+//! free-pending and the call succeeds: then the write-locked call would
+//! change nothing but its call count, which they keep in an atomic counter.
+//! Otherwise (a fault to fire, a wait to resolve, a block to reclaim, a
+//! misuse to log) they take the write lock like any call. So a benchmark's
+//! threads querying their own streams do not queue behind each other on the
+//! mock. Every other method (the test harness, the accessors) takes the write
+//! lock, so it sees every call made before it and none half done.
+//!
 //! ## Memory
 //!
 //! - **Every kind** (host, pinned, device, managed) is real host memory from
@@ -173,7 +193,7 @@ pub use memory::{Hazard, HazardKind};
 
 use queue::StreamKey;
 use state::State;
-use sync::{lock, Arc, Mutex};
+use sync::{write, Arc, RwLock};
 
 /// When simulated work completes.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -191,15 +211,16 @@ pub enum CompletionPolicy {
 /// [crate documentation](crate) for the model.
 ///
 /// Clones share one machine, so a test can keep a clone while a pool owns
-/// another. All state sits behind one mutex, held only for the length of a call.
+/// another. All state sits behind one reader-writer lock, held only for the
+/// length of a call (see [Locking](crate#locking)).
 #[derive(Clone)]
 pub struct MockBackend {
-    inner: Arc<Mutex<State>>,
+    inner: Arc<RwLock<State>>,
 }
 
 impl fmt::Debug for MockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = lock(&self.inner);
+        let state = write(&self.inner);
         f.debug_struct("MockBackend")
             .field("devices", &state.devices)
             .field("current", &state.current)
@@ -218,7 +239,7 @@ impl MockBackend {
     /// [`CompletionPolicy::Manual`], current device 0.
     pub fn new(devices: u32) -> Self {
         MockBackend {
-            inner: Arc::new(Mutex::new(State::new(devices))),
+            inner: Arc::new(RwLock::new(State::new(devices))),
         }
     }
 
@@ -228,12 +249,12 @@ impl MockBackend {
     /// sees the change. An out-of-range device is accepted, so tests can check
     /// how callers handle one.
     pub fn set_current_device(&self, device: DeviceId) {
-        lock(&self.inner).current = device;
+        write(&self.inner).current = device;
     }
 
     /// Sets when simulated work completes.
     pub fn set_policy(&self, policy: CompletionPolicy) {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         state.policy = policy;
         if policy == CompletionPolicy::Immediate {
             state.streams.settle_all(policy);
@@ -250,7 +271,7 @@ impl MockBackend {
     /// Queues one work item on `stream`. Under [`CompletionPolicy::Immediate`]
     /// it completes at once unless the stream is blocked on a wait.
     pub fn enqueue_work(&self, stream: StreamHandle) -> Result<(), MockError> {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         let key = state.harness_key(stream)?;
         let policy = state.policy;
         state.streams.settle(policy);
@@ -263,7 +284,7 @@ impl MockBackend {
     /// waits that are satisfied. `Ok(false)` if there is nothing to complete or
     /// the stream is blocked on a wait that is not.
     pub fn complete_one(&self, stream: StreamHandle) -> Result<bool, MockError> {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         let key = state.harness_key(stream)?;
         let policy = state.policy;
         state.streams.settle(policy);
@@ -276,7 +297,7 @@ impl MockBackend {
     /// the work that its waits depend on, on other streams, is completed first
     /// (up to the points awaited, not beyond).
     pub fn complete_all(&self, stream: StreamHandle) -> Result<(), MockError> {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         let key = state.harness_key(stream)?;
         state.streams.drain_stream(key);
         state.reclaim();
@@ -286,7 +307,7 @@ impl MockBackend {
     /// Completes everything queued on every stream of every device (so every
     /// free-pending block is reclaimed).
     pub fn complete_everything(&self) {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         state.streams.drain_everything();
         state.reclaim();
     }
@@ -295,7 +316,7 @@ impl MockBackend {
     /// not counted: ask [`query_stream`](gpupool_core::StreamBackend::query_stream) whether
     /// the stream is idle.
     pub fn pending_work(&self, stream: StreamHandle) -> Result<usize, MockError> {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         let key = state.harness_key(stream)?;
         let policy = state.policy;
         state.streams.settle(policy);
@@ -323,7 +344,7 @@ impl MockBackend {
         ptr: *const u8,
         len: usize,
     ) -> Result<(), MockError> {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         let key = state.harness_key(stream)?;
         state.use_memory(key, ptr.addr(), len);
         state.reclaim();
@@ -339,7 +360,7 @@ impl MockBackend {
     /// An empty range is checked against nothing. Never fails today; the
     /// `Result` leaves room for checks to come.
     pub fn host_access(&self, ptr: *const u8, len: usize) -> Result<(), MockError> {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         state.host_access(ptr.addr(), len);
         state.reclaim();
         Ok(())
@@ -348,19 +369,19 @@ impl MockBackend {
     /// Every hazard found so far, in order. A correct caller causes none;
     /// tests assert this is empty.
     pub fn hazards(&self) -> Vec<Hazard> {
-        lock(&self.inner).memory.hazards.clone()
+        write(&self.inner).memory.hazards.clone()
     }
 
     /// Forgets the hazards found so far.
     pub fn clear_hazards(&self) {
-        lock(&self.inner).memory.hazards.clear();
+        write(&self.inner).memory.hazards.clear();
     }
 
     /// Bytes of `kind` allocated and not yet returned to `std::alloc`,
     /// free-pending blocks included (sizes as requested). Zero at the end of a
     /// test that leaked nothing (after the streams are drained or destroyed).
     pub fn live_bytes(&self, kind: MemoryKind) -> usize {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         state.reclaim();
         state.memory.live_bytes(kind)
     }
@@ -368,20 +389,20 @@ impl MockBackend {
     /// Bytes of `kind` freed in stream order whose stream has not passed the
     /// free yet.
     pub fn pending_free_bytes(&self, kind: MemoryKind) -> usize {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         state.reclaim();
         state.memory.pending_free_bytes(kind)
     }
 
     /// The highest [`live_bytes`](Self::live_bytes) of `kind` has been.
     pub fn peak_live_bytes(&self, kind: MemoryKind) -> usize {
-        lock(&self.inner).memory.peak_live_bytes(kind)
+        write(&self.inner).memory.peak_live_bytes(kind)
     }
 
     /// Blocks of every kind not yet returned to `std::alloc`, free-pending
     /// ones included.
     pub fn live_blocks(&self) -> usize {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         state.reclaim();
         state.memory.live_blocks()
     }
@@ -390,27 +411,27 @@ impl MockBackend {
 
     /// How many backend calls of `kind` were made, failed ones included.
     pub fn calls(&self, kind: CallKind) -> u64 {
-        lock(&self.inner).calls.get(&kind).copied().unwrap_or(0)
+        write(&self.inner).calls.get(kind)
     }
 
     /// How many backend calls were made, of every kind.
     pub fn total_calls(&self) -> u64 {
-        lock(&self.inner).calls.values().sum()
+        write(&self.inner).calls.total()
     }
 
     /// Streams created and not yet destroyed, on every device.
     pub fn live_streams(&self) -> usize {
-        lock(&self.inner).streams.created().count()
+        write(&self.inner).streams.created().count()
     }
 
     /// Events created and not yet destroyed, on every device.
     pub fn live_events(&self) -> usize {
-        lock(&self.inner).events.len()
+        write(&self.inner).events.len()
     }
 
     /// Streams created on `device` and not yet destroyed.
     pub fn live_streams_on(&self, device: DeviceId) -> usize {
-        let state = lock(&self.inner);
+        let state = write(&self.inner);
         state
             .streams
             .created()
@@ -426,7 +447,7 @@ impl MockBackend {
 
     /// Whether `event` was created and not yet destroyed.
     pub fn is_live_event(&self, event: EventHandle) -> bool {
-        lock(&self.inner).events.contains_key(&event.0)
+        write(&self.inner).events.contains_key(&event.0)
     }
 
     /// Every backend call so far that was handed a bad handle or device (a
@@ -434,12 +455,12 @@ impl MockBackend {
     /// handle used with the wrong device), in order. Injected failures are not
     /// misuses.
     pub fn misuses(&self) -> Vec<Misuse> {
-        lock(&self.inner).misuses.clone()
+        write(&self.inner).misuses.clone()
     }
 
     /// The flags a live event was created with.
     pub fn event_flags(&self, event: EventHandle) -> Option<EventFlags> {
-        lock(&self.inner).events.get(&event.0).map(|e| e.flags)
+        write(&self.inner).events.get(&event.0).map(|e| e.flags)
     }
 
     /// The priority a live stream was created with (`Some(None)`: the device
@@ -448,7 +469,7 @@ impl MockBackend {
         if stream.is_special() {
             return None;
         }
-        let state = lock(&self.inner);
+        let state = write(&self.inner);
         state
             .streams
             .get(StreamKey::Created(stream.0))
@@ -462,7 +483,7 @@ impl MockBackend {
     /// still counted by [`calls`](Self::calls)). Several faults may be armed at
     /// once; `n == 0` arms nothing.
     pub fn fail_nth(&self, kind: CallKind, n: u64) {
-        lock(&self.inner).arm(kind, n);
+        write(&self.inner).arm(kind, n);
     }
 
     /// Arms a fault on one stream: the next call of `kind` that names `stream`
@@ -485,26 +506,26 @@ impl MockBackend {
     /// assert!(gpu.destroy_stream(b, DeviceId(0)).is_ok()); // fired once
     /// ```
     pub fn fail_stream(&self, kind: CallKind, stream: StreamHandle) {
-        lock(&self.inner).armed_handles.push((kind, stream.0));
+        write(&self.inner).armed_handles.push((kind, stream.0));
     }
 
     /// Arms a fault on one event: the next call of `kind` that names `event`
     /// fails with [`MockError::Injected`] and has no effect (see
     /// [`fail_stream`](Self::fail_stream)).
     pub fn fail_event(&self, kind: CallKind, event: EventHandle) {
-        lock(&self.inner).armed_handles.push((kind, event.0));
+        write(&self.inner).armed_handles.push((kind, event.0));
     }
 
     /// Disarms every fault not yet fired.
     pub fn clear_faults(&self) {
-        let mut state = lock(&self.inner);
+        let mut state = write(&self.inner);
         state.armed.clear();
         state.armed_handles.clear();
     }
 
     /// How many armed faults (per call count or per handle) have not fired yet.
     pub fn armed_faults(&self) -> usize {
-        let state = lock(&self.inner);
+        let state = write(&self.inner);
         state.armed.len() + state.armed_handles.len()
     }
 }

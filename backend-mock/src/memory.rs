@@ -201,6 +201,12 @@ impl Memory {
         self.blocks.len()
     }
 
+    /// Whether no block is free-pending, so that
+    /// [`State::reclaim`](crate::state::State::reclaim) has nothing to do.
+    pub(crate) fn nothing_to_reclaim(&self) -> bool {
+        self.free_pending.is_empty()
+    }
+
     /// Where `[addr, addr + len)` lies; `None` if it wraps around. An empty
     /// range is foreign.
     fn place(&self, addr: usize, len: usize) -> Option<Place> {
@@ -297,7 +303,7 @@ impl State {
     /// resolving the waits that are satisfied. Runs after every call that may
     /// move a stream forward.
     pub(crate) fn reclaim(&mut self) {
-        if self.memory.free_pending.is_empty() {
+        if self.memory.nothing_to_reclaim() {
             return;
         }
         self.streams.settle(self.policy);

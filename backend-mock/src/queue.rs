@@ -228,10 +228,16 @@ impl Streams {
         }
     }
 
+    /// Whether no wait is queued anywhere, so that [`settle`](Self::settle)
+    /// has nothing to do (under either policy).
+    pub(crate) fn nothing_to_settle(&self) -> bool {
+        self.waits == 0
+    }
+
     /// Resolves every wait whose point is reached, repeatedly, until nothing
     /// moves; under `Immediate` also completes the work that they released.
     pub(crate) fn settle(&mut self, policy: CompletionPolicy) {
-        if self.waits == 0 {
+        if self.nothing_to_settle() {
             return;
         }
         self.settle_all(policy);

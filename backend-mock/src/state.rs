@@ -1,7 +1,9 @@
 //! The whole simulated machine as plain data: devices, streams, events,
 //! memory, call counters, armed faults and the misuse log, with the checks
 //! every backend call goes through. (The memory operations are in `memory.rs`.) [`MockBackend`](crate::MockBackend) keeps one [`State`]
-//! behind its mutex; nothing here locks or calls out.
+//! behind its reader-writer lock; nothing here locks or calls out. Everything
+//! here changes only under the write lock, except the counters of the calls
+//! that may run under the read lock ([`Calls`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -9,6 +11,7 @@ use gpupool_core::{Completion, DeviceId, EventFlags, EventHandle, StreamHandle};
 
 use crate::memory::Memory;
 use crate::queue::{Point, Stream, StreamKey, Streams};
+use crate::sync::{AtomicU64, Ordering};
 use crate::{CallKind, CompletionPolicy, Misuse, MockError};
 
 /// The first handle `create_stream` returns; later ones count up by one.
@@ -28,6 +31,93 @@ pub(crate) struct Event {
     target: Option<Point>,
 }
 
+/// Calls made, per kind, failed ones included.
+///
+/// The read-only kinds that may be counted under the read lock
+/// ([`Calls::shared_slot`]) have atomic counters; the others are plain
+/// numbers, changed only under the write lock.
+///
+/// Every counter changes only while the state's lock is held (read or write),
+/// so the lock orders each increment before every later write-locked section:
+/// the write-locked reads (faults being armed or fired, the accessors) see
+/// every call made so far and none in flight. The atomics only keep
+/// increments made concurrently under the read lock from being lost, so they
+/// need no ordering of their own: `Relaxed` throughout.
+#[derive(Debug)]
+pub(crate) struct Calls {
+    shared: [AtomicU64; SHARED_KINDS.len()],
+    exclusive: HashMap<CallKind, u64>,
+}
+
+/// The kinds counted in [`Calls`]'s atomics, in slot order.
+const SHARED_KINDS: [CallKind; 5] = [
+    CallKind::DeviceCount,
+    CallKind::CurrentDevice,
+    CallKind::QueryStream,
+    CallKind::StreamDevice,
+    CallKind::QueryEvent,
+];
+
+impl Calls {
+    fn new() -> Self {
+        Calls {
+            shared: core::array::from_fn(|_| AtomicU64::new(0)),
+            exclusive: HashMap::new(),
+        }
+    }
+
+    /// The atomic counter of `kind`, if it is one of the kinds a call may
+    /// count under the read lock.
+    fn shared_slot(&self, kind: CallKind) -> Option<&AtomicU64> {
+        SHARED_KINDS
+            .iter()
+            .position(|&k| k == kind)
+            .map(|i| &self.shared[i])
+    }
+
+    /// Counts a call of `kind` through a shared reference, under the read
+    /// lock; `false` (nothing counted) for a kind without an atomic counter.
+    pub(crate) fn count_shared(&self, kind: CallKind) -> bool {
+        match self.shared_slot(kind) {
+            Some(count) => {
+                // Relaxed: see the type's documentation (the lock orders it).
+                count.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Counts a call of `kind` under the write lock; returns the new count.
+    fn count(&mut self, kind: CallKind) -> u64 {
+        match self.shared_slot(kind) {
+            // Relaxed: see the type's documentation (the lock orders it).
+            Some(count) => count.fetch_add(1, Ordering::Relaxed) + 1,
+            None => {
+                let count = self.exclusive.entry(kind).or_insert(0);
+                *count += 1;
+                *count
+            }
+        }
+    }
+
+    /// Calls of `kind` so far (exact under the write lock).
+    pub(crate) fn get(&self, kind: CallKind) -> u64 {
+        match self.shared_slot(kind) {
+            // Relaxed: see the type's documentation (the lock orders it).
+            Some(count) => count.load(Ordering::Relaxed),
+            None => self.exclusive.get(&kind).copied().unwrap_or(0),
+        }
+    }
+
+    /// Calls of every kind so far (exact under the write lock).
+    pub(crate) fn total(&self) -> u64 {
+        // Relaxed: see the type's documentation (the lock orders it).
+        let shared: u64 = self.shared.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+        shared + self.exclusive.values().sum::<u64>()
+    }
+}
+
 /// The simulated machine.
 #[derive(Debug)]
 pub(crate) struct State {
@@ -44,7 +134,7 @@ pub(crate) struct State {
     next_stream: usize,
     next_event: usize,
     /// Calls made, per kind, failed ones included.
-    pub(crate) calls: HashMap<CallKind, u64>,
+    pub(crate) calls: Calls,
     /// Armed faults: (kind, the value of that kind's counter at which it fires).
     pub(crate) armed: Vec<(CallKind, u64)>,
     /// Armed per-handle faults: (kind, the raw handle whose next call of that
@@ -65,7 +155,7 @@ impl State {
             memory: Memory::default(),
             next_stream: FIRST_STREAM,
             next_event: FIRST_EVENT,
-            calls: HashMap::new(),
+            calls: Calls::new(),
             armed: Vec::new(),
             armed_handles: Vec::new(),
             misuses: Vec::new(),
@@ -77,9 +167,7 @@ impl State {
     /// Counts a call of `kind`, then fires the faults armed for it: an
     /// `Err(Injected)` means the call must have no other effect.
     pub(crate) fn begin_call(&mut self, kind: CallKind) -> Result<(), MockError> {
-        let count = self.calls.entry(kind).or_insert(0);
-        *count += 1;
-        let now = *count;
+        let now = self.calls.count(kind);
         let before = self.armed.len();
         self.armed.retain(|&(k, at)| !(k == kind && at == now));
         if self.armed.len() == before {
@@ -111,12 +199,23 @@ impl State {
         }
     }
 
+    /// Whether a backend call that only reads would change nothing but its
+    /// call counter: no fault is armed (none can fire), no wait is queued
+    /// (settling moves nothing) and no block is free-pending (reclaiming
+    /// frees nothing). Then such a call may run under the read lock.
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.armed.is_empty()
+            && self.armed_handles.is_empty()
+            && self.streams.nothing_to_settle()
+            && self.memory.nothing_to_reclaim()
+    }
+
     /// Arms a fault on the `n`-th call of `kind` from now; `n == 0` arms nothing.
     pub(crate) fn arm(&mut self, kind: CallKind, n: u64) {
         if n == 0 {
             return;
         }
-        let now = self.calls.get(&kind).copied().unwrap_or(0);
+        let now = self.calls.get(kind);
         self.armed.push((kind, now.saturating_add(n)));
     }
 
@@ -224,8 +323,19 @@ impl State {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<Completion, MockError> {
-        let key = self.stream_key(stream, device)?;
+        self.stream_key(stream, device)?;
         self.streams.settle(self.policy);
+        self.query_stream_settled(stream, device)
+    }
+
+    /// [`query_stream`](Self::query_stream) once nothing is left to settle
+    /// (see [`is_quiet`](Self::is_quiet)): it only reads.
+    pub(crate) fn query_stream_settled(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Completion, MockError> {
+        let key = self.stream_key(stream, device)?;
         Ok(completion(
             self.streams.get(key).is_none_or(Stream::is_idle),
         ))
@@ -315,8 +425,19 @@ impl State {
         event: EventHandle,
         device: DeviceId,
     ) -> Result<Completion, MockError> {
-        let target = self.event(event, Some(device))?.target;
+        self.event(event, Some(device))?;
         self.streams.settle(self.policy);
+        self.query_event_settled(event, device)
+    }
+
+    /// [`query_event`](Self::query_event) once nothing is left to settle
+    /// (see [`is_quiet`](Self::is_quiet)): it only reads.
+    pub(crate) fn query_event_settled(
+        &self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<Completion, MockError> {
+        let target = self.event(event, Some(device))?.target;
         Ok(completion(target.is_none_or(|p| self.streams.reached(p))))
     }
 

@@ -1,25 +1,37 @@
-//! The one place that names `Arc` and `Mutex`.
+//! The one place that names `Arc`, `RwLock` and the atomics.
 //!
 //! The rest of the crate imports them through `crate::sync`, so a build with
 //! `--cfg loom` swaps them for loom's model-checked twins at once. The mock
-//! keeps all of its state behind a single mutex, so it needs no atomics.
+//! keeps all of its state behind a single reader-writer lock: every call takes
+//! it for writing, except the read-only backend calls' fast path (see
+//! `MockBackend::read_call_on`), which takes it for reading and counts itself
+//! in an atomic counter.
 //!
 //! Under loom, a [`MockBackend`](crate::MockBackend) must be created inside
 //! `loom::model`, like every other loom object.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
+pub(crate) use std::sync::{atomic::AtomicU64, Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
+pub(crate) use loom::sync::{atomic::AtomicU64, Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-/// Locks `mutex`, recovering the data if a thread panicked while holding it.
+// loom re-exports std's `Ordering`.
+pub(crate) use std::sync::atomic::Ordering;
+
+/// Locks `lock` for writing, recovering the data if a thread panicked while
+/// holding it.
 ///
 /// The mock never panics while it holds its lock, so the state behind a
-/// poisoned mutex is still consistent; a test thread that panicked elsewhere
+/// poisoned lock is still consistent; a test thread that panicked elsewhere
 /// must not turn every later call into a second panic.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
+pub(crate) fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Locks `lock` for reading, recovering the data as [`write()`] does.
+pub(crate) fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    lock.read()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

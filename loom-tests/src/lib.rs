@@ -31,7 +31,7 @@
 //! | `EventPool<B>`, `EventLease` (core) | the above, per device | `event_pool_two_threads_get_put`, `shared_event_last_two_clones` |
 //! | `SharedEvent` (core) | `Arc` count of one lease | `shared_event_last_two_clones` |
 //! | `Pinning` (core, private) | a crossbeam-epoch `Collector` | every stack and pool model (crossbeam-epoch's own loom mode) |
-//! | `MockBackend` (mock) | one `Mutex` over streams, events, waits, memory and its hazard detector, call counters, armed faults, misuse log | `mock_backend::two_threads_every_call`, `mock_backend::completion_races_a_stream_ordered_free`; it is the backend of every pool model too |
+//! | `MockBackend` (mock) | one `RwLock` over streams, events, waits, memory and its hazard detector, call counters, armed faults, misuse log; the read-only calls' fast path under the read lock, counted in relaxed atomics | `mock_backend::two_threads_every_call`, `mock_backend::completion_races_a_stream_ordered_free`, `mock_backend::queries_race_destroy_and_record` (two threads query, a third records and destroys: fast and write-locked paths, a per-handle fault, misuses); it is the backend of every pool model too |
 //! | `Pool<U>` / `BlockPool`: pinned and managed blocks (cuda, `block_pool`) | one `Mutex` over the free lists, parked blocks and idle fences; relaxed tallies | `block_pool::reuse_waits_for_the_fence`, `block_pool::give_after_races_trim`, `block_pool::failed_record_races_take`, `block_pool::idle_return_races_take` (over a fake upstream; the CUDA pools are the same `Pool` over `PoolKind`) |
 //!
 //! Not modelled, and why:
@@ -87,6 +87,7 @@ pub const MODELS: &[&str] = &[
     "in_place::lease_ends_after_its_owner_exits",
     "mock_backend::two_threads_every_call",
     "mock_backend::completion_races_a_stream_ordered_free",
+    "mock_backend::queries_race_destroy_and_record",
     "block_pool::reuse_waits_for_the_fence",
     "block_pool::give_after_races_trim",
     "block_pool::failed_record_races_take",

@@ -1,15 +1,18 @@
-//! Models of the mock backend itself (`MockBackend`: one mutex over the whole
-//! simulated machine), which every other model runs on: two threads make
-//! every kind of call at once, and the live counts, the call and fault
-//! counters and the hazard log must come out exact in every interleaving.
+//! Models of the mock backend itself (`MockBackend`: one reader-writer lock
+//! over the whole simulated machine; the read-only calls count themselves in
+//! atomics and answer under the read lock when nothing needs changing), which
+//! every other model runs on: two threads make every kind of call at once, or
+//! query while a third records and destroys, and the live counts, the call
+//! and fault counters, the misuse and hazard logs must come out exact in
+//! every interleaving.
 
 use std::ptr::NonNull;
 
 use gpupool_core::{
-    Completion, DeviceId, EventBackend, EventFlags, MemoryBackend, MemoryKind, StreamBackend,
-    StreamHandle,
+    Backend, Completion, DeviceId, EventBackend, EventFlags, MemoryBackend, MemoryKind,
+    StreamBackend, StreamHandle,
 };
-use gpupool_mock::{CallKind, HazardKind, MockBackend};
+use gpupool_mock::{CallKind, HazardKind, MockBackend, MockError};
 
 use super::{model_deep, spawn_scoped};
 
@@ -170,5 +173,81 @@ fn completion_races_a_stream_ordered_free() {
         mock.destroy_event(e, D).unwrap();
         mock.destroy_stream(s, D).unwrap();
         assert_eq!((mock.live_streams(), mock.live_events()), (0, 0));
+    });
+}
+
+/// Two threads make the read-only calls (`query_stream` twice each,
+/// `query_event`, `stream_device`, `current_device`: the read-locked fast path
+/// when nothing is armed or pending) on a stream with queued work while a
+/// third records an event on it and destroys it; a per-stream fault armed on
+/// `query_stream` sends the first such query (whichever thread makes it)
+/// through the write lock. Every call is counted exactly once, the fault fires exactly once,
+/// each query sees the stream either live (pending work) or destroyed (an
+/// error, logged once as a misuse), never anything between.
+#[test]
+fn queries_race_destroy_and_record() {
+    model_deep(|| {
+        let mock = MockBackend::new(1);
+        let s = mock.create_stream(D, Default::default()).unwrap();
+        let e = mock.create_event(D, EventFlags::DISABLE_TIMING).unwrap();
+        mock.enqueue_work(s).unwrap();
+        mock.fail_stream(CallKind::QueryStream, s);
+        let a = spawn_scoped(|| {
+            let stream = [mock.query_stream(s, D), mock.query_stream(s, D)];
+            let event = mock.query_event(e, D);
+            (stream, event)
+        });
+        let b = spawn_scoped(|| {
+            let stream = [mock.query_stream(s, D), mock.query_stream(s, D)];
+            let device = mock.stream_device(s);
+            assert_eq!(mock.current_device(), Ok(D));
+            (stream, device)
+        });
+        mock.record_event(e, s, D).unwrap();
+        mock.destroy_stream(s, D).unwrap();
+        let (queries_a, event) = a.join();
+        let (queries_b, device) = b.join();
+
+        let gone = Err(MockError::InvalidStream(s));
+        let injected = Err(MockError::Injected(CallKind::QueryStream));
+        let queries = [queries_a, queries_b].concat();
+        let fired = queries.iter().filter(|&q| *q == injected).count();
+        assert_eq!(fired, 1, "the armed fault fired once: {queries:?}");
+        let mut expected_misuses = 0;
+        for query in queries {
+            assert!(
+                query == Ok(Completion::Pending) || query == gone || query == injected,
+                "{query:?}"
+            );
+            expected_misuses += usize::from(query == gone);
+        }
+        assert!(device == Ok(D) || device == Err(MockError::InvalidStream(s)));
+        expected_misuses += usize::from(device.is_err());
+        // Recorded behind the pending work: pending until the stream is
+        // destroyed (its work then counts as finished); never recorded:
+        // complete.
+        assert!(event.is_ok(), "{event:?}");
+
+        let misuses = mock.misuses();
+        assert_eq!(misuses.len(), expected_misuses, "{misuses:?}");
+        for m in &misuses {
+            assert!(
+                matches!(m.call, CallKind::QueryStream | CallKind::StreamDevice),
+                "{m:?}"
+            );
+            assert_eq!(m.error, MockError::InvalidStream(s));
+        }
+        assert_eq!(mock.armed_faults(), 0);
+        assert_eq!(mock.calls(CallKind::QueryStream), 4);
+        assert_eq!(mock.calls(CallKind::QueryEvent), 1);
+        assert_eq!(mock.calls(CallKind::StreamDevice), 1);
+        assert_eq!(mock.calls(CallKind::CurrentDevice), 1);
+        assert_eq!(mock.calls(CallKind::RecordEvent), 1);
+        assert_eq!(mock.calls(CallKind::DestroyStream), 1);
+        assert_eq!(mock.total_calls(), 2 + 9);
+        assert_eq!(mock.query_event(e, D), Ok(Completion::Complete));
+        mock.destroy_event(e, D).unwrap();
+        assert_eq!((mock.live_streams(), mock.live_events()), (0, 0));
+        assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
     });
 }
