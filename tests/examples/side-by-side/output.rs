@@ -1,0 +1,253 @@
+//! The files: the JSON of every figure and target, and the SVG plot of the
+//! throughput ratios.
+
+use std::fmt::Write as _;
+
+use crate::measure::{Results, Settings};
+use crate::report::{kind_name, tput_ratio, About, Target};
+use crate::{EVENT, POOL_BASELINES, SIZES, STICKY, STREAM};
+
+fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn json_num(x: Option<f64>) -> String {
+    match x {
+        Some(x) if x.is_finite() => format!("{x:.6}"),
+        _ => "null".into(),
+    }
+}
+
+pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) -> String {
+    let mut o = String::from("{\n");
+    let _ = writeln!(
+        o,
+        "  \"machine\": {{\"backend\": {}, \"cpu\": {}, \"cores\": {}, \"load_average\": {}}},",
+        json_str(&a.backend),
+        json_str(&a.cpu),
+        s.cores,
+        json_str(&a.load)
+    );
+    let _ = writeln!(
+        o,
+        "  \"run\": {{\"date\": {}, \"commit\": {}, \"arguments\": {}, \"quick\": {}, \"repeats\": {}, \"target_ms\": {}, \"threads\": {:?}, \"oversubscribed_threads\": {}}},",
+        json_str(&a.date),
+        json_str(&a.commit),
+        json_str(&a.command),
+        s.quick,
+        s.repeats,
+        s.target.as_millis(),
+        s.threads,
+        s.oversubscribed
+    );
+    let rows: Vec<String> = r
+        .throughput
+        .iter()
+        .map(|t| {
+            format!(
+                "    {{\"operation\": {}, \"variant\": {}, \"threads\": {}, \"ns_per_op\": {}, \"mops\": {}, \"ops_per_thread\": {}}}",
+                json_str(t.op),
+                json_str(t.variant),
+                t.threads,
+                json_num(Some(t.ns_per_op)),
+                json_num(Some(t.mops)),
+                t.n
+            )
+        })
+        .collect();
+    let _ = writeln!(o, "  \"throughput\": [\n{}\n  ],", rows.join(",\n"));
+    let rows: Vec<String> = r
+        .latency
+        .iter()
+        .map(|l| {
+            format!(
+                "    {{\"operation\": {}, \"variant\": {}, \"threads\": {}, \"p50_ns\": {}, \"p99_ns\": {}, \"p999_ns\": {}, \"samples\": {}}}",
+                json_str(l.op),
+                json_str(l.variant),
+                l.threads,
+                json_num(Some(l.p50)),
+                json_num(Some(l.p99)),
+                json_num(Some(l.p999)),
+                l.samples
+            )
+        })
+        .collect();
+    let _ = writeln!(o, "  \"latency\": [\n{}\n  ],", rows.join(",\n"));
+    let rows: Vec<String> = r
+        .rounds
+        .iter()
+        .map(|x| {
+            format!(
+                "    {{\"kind\": {}, \"variant\": {}, \"allocations\": {}, \"ns_per_round\": {}, \"ns_per_allocation\": {}, \"rounds\": {}}}",
+                json_str(kind_name(x.kind)),
+                json_str(x.variant),
+                SIZES.len(),
+                json_num(Some(x.ns_per_round)),
+                json_num(Some(x.ns_per_round / SIZES.len() as f64)),
+                x.rounds
+            )
+        })
+        .collect();
+    let _ = writeln!(o, "  \"scratch\": [\n{}\n  ],", rows.join(",\n"));
+    let rows: Vec<String> = targets
+        .iter()
+        .map(|t| {
+            format!(
+                "    {{\"target\": {}, \"measured\": {}, \"comparison\": {}, \"limit\": {}, \"met\": {}}}",
+                json_str(&t.what),
+                json_num(t.measured),
+                json_str(if t.at_most { "<=" } else { ">=" }),
+                json_num(Some(t.limit)),
+                t.met().map_or("null".into(), |m| m.to_string())
+            )
+        })
+        .collect();
+    let _ = writeln!(o, "  \"targets\": [\n{}\n  ]", rows.join(",\n"));
+    o.push_str("}\n");
+    o
+}
+
+fn xml(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// One SVG: per operation, bars of gpupool's throughput ratio against each
+/// baseline at each thread count, on a log scale around 1×.
+pub(crate) fn to_svg(r: &Results, s: &Settings, a: &About) -> String {
+    const COLORS: [&str; 3] = ["#d62728", "#1f77b4", "#7f7f7f"];
+    let ops = [EVENT, STREAM, STICKY];
+    let (panel_w, panel_h, top, left, bottom) = (330.0, 300.0, 70.0, 60.0, 60.0);
+    let width = left + panel_w * ops.len() as f64 + 20.0;
+    let height = top + panel_h + bottom;
+    let ratios: Vec<f64> = ops
+        .iter()
+        .flat_map(|&op| {
+            s.threads.iter().flat_map(move |&t| {
+                POOL_BASELINES
+                    .iter()
+                    .filter_map(move |&b| tput_ratio(r, op, b, t))
+            })
+        })
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .collect();
+    let lo = ratios
+        .iter()
+        .copied()
+        .fold(0.5f64, f64::min)
+        .log10()
+        .floor();
+    let hi = ratios.iter().copied().fold(2.0f64, f64::max).log10().ceil();
+    let y = |v: f64| top + panel_h * (hi - v.log10()) / (hi - lo);
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(
+        o,
+        r#"<rect width="100%" height="100%" fill="white"/><text x="{left}" y="20" font-size="14" font-weight="bold">{}</text>"#,
+        xml(&format!(
+            "gpupool throughput ÷ baseline ({}; {} UTC, {})",
+            a.backend, a.date, a.commit
+        ))
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="{left}" y="36">{}</text>"#,
+        xml("log scale; above 1× gpupool is faster. Median of the repeats of one run.")
+    );
+    for (i, name) in POOL_BASELINES.iter().enumerate() {
+        let x = left + 10.0 + 150.0 * i as f64;
+        let _ = writeln!(
+            o,
+            r#"<rect x="{x}" y="44" width="12" height="12" fill="{}"/><text x="{}" y="54">{}</text>"#,
+            COLORS[i],
+            x + 16.0,
+            xml(&format!("÷ {name}"))
+        );
+    }
+    // Decade grid lines and labels.
+    let mut e = lo;
+    while e <= hi {
+        let v = 10f64.powf(e);
+        let yy = y(v);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{left}" x2="{}" y1="{yy:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}×</text>"##,
+            width - 20.0,
+            left - 4.0,
+            yy + 4.0,
+            if v >= 1.0 {
+                format!("{v:.0}")
+            } else {
+                format!("{v}")
+            }
+        );
+        e += 1.0;
+    }
+    let one = y(1.0);
+    for (p, op) in ops.iter().enumerate() {
+        let x0 = left + panel_w * p as f64;
+        let _ = writeln!(
+            o,
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="middle" font-weight="bold">{}</text>"#,
+            x0 + panel_w / 2.0,
+            top + panel_h + 40.0,
+            xml(op)
+        );
+        let group_w = (panel_w - 20.0) / s.threads.len().max(1) as f64;
+        let bar_w = (group_w - 8.0) / POOL_BASELINES.len() as f64;
+        for (g, &threads) in s.threads.iter().enumerate() {
+            let gx = x0 + 10.0 + group_w * g as f64;
+            let _ = writeln!(
+                o,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{threads} t</text>"#,
+                gx + group_w / 2.0,
+                top + panel_h + 16.0
+            );
+            for (b, base) in POOL_BASELINES.iter().enumerate() {
+                let Some(v) = tput_ratio(r, op, base, threads) else {
+                    continue;
+                };
+                let yy = y(v.max(10f64.powf(lo)));
+                let (y1, h) = if yy < one {
+                    (yy, one - yy)
+                } else {
+                    (one, yy - one)
+                };
+                let bx = gx + 4.0 + bar_w * b as f64;
+                let _ = writeln!(
+                    o,
+                    r#"<rect x="{bx:.1}" y="{y1:.1}" width="{:.1}" height="{:.1}" fill="{}"><title>{}</title></rect>"#,
+                    bar_w - 1.0,
+                    h.max(0.5),
+                    COLORS[b],
+                    xml(&format!(
+                        "{op}, {threads} threads: gpupool ÷ {base} = {v:.3}"
+                    ))
+                );
+            }
+        }
+        let _ = writeln!(
+            o,
+            r#"<line x1="{x0:.1}" x2="{:.1}" y1="{one:.1}" y2="{one:.1}" stroke="black"/>"#,
+            x0 + panel_w
+        );
+    }
+    o.push_str("</svg>\n");
+    o
+}
