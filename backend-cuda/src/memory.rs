@@ -143,23 +143,28 @@
 //! }
 //! ```
 
+mod device;
+mod overalign;
+mod stats;
+
 use core::ptr::NonNull;
 use std::alloc::Layout;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
-use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
-use gpupool_core::{
-    DeviceId, MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
-};
+use gpupool_core::{DeviceId, MemoryBackend, MemoryKind, StreamBackend, StreamHandle};
 
 use crate::block_pool::{BlockPool, PoolKind};
 use crate::device_cache::DeviceCache;
 use crate::driver::{driver, Driver};
 use crate::error::{check, CudaError};
 use crate::CudaBackend;
+
+pub(crate) use stats::KindCounters;
+pub use stats::MemoryStats;
 
 /// `CUDA_ERROR_INVALID_VALUE`: a layout the backend refuses.
 pub(crate) fn invalid_value() -> CudaError {
@@ -185,77 +190,6 @@ fn direct_align(kind: MemoryKind) -> usize {
     match kind {
         MemoryKind::Device => CUDA_ALIGN,
         _ => crate::block_pool::MIN_BLOCK,
-    }
-}
-
-/// Counters of one kind on one device.
-#[derive(Debug, Default)]
-pub(crate) struct KindCounters {
-    /// Blocks taken from the upstream allocator.
-    pub(crate) upstream_allocations: AtomicU64,
-    /// Blocks given back to the upstream allocator.
-    pub(crate) upstream_frees: AtomicU64,
-    /// Blocks handed out again by a pool, without an upstream call.
-    pub(crate) reuses: AtomicU64,
-}
-
-/// What [`CudaBackend`]'s memory has asked of its upstream allocators on one
-/// device, and what its pools hold. Every array is indexed by
-/// [`MemoryKind::index`] (host, pinned, device, managed).
-///
-/// The upstream allocators are `std::alloc` (host), `cuMemHostAlloc`
-/// (pinned), `cuMemAllocFromPoolAsync` on the device's default memory pool
-/// (device: a driver call even when the driver's pool has the memory), and
-/// `cuMemAllocManaged` (managed). The counters cover every caller in the
-/// process, not one scratchpad.
-///
-/// ```
-/// use gpupool_core::MemoryKind;
-/// use gpupool_cuda::{CudaBackend, CudaError};
-///
-/// match CudaBackend::new().memory_stats(gpupool_core::DeviceId(0)) {
-///     Ok(stats) => println!(
-///         "{} pinned blocks from cuMemHostAlloc so far",
-///         stats.upstream_allocations[MemoryKind::Pinned.index()]
-///     ),
-///     Err(CudaError::NoDriver) => println!("no CUDA driver here"),
-///     Err(e) => println!("{e}"),
-/// }
-/// ```
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MemoryStats {
-    /// Blocks taken from the upstream allocator, per kind.
-    pub upstream_allocations: [u64; 4],
-    /// Blocks given back to the upstream allocator, per kind (pinned and
-    /// managed: only by [`CudaBackend::trim_memory`]).
-    pub upstream_frees: [u64; 4],
-    /// Blocks the pinned and managed pools, and the device cache, handed out
-    /// again instead of asking the driver.
-    pub reuses: [u64; 4],
-    /// Pinned and managed blocks waiting for their stream-ordered free to
-    /// complete.
-    pub parked_blocks: [usize; 4],
-    /// Free pinned and managed blocks held for reuse, and device blocks held
-    /// by the device cache.
-    pub cached_blocks: [usize; 4],
-    /// The bytes of those free blocks.
-    pub cached_bytes: [usize; 4],
-    /// Stream-ordered device allocations the [device
-    /// cache](crate::device_cache) answered.
-    pub device_cache_hits: u64,
-    /// Stream-ordered device allocations on a created stream that the
-    /// device cache (when on) could not answer: they asked the driver.
-    pub device_cache_misses: u64,
-    /// Device blocks the cache gave to the driver to stay within its bound:
-    /// older blocks of the freeing stream, or the freed block itself.
-    pub device_cache_evictions: u64,
-}
-
-impl MemoryStats {
-    /// Upstream allocations of every kind together.
-    pub fn total_upstream_allocations(&self) -> u64 {
-        self.upstream_allocations.iter().sum()
     }
 }
 
@@ -382,175 +316,6 @@ impl DeviceMemory {
         }
     }
 
-    /// The device's default memory pool, its release threshold raised on
-    /// first use.
-    fn mempool(&self, drv: &Driver, device: DeviceId) -> Result<sys::CUmemoryPool, CudaError> {
-        if let Some(&p) = self.mempool.get() {
-            return Ok(p as sys::CUmemoryPool);
-        }
-        let made = drv.with_context(device, |_| {
-            let ordinal = i32::try_from(device.0).map_err(|_| invalid_value())?;
-            let dev = result::device::get(ordinal)?;
-            // SAFETY: `dev` was just returned by `cuDeviceGet`.
-            let supported = unsafe {
-                result::device::get_attribute(
-                    dev,
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-                )
-            }?;
-            if supported == 0 {
-                return Err(not_supported());
-            }
-            // SAFETY: as above.
-            let pool = unsafe { result::device::get_default_mem_pool(dev) }?;
-            let mut threshold: u64 = u64::MAX;
-            // SAFETY: `pool` is the device's default pool, which lives as
-            // long as the process; the release threshold is a `cuuint64_t`,
-            // which `threshold` is.
-            unsafe {
-                result::mem_pool::set_attribute(
-                    pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                    (&raw mut threshold).cast(),
-                )
-            }?;
-            Ok(pool as usize)
-        })?;
-        // A racing thread did the same to the same pool: keep either.
-        Ok(*self.mempool.get_or_init(|| made) as sys::CUmemoryPool)
-    }
-
-    /// The private stream for host-order device memory calls, created on
-    /// first use (non-blocking, never destroyed).
-    fn sync_stream(&self, device: DeviceId) -> Result<StreamHandle, CudaError> {
-        if let Some(&s) = self.sync_stream.get() {
-            return Ok(StreamHandle(s));
-        }
-        let gpu = CudaBackend::new();
-        let made = gpu.create_stream(device, StreamOptions::default())?;
-        let kept = *self.sync_stream.get_or_init(|| made.0);
-        if kept != made.0 {
-            // Another thread's stream won the race; ours was never used.
-            let _ = gpu.destroy_stream(made, device);
-        }
-        Ok(StreamHandle(kept))
-    }
-
-    /// Device memory from the default pool: in the order of `stream` (from
-    /// the device cache when it has a block of this size freed on the same
-    /// stream), or (`None`) usable by every stream when this returns.
-    fn device_allocate(
-        &self,
-        drv: &Driver,
-        device: DeviceId,
-        size: usize,
-        stream: Option<StreamHandle>,
-    ) -> Result<usize, CudaError> {
-        let pool = self.mempool(drv, device)?;
-        let (s, wait) = match stream {
-            Some(s) => (s, false),
-            None => (self.sync_stream(device)?, true),
-        };
-        let attempt = || {
-            drv.with_context(device, |_| {
-                if !wait {
-                    if let Some(addr) = self.cache.take(s, size) {
-                        return Ok((addr, true));
-                    }
-                }
-                Self::driver_allocate(pool, s, wait, size).map(|a| (a, false))
-            })
-        };
-        let (addr, cached) = match attempt() {
-            Err(e) if e.code() == Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) => {
-                // The cache's blocks are invisible to the driver's pool: give
-                // them back, then try once more.
-                let private = self.sync_stream(device)?;
-                let (n, _) = self
-                    .cache
-                    .trim(drv, device, private, &self.device.upstream_frees)?;
-                if n == 0 {
-                    return Err(e);
-                }
-                attempt()?
-            }
-            other => other?,
-        };
-        // Relaxed: statistics.
-        let counter = if cached {
-            &self.device.reuses
-        } else {
-            &self.device.upstream_allocations
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        Ok(addr)
-    }
-
-    /// `cuMemAllocFromPoolAsync` on `s`, then (`wait`) synchronizing `s`.
-    /// Call with `device`'s primary context current.
-    fn driver_allocate(
-        pool: sys::CUmemoryPool,
-        s: StreamHandle,
-        wait: bool,
-        size: usize,
-    ) -> Result<usize, CudaError> {
-        let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `dptr` is a valid place for the address; `pool` is the
-        // device's default pool; `s` is a live stream of `device` (the
-        // caller's contract, or the private stream) or a special stream,
-        // which means the context current: `device`'s.
-        check(unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, size, pool, raw_stream(s)) })?;
-        if wait {
-            // SAFETY: the private stream, live for the whole process.
-            if let Err(e) = check(unsafe { sys::cuStreamSynchronize(raw_stream(s)) }) {
-                // SAFETY: allocated just now on `s` and never handed out.
-                let _ = unsafe { sys::cuMemFreeAsync(dptr, raw_stream(s)) };
-                return Err(e);
-            }
-        }
-        Ok(dptr as usize)
-    }
-
-    /// Frees device memory in the order of `stream` (into the device cache
-    /// when it keeps the block), or (`None`) on the private stream.
-    ///
-    /// # Safety
-    /// `addr` came from [`device_allocate`](Self::device_allocate) with
-    /// `size`, is freed once, and only work already issued on `stream` may
-    /// still use it.
-    unsafe fn device_free(
-        &self,
-        drv: &Driver,
-        device: DeviceId,
-        addr: usize,
-        size: usize,
-        stream: Option<StreamHandle>,
-    ) -> Result<(), CudaError> {
-        let s = match stream {
-            Some(s) => s,
-            None => self.sync_stream(device)?,
-        };
-        let frees = &self.device.upstream_frees;
-        teardown_ok(
-            drv.with_context(device, |_| {
-                // SAFETY: the caller's contract (a stream-ordered free on `s`).
-                if stream.is_some() && unsafe { self.cache.put(s, addr, size, frees) } {
-                    return Ok(false);
-                }
-                // SAFETY: the caller's contract; `s` is a live stream of `device`
-                // or a special stream of the context just made current.
-                check(unsafe { sys::cuMemFreeAsync(addr as sys::CUdeviceptr, raw_stream(s)) })?;
-                Ok(true)
-            })
-            .map(|freed| {
-                if freed {
-                    // Relaxed: statistics.
-                    frees.fetch_add(1, Ordering::Relaxed);
-                }
-            }),
-        )
-    }
-
     /// A block of `kind` (not host) with the kind's own alignment.
     fn raw_allocate(
         &self,
@@ -599,91 +364,6 @@ impl DeviceMemory {
             // SAFETY: as above.
             Some(s) => unsafe { pool.give_after(device, addr, size, s) },
         }
-    }
-
-    fn overaligned(&self) -> MutexGuard<'_, HashMap<usize, usize>> {
-        self.overaligned.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A block of `kind` (not host) aligned to `align` (layout checked).
-    fn allocate_aligned(
-        &self,
-        drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
-        size: usize,
-        align: usize,
-        stream: Option<StreamHandle>,
-    ) -> Result<NonNull<u8>, CudaError> {
-        if align <= direct_align(kind) {
-            let addr = self.raw_allocate(drv, kind, device, size, stream)?;
-            if addr % align == 0 {
-                return non_null(addr);
-            }
-            // Less aligned than expected: give it back, over-allocate.
-            // SAFETY: allocated just now with these arguments, never handed
-            // out; a stream-ordered free is ordered after the allocation.
-            unsafe { self.raw_free(drv, kind, device, addr, size, stream) }?;
-        }
-        let total = size.checked_add(align).ok_or_else(invalid_value)?;
-        let raw = self.raw_allocate(drv, kind, device, total, stream)?;
-        let Some(aligned) = raw.checked_add(align - 1).map(|a| a & !(align - 1)) else {
-            // SAFETY: as above.
-            unsafe { self.raw_free(drv, kind, device, raw, total, stream) }?;
-            return Err(invalid_value());
-        };
-        // `raw <= aligned < raw + align`, so `size` bytes from `aligned` lie
-        // inside the `size + align` allocated.
-        let mut table = self.overaligned();
-        table.insert(aligned, raw);
-        self.overaligned_len.store(table.len(), Ordering::Release);
-        drop(table);
-        non_null(aligned)
-    }
-
-    /// Frees a block of [`allocate_aligned`](Self::allocate_aligned).
-    ///
-    /// # Safety
-    /// `addr` came from `allocate_aligned` with the same `kind`, `device`,
-    /// `size` and `align`, and is freed once; with `stream`, only work
-    /// already issued on it may still use the block; without, nothing does.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn free_aligned(
-        &self,
-        drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
-        addr: usize,
-        size: usize,
-        align: usize,
-        stream: Option<StreamHandle>,
-    ) -> Result<(), CudaError> {
-        // The allocation stored its entry before handing `addr` out, so a
-        // nonzero count is visible here whenever `addr` is in the table.
-        let raw = if self.overaligned_len.load(Ordering::Acquire) > 0 {
-            let mut table = self.overaligned();
-            let raw = table.remove(&addr);
-            self.overaligned_len.store(table.len(), Ordering::Release);
-            raw
-        } else {
-            None
-        };
-        let Some(raw) = raw else {
-            // SAFETY: the caller's contract; not over-aligned, so `addr` is
-            // the block `raw_allocate` returned, of `size` bytes.
-            return unsafe { self.raw_free(drv, kind, device, addr, size, stream) };
-        };
-        let total = size.checked_add(align).ok_or_else(invalid_value);
-        // SAFETY: the caller's contract; `raw` is the block `raw_allocate`
-        // returned for `addr`, of `size + align` bytes.
-        let freed = total.and_then(|t| unsafe { self.raw_free(drv, kind, device, raw, t, stream) });
-        if freed.is_err() {
-            // Still the caller's: keep the mapping for a later free.
-            let mut table = self.overaligned();
-            table.insert(addr, raw);
-            self.overaligned_len.store(table.len(), Ordering::Release);
-        }
-        freed
     }
 
     /// Host memory from `std::alloc` (layout checked).
@@ -769,100 +449,6 @@ impl DeviceMemory {
                 stream,
             )
         }
-    }
-}
-
-impl CudaBackend {
-    /// What the memory calls have asked of the upstream allocators on
-    /// `device` so far, and what the pinned and managed pools and the device
-    /// cache hold ([`MemoryStats`]). Cheap (relaxed counters and three short
-    /// locks).
-    pub fn memory_stats(&self, device: DeviceId) -> Result<MemoryStats, CudaError> {
-        let (_, mem) = state(device)?;
-        let mut s = MemoryStats::default();
-        for kind in MemoryKind::ALL {
-            let c = mem.counters(kind);
-            let i = kind.index();
-            s.upstream_allocations[i] = c.upstream_allocations.load(Ordering::Relaxed);
-            s.upstream_frees[i] = c.upstream_frees.load(Ordering::Relaxed);
-            s.reuses[i] = c.reuses.load(Ordering::Relaxed);
-        }
-        for (kind, pool) in [
-            (MemoryKind::Pinned, &mem.pinned),
-            (MemoryKind::Managed, &mem.managed),
-        ] {
-            let counts = pool.counts();
-            let i = kind.index();
-            s.parked_blocks[i] = counts.parked_blocks;
-            s.cached_blocks[i] = counts.free_blocks;
-            s.cached_bytes[i] = counts.free_bytes;
-        }
-        let cache = mem.cache.counts();
-        let i = MemoryKind::Device.index();
-        s.cached_blocks[i] = cache.blocks;
-        s.cached_bytes[i] = cache.bytes;
-        s.device_cache_hits = cache.hits;
-        s.device_cache_misses = cache.misses;
-        s.device_cache_evictions = cache.evictions;
-        Ok(s)
-    }
-
-    /// Gives the memory held for reuse on `device` back to the driver: every
-    /// free pinned and managed block (parked blocks whose event has completed
-    /// included; those still waiting stay), the idle events of those pools,
-    /// every block of the [device cache](crate::device_cache) (when it holds
-    /// any, this first **synchronizes the device's primary context**: the
-    /// blocks' streams may be gone), and the unused memory of the device's
-    /// default memory pool (`cuMemPoolTrimTo(pool, 0)`). Returns the pinned,
-    /// managed and device-cache bytes freed.
-    ///
-    /// Without it, the memory is kept until the process exits. Later
-    /// allocations take new blocks from the driver again.
-    ///
-    /// ```
-    /// use gpupool_cuda::{CudaBackend, CudaError};
-    ///
-    /// match CudaBackend::new().trim_memory(gpupool_core::DeviceId(0)) {
-    ///     Ok(bytes) => println!("{bytes} bytes of pinned and managed memory freed"),
-    ///     Err(CudaError::NoDriver) => println!("no CUDA driver here"),
-    ///     Err(e) => println!("{e}"),
-    /// }
-    /// ```
-    pub fn trim_memory(&self, device: DeviceId) -> Result<usize, CudaError> {
-        let (drv, mem) = state(device)?;
-        let mut freed = 0;
-        let mut first_error = None;
-        for pool in [&mem.pinned, &mem.managed] {
-            match pool.trim(device) {
-                Ok(n) => freed += n,
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        if mem.cache.counts().blocks > 0 {
-            let cache_trim = mem.sync_stream(device).and_then(|private| {
-                mem.cache
-                    .trim(drv, device, private, &mem.device.upstream_frees)
-            });
-            match cache_trim {
-                Ok((_, bytes)) => freed += bytes,
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        if let Some(&pool) = mem.mempool.get() {
-            let trimmed = drv.ensure_context(device).and_then(|()| {
-                // SAFETY: the device's default pool, which lives as long as
-                // the process; trimming frees only memory no allocation holds.
-                check(unsafe { sys::cuMemPoolTrimTo(pool as sys::CUmemoryPool, 0) })
-            });
-            if let Err(e) = trimmed {
-                first_error.get_or_insert(e);
-            }
-        }
-        first_error.map_or(Ok(freed), Err)
     }
 }
 

@@ -1,0 +1,103 @@
+//! The over-alignment table of a device: a request whose alignment the block
+//! does not meet takes `size + align` bytes and hands out the aligned address
+//! inside; the address allocated is kept in the table, under the address
+//! handed out, until the free (the parent module's documentation,
+//! "Alignment").
+
+use core::ptr::NonNull;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
+
+use gpupool_core::{DeviceId, MemoryKind, StreamHandle};
+
+use super::{direct_align, invalid_value, non_null, DeviceMemory};
+use crate::driver::Driver;
+use crate::error::CudaError;
+
+impl DeviceMemory {
+    fn overaligned(&self) -> MutexGuard<'_, HashMap<usize, usize>> {
+        self.overaligned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A block of `kind` (not host) aligned to `align` (layout checked).
+    pub(super) fn allocate_aligned(
+        &self,
+        drv: &Driver,
+        kind: MemoryKind,
+        device: DeviceId,
+        size: usize,
+        align: usize,
+        stream: Option<StreamHandle>,
+    ) -> Result<NonNull<u8>, CudaError> {
+        if align <= direct_align(kind) {
+            let addr = self.raw_allocate(drv, kind, device, size, stream)?;
+            if addr % align == 0 {
+                return non_null(addr);
+            }
+            // Less aligned than expected: give it back, over-allocate.
+            // SAFETY: allocated just now with these arguments, never handed
+            // out; a stream-ordered free is ordered after the allocation.
+            unsafe { self.raw_free(drv, kind, device, addr, size, stream) }?;
+        }
+        let total = size.checked_add(align).ok_or_else(invalid_value)?;
+        let raw = self.raw_allocate(drv, kind, device, total, stream)?;
+        let Some(aligned) = raw.checked_add(align - 1).map(|a| a & !(align - 1)) else {
+            // SAFETY: as above.
+            unsafe { self.raw_free(drv, kind, device, raw, total, stream) }?;
+            return Err(invalid_value());
+        };
+        // `raw <= aligned < raw + align`, so `size` bytes from `aligned` lie
+        // inside the `size + align` allocated.
+        let mut table = self.overaligned();
+        table.insert(aligned, raw);
+        self.overaligned_len.store(table.len(), Ordering::Release);
+        drop(table);
+        non_null(aligned)
+    }
+
+    /// Frees a block of [`allocate_aligned`](Self::allocate_aligned).
+    ///
+    /// # Safety
+    /// `addr` came from `allocate_aligned` with the same `kind`, `device`,
+    /// `size` and `align`, and is freed once; with `stream`, only work
+    /// already issued on it may still use the block; without, nothing does.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn free_aligned(
+        &self,
+        drv: &Driver,
+        kind: MemoryKind,
+        device: DeviceId,
+        addr: usize,
+        size: usize,
+        align: usize,
+        stream: Option<StreamHandle>,
+    ) -> Result<(), CudaError> {
+        // The allocation stored its entry before handing `addr` out, so a
+        // nonzero count is visible here whenever `addr` is in the table.
+        let raw = if self.overaligned_len.load(Ordering::Acquire) > 0 {
+            let mut table = self.overaligned();
+            let raw = table.remove(&addr);
+            self.overaligned_len.store(table.len(), Ordering::Release);
+            raw
+        } else {
+            None
+        };
+        let Some(raw) = raw else {
+            // SAFETY: the caller's contract; not over-aligned, so `addr` is
+            // the block `raw_allocate` returned, of `size` bytes.
+            return unsafe { self.raw_free(drv, kind, device, addr, size, stream) };
+        };
+        let total = size.checked_add(align).ok_or_else(invalid_value);
+        // SAFETY: the caller's contract; `raw` is the block `raw_allocate`
+        // returned for `addr`, of `size + align` bytes.
+        let freed = total.and_then(|t| unsafe { self.raw_free(drv, kind, device, raw, t, stream) });
+        if freed.is_err() {
+            // Still the caller's: keep the mapping for a later free.
+            let mut table = self.overaligned();
+            table.insert(addr, raw);
+            self.overaligned_len.store(table.len(), Ordering::Release);
+        }
+        freed
+    }
+}

@@ -1,0 +1,179 @@
+//! Watching and trimming the memory held: the counters each kind keeps per
+//! device ([`KindCounters`]), [`MemoryStats`] and
+//! [`CudaBackend::memory_stats`], which read them together with what the
+//! pools and the device cache hold, and [`CudaBackend::trim_memory`], which
+//! gives that memory back.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cudarc::driver::sys;
+use gpupool_core::{DeviceId, MemoryKind};
+
+use super::state;
+use crate::error::{check, CudaError};
+use crate::CudaBackend;
+
+/// Counters of one kind on one device.
+#[derive(Debug, Default)]
+pub(crate) struct KindCounters {
+    /// Blocks taken from the upstream allocator.
+    pub(crate) upstream_allocations: AtomicU64,
+    /// Blocks given back to the upstream allocator.
+    pub(crate) upstream_frees: AtomicU64,
+    /// Blocks handed out again by a pool, without an upstream call.
+    pub(crate) reuses: AtomicU64,
+}
+
+/// What [`CudaBackend`]'s memory has asked of its upstream allocators on one
+/// device, and what its pools hold. Every array is indexed by
+/// [`MemoryKind::index`] (host, pinned, device, managed).
+///
+/// The upstream allocators are `std::alloc` (host), `cuMemHostAlloc`
+/// (pinned), `cuMemAllocFromPoolAsync` on the device's default memory pool
+/// (device: a driver call even when the driver's pool has the memory), and
+/// `cuMemAllocManaged` (managed). The counters cover every caller in the
+/// process, not one scratchpad.
+///
+/// ```
+/// use gpupool_core::MemoryKind;
+/// use gpupool_cuda::{CudaBackend, CudaError};
+///
+/// match CudaBackend::new().memory_stats(gpupool_core::DeviceId(0)) {
+///     Ok(stats) => println!(
+///         "{} pinned blocks from cuMemHostAlloc so far",
+///         stats.upstream_allocations[MemoryKind::Pinned.index()]
+///     ),
+///     Err(CudaError::NoDriver) => println!("no CUDA driver here"),
+///     Err(e) => println!("{e}"),
+/// }
+/// ```
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Blocks taken from the upstream allocator, per kind.
+    pub upstream_allocations: [u64; 4],
+    /// Blocks given back to the upstream allocator, per kind (pinned and
+    /// managed: only by [`CudaBackend::trim_memory`]).
+    pub upstream_frees: [u64; 4],
+    /// Blocks the pinned and managed pools, and the device cache, handed out
+    /// again instead of asking the driver.
+    pub reuses: [u64; 4],
+    /// Pinned and managed blocks waiting for their stream-ordered free to
+    /// complete.
+    pub parked_blocks: [usize; 4],
+    /// Free pinned and managed blocks held for reuse, and device blocks held
+    /// by the device cache.
+    pub cached_blocks: [usize; 4],
+    /// The bytes of those free blocks.
+    pub cached_bytes: [usize; 4],
+    /// Stream-ordered device allocations the [device
+    /// cache](crate::device_cache) answered.
+    pub device_cache_hits: u64,
+    /// Stream-ordered device allocations on a created stream that the
+    /// device cache (when on) could not answer: they asked the driver.
+    pub device_cache_misses: u64,
+    /// Device blocks the cache gave to the driver to stay within its bound:
+    /// older blocks of the freeing stream, or the freed block itself.
+    pub device_cache_evictions: u64,
+}
+
+impl MemoryStats {
+    /// Upstream allocations of every kind together.
+    pub fn total_upstream_allocations(&self) -> u64 {
+        self.upstream_allocations.iter().sum()
+    }
+}
+
+impl CudaBackend {
+    /// What the memory calls have asked of the upstream allocators on
+    /// `device` so far, and what the pinned and managed pools and the device
+    /// cache hold ([`MemoryStats`]). Cheap (relaxed counters and three short
+    /// locks).
+    pub fn memory_stats(&self, device: DeviceId) -> Result<MemoryStats, CudaError> {
+        let (_, mem) = state(device)?;
+        let mut s = MemoryStats::default();
+        for kind in MemoryKind::ALL {
+            let c = mem.counters(kind);
+            let i = kind.index();
+            s.upstream_allocations[i] = c.upstream_allocations.load(Ordering::Relaxed);
+            s.upstream_frees[i] = c.upstream_frees.load(Ordering::Relaxed);
+            s.reuses[i] = c.reuses.load(Ordering::Relaxed);
+        }
+        for (kind, pool) in [
+            (MemoryKind::Pinned, &mem.pinned),
+            (MemoryKind::Managed, &mem.managed),
+        ] {
+            let counts = pool.counts();
+            let i = kind.index();
+            s.parked_blocks[i] = counts.parked_blocks;
+            s.cached_blocks[i] = counts.free_blocks;
+            s.cached_bytes[i] = counts.free_bytes;
+        }
+        let cache = mem.cache.counts();
+        let i = MemoryKind::Device.index();
+        s.cached_blocks[i] = cache.blocks;
+        s.cached_bytes[i] = cache.bytes;
+        s.device_cache_hits = cache.hits;
+        s.device_cache_misses = cache.misses;
+        s.device_cache_evictions = cache.evictions;
+        Ok(s)
+    }
+
+    /// Gives the memory held for reuse on `device` back to the driver: every
+    /// free pinned and managed block (parked blocks whose event has completed
+    /// included; those still waiting stay), the idle events of those pools,
+    /// every block of the [device cache](crate::device_cache) (when it holds
+    /// any, this first **synchronizes the device's primary context**: the
+    /// blocks' streams may be gone), and the unused memory of the device's
+    /// default memory pool (`cuMemPoolTrimTo(pool, 0)`). Returns the pinned,
+    /// managed and device-cache bytes freed.
+    ///
+    /// Without it, the memory is kept until the process exits. Later
+    /// allocations take new blocks from the driver again.
+    ///
+    /// ```
+    /// use gpupool_cuda::{CudaBackend, CudaError};
+    ///
+    /// match CudaBackend::new().trim_memory(gpupool_core::DeviceId(0)) {
+    ///     Ok(bytes) => println!("{bytes} bytes of pinned and managed memory freed"),
+    ///     Err(CudaError::NoDriver) => println!("no CUDA driver here"),
+    ///     Err(e) => println!("{e}"),
+    /// }
+    /// ```
+    pub fn trim_memory(&self, device: DeviceId) -> Result<usize, CudaError> {
+        let (drv, mem) = state(device)?;
+        let mut freed = 0;
+        let mut first_error = None;
+        for pool in [&mem.pinned, &mem.managed] {
+            match pool.trim(device) {
+                Ok(n) => freed += n,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if mem.cache.counts().blocks > 0 {
+            let cache_trim = mem.sync_stream(device).and_then(|private| {
+                mem.cache
+                    .trim(drv, device, private, &mem.device.upstream_frees)
+            });
+            match cache_trim {
+                Ok((_, bytes)) => freed += bytes,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(&pool) = mem.mempool.get() {
+            let trimmed = drv.ensure_context(device).and_then(|()| {
+                // SAFETY: the device's default pool, which lives as long as
+                // the process; trimming frees only memory no allocation holds.
+                check(unsafe { sys::cuMemPoolTrimTo(pool as sys::CUmemoryPool, 0) })
+            });
+            if let Err(e) = trimmed {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(freed), Err)
+    }
+}
