@@ -1,0 +1,205 @@
+//! The fence of a kept host-visible block: [`Fence`], the idle-stream probe's
+//! backoff, and the parts of `alloc` and `reset` that settle, record and drop fences.
+
+use crate::backend::{Completion, DeviceId, EventFlags, EventHandle, MemoryKind, StreamHandle};
+use crate::error::{BackendOp, Error};
+use crate::monotonic::Upstream;
+use crate::order::AccessOrder;
+
+use super::{FirstError, KindState, ScratchBackend, Scratchpad};
+
+/// How many resets of a kind skip the idle-stream question after it was
+/// answered "busy".
+const PROBE_BACKOFF: u8 = 7;
+
+/// The event that fences a kept block of a host-visible kind.
+#[derive(Copy, Clone)]
+pub(super) struct Fence {
+    pub(super) event: EventHandle,
+    pub(super) device: DeviceId,
+    /// Whether the kept block waits for the event (its cursor is paused
+    /// meanwhile, so the fast path cannot hand it out).
+    armed: bool,
+}
+
+impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
+    /// If the kept block of a kind waits on its fence: hand it out again if the
+    /// event completed; otherwise release it in its stream order, so the next
+    /// allocation takes a fresh block. A block whose release fails is kept,
+    /// still fenced, and the error returned.
+    pub(super) fn settle_fence<U: Upstream<Error = B::Error>>(
+        &self,
+        st: &KindState,
+        up: &U,
+    ) -> Result<(), Error<B::Error>> {
+        let Some(mut fence) = st.fence.get() else {
+            return Ok(());
+        };
+        if !fence.armed {
+            return Ok(());
+        }
+        if let Ok(Completion::Complete) = self.backend.query_event(fence.event, fence.device) {
+            fence.armed = false;
+            st.fence.set(Some(fence));
+            st.res.resume();
+            return Ok(());
+        }
+        // Still in use (or unknown): do not reuse; release in stream order.
+        let next = st.res.reserved();
+        let mut errors = FirstError::new();
+        for block in st.res.take_blocks(next) {
+            // SAFETY: the block came from this upstream and is forgotten by the
+            // resource; the release order is a stream (fences exist only then),
+            // so work still using it finishes first.
+            if let Err(e) = unsafe { up.release(block) } {
+                st.res.keep_block(block, true);
+                errors.push(e);
+            }
+        }
+        if errors.is_empty() {
+            fence.armed = false;
+            st.fence.set(Some(fence));
+        }
+        errors.result()
+    }
+
+    pub(super) fn reset_kind(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        errors: &mut FirstError<B::Error>,
+    ) {
+        let st = &self.kinds[kind.index()];
+        let n = st.res.block_count();
+        let fence = st.fence.get();
+        if n == 0 {
+            return;
+        }
+        let fit = st.note_round();
+        if n > 1 || fence.is_some_and(|f| f.armed) {
+            // Release everything; next time one block that holds the largest
+            // round (not the sum of the blocks: their unused tails and the
+            // doubling are not needed again).
+            let up = self.counting(kind, device);
+            for block in st.res.take_blocks(fit) {
+                // SAFETY: each block came from this upstream and is released
+                // once, in the kind's release order.
+                if let Err(e) = unsafe { up.release(block) } {
+                    errors.push(e);
+                }
+            }
+            if let Some(f) = fence {
+                st.fence.set(Some(Fence { armed: false, ..f }));
+            }
+            self.note_held(kind);
+            return;
+        }
+        st.res.rewind();
+        if !kind.is_host_accessible() {
+            return; // device memory: allocated and released on the device order
+        }
+        let AccessOrder::Stream {
+            stream,
+            device: release_device,
+        } = self.release_order(kind)
+        else {
+            return; // host order: reusable now
+        };
+        // One question first: if the stream has finished everything queued on
+        // it so far (the work of the rounds that used the block included), the
+        // block is reusable now and needs no fence. A stream found busy is
+        // not asked again for the next `PROBE_BACKOFF` resets (a loop that
+        // resets while its kernels still run would pay the query for nothing
+        // on every round); the fence is recorded straight away meanwhile.
+        let skip = st.skip_probes.get();
+        if skip == 0 {
+            if let Ok(Completion::Complete) = self.backend.query_stream(stream, release_device) {
+                return;
+            }
+            st.skip_probes.set(PROBE_BACKOFF);
+        } else {
+            st.skip_probes.set(skip - 1);
+        }
+        self.fence_kept(kind, device, stream, release_device, errors);
+    }
+
+    /// Fences the kept block of a host-visible kind with an event recorded on
+    /// its release stream; if that fails, releases the block instead.
+    fn fence_kept(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        stream: StreamHandle,
+        release_device: DeviceId,
+        errors: &mut FirstError<B::Error>,
+    ) {
+        let st = &self.kinds[kind.index()];
+        let fence = match st.fence.take() {
+            Some(f) if f.device == release_device => f,
+            other => {
+                if let Some(old) = other {
+                    if let Err(source) = self.backend.destroy_event(old.event, old.device) {
+                        errors.push(Error::Backend {
+                            op: BackendOp::DestroyEvent,
+                            source,
+                        });
+                    }
+                }
+                match self
+                    .backend
+                    .create_event(release_device, EventFlags::DISABLE_TIMING)
+                {
+                    Ok(event) => Fence {
+                        event,
+                        device: release_device,
+                        armed: false,
+                    },
+                    Err(source) => {
+                        errors.push(Error::Backend {
+                            op: BackendOp::CreateEvent,
+                            source,
+                        });
+                        self.drop_kept(kind, device, errors);
+                        return;
+                    }
+                }
+            }
+        };
+        match self
+            .backend
+            .record_event(fence.event, stream, release_device)
+        {
+            Ok(()) => {
+                st.fence.set(Some(Fence {
+                    armed: true,
+                    ..fence
+                }));
+                st.res.pause();
+            }
+            Err(source) => {
+                st.fence.set(Some(fence));
+                errors.push(Error::Backend {
+                    op: BackendOp::RecordEvent,
+                    source,
+                });
+                self.drop_kept(kind, device, errors);
+            }
+        }
+    }
+
+    /// Releases a kept block that could not be fenced (a failed release
+    /// forgets the block: the error says it is still allocated).
+    fn drop_kept(&self, kind: MemoryKind, device: DeviceId, errors: &mut FirstError<B::Error>) {
+        let up = self.counting(kind, device);
+        let st = &self.kinds[kind.index()];
+        let total = st.res.reserved();
+        for block in st.res.take_blocks(total) {
+            // SAFETY: the block came from this upstream; released once, in the
+            // kind's (stream) release order.
+            if let Err(e) = unsafe { up.release(block) } {
+                errors.push(e);
+            }
+        }
+        self.note_held(kind);
+    }
+}
