@@ -440,10 +440,15 @@ pub(crate) fn measure_scratch<B: Machine>(
         let sizes = ScratchSizes::new();
         let mut bump = bumpalo::Bump::new();
         let mut blocks = Vec::with_capacity(SIZES.len());
+        // Each round copies `kind` into a local first: a captured `kind` is
+        // reloaded from memory after every `black_box` (which may write any
+        // memory whose address escaped), putting a load and an address
+        // computation in front of each allocation that no caller's code has.
         let mut variants: Vec<(&'static str, RoundFn<'_>)> = vec![
             (
                 SCRATCH_NEW,
                 Box::new(|| {
+                    let kind = kind;
                     let pad = Scratchpad::new(backend, order);
                     for &n in &SIZES {
                         black_box(pad.alloc(kind, n, ALIGN).expect("gpupool scratch"));
@@ -453,6 +458,7 @@ pub(crate) fn measure_scratch<B: Machine>(
             (
                 SCRATCH_SIZED,
                 Box::new(|| {
+                    let kind = kind;
                     let pad = Scratchpad::new(backend, order).learn_sizes(&sizes);
                     for &n in &SIZES {
                         black_box(pad.alloc(kind, n, ALIGN).expect("gpupool scratch"));
@@ -462,6 +468,7 @@ pub(crate) fn measure_scratch<B: Machine>(
             (
                 SCRATCH_RESET,
                 Box::new(move || {
+                    let kind = kind;
                     for &n in &SIZES {
                         black_box(kept.alloc(kind, n, ALIGN).expect("gpupool scratch"));
                     }
@@ -471,6 +478,7 @@ pub(crate) fn measure_scratch<B: Machine>(
             (
                 SCRATCH_DALI,
                 Box::new(|| {
+                    let kind = kind;
                     plain(true);
                     let mut pad = DaliScratchpad::new(backend, d, order);
                     for &n in &SIZES {
