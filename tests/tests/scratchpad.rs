@@ -479,3 +479,32 @@ fn a_reset_loop_holds_one_block_within_twice_what_a_round_asks_for() {
     );
     assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
 }
+
+#[test]
+fn a_reset_of_a_kind_unused_since_the_last_one_asks_nothing() {
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
+    gpu.use_memory(s.get(), p, 4096).unwrap();
+    gpu.complete_all(s.get()).unwrap();
+    scratch.reset().unwrap(); // asks once: idle, the block is kept
+    let asked = reset_calls(&gpu);
+    for _ in 0..5 {
+        // Rounds that use only device memory: the pinned block is untouched.
+        let d = scratch.device::<u8>(100).unwrap().as_ptr() as *const u8;
+        gpu.use_memory(s.get(), d, 100).unwrap();
+        scratch.reset().unwrap();
+    }
+    assert_eq!(
+        reset_calls(&gpu),
+        asked,
+        "no question, no fence for the idle kind"
+    );
+    // The block is still the one kept, handed out at once.
+    gpu.complete_all(s.get()).unwrap();
+    let q = scratch.pinned::<u8>(4096).unwrap().as_ptr() as *const u8;
+    assert_eq!(q, p);
+    gpu.host_access(q, 4096).unwrap();
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+}

@@ -76,7 +76,14 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             return;
         }
         let fit = st.note_round();
-        if n > 1 || fence.is_some_and(|f| f.armed) {
+        let armed = fence.is_some_and(|f| f.armed);
+        if n == 1 && !armed && st.res.used() == 0 {
+            // Nothing was handed out of the block since the last reset, which
+            // left it reusable: no work can have used it since, so there is
+            // nothing to rewind, ask or fence.
+            return;
+        }
+        if n > 1 || armed {
             // Release everything; next time one block that holds the largest
             // round (not the sum of the blocks: their unused tails and the
             // doubling are not needed again).
