@@ -440,7 +440,7 @@ pub(crate) fn measure_scratch<B: Machine>(
         let sizes = ScratchSizes::new();
         let mut bump = bumpalo::Bump::new();
         let mut blocks = Vec::with_capacity(SIZES.len());
-        // Each round copies `kind` into a local first: a captured `kind` is
+        // Each round copies `kind` into a local (`k`) first: a captured `kind` is
         // reloaded from memory after every `black_box` (which may write any
         // memory whose address escaped), putting a load and an address
         // computation in front of each allocation that no caller's code has.
@@ -448,29 +448,29 @@ pub(crate) fn measure_scratch<B: Machine>(
             (
                 SCRATCH_NEW,
                 Box::new(|| {
-                    let kind = kind;
+                    let k = kind;
                     let pad = Scratchpad::new(backend, order);
                     for &n in &SIZES {
-                        black_box(pad.alloc(kind, n, ALIGN).expect("gpupool scratch"));
+                        black_box(pad.alloc(k, n, ALIGN).expect("gpupool scratch"));
                     }
                 }),
             ),
             (
                 SCRATCH_SIZED,
                 Box::new(|| {
-                    let kind = kind;
+                    let k = kind;
                     let pad = Scratchpad::new(backend, order).learn_sizes(&sizes);
                     for &n in &SIZES {
-                        black_box(pad.alloc(kind, n, ALIGN).expect("gpupool scratch"));
+                        black_box(pad.alloc(k, n, ALIGN).expect("gpupool scratch"));
                     }
                 }),
             ),
             (
                 SCRATCH_RESET,
                 Box::new(move || {
-                    let kind = kind;
+                    let k = kind;
                     for &n in &SIZES {
-                        black_box(kept.alloc(kind, n, ALIGN).expect("gpupool scratch"));
+                        black_box(kept.alloc(k, n, ALIGN).expect("gpupool scratch"));
                     }
                     kept.reset().expect("gpupool scratch reset");
                 }),
@@ -478,11 +478,11 @@ pub(crate) fn measure_scratch<B: Machine>(
             (
                 SCRATCH_DALI,
                 Box::new(|| {
-                    let kind = kind;
+                    let k = kind;
                     plain(true);
                     let mut pad = DaliScratchpad::new(backend, d, order);
                     for &n in &SIZES {
-                        black_box(pad.alloc(kind, n, ALIGN).expect("DALI-style scratch"));
+                        black_box(pad.alloc(k, n, ALIGN).expect("DALI-style scratch"));
                     }
                     drop(pad);
                     plain(false);
