@@ -257,15 +257,17 @@ impl MonotonicResource {
         debug_assert!(self.blocks.borrow().len() <= 1);
         self.cursor.pos.set(self.cursor.base.get().as_ptr().addr());
         self.cursor.requested.set(0);
-        self.spent.set(0);
+        // `spent` is 0 already: it counts blocks before the current one, and
+        // a resource with one block has none (it is set when a second block
+        // is taken, and cleared whenever the blocks are taken or one kept).
     }
 
     /// Bytes handed out since the blocks were last rewound or taken,
     /// alignment padding included but not the unused tails of earlier blocks:
     /// about what one block would have needed for the same requests.
     pub(crate) fn used(&self) -> usize {
-        let current = if self.cursor.base.get() == NonNull::dangling() {
-            0
+        let current = if self.blocks.borrow().is_empty() {
+            0 // no current block: the cursor's base is a placeholder
         } else {
             self.cursor.pos.get() - self.cursor.base.get().as_ptr().addr()
         };
