@@ -475,11 +475,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let device = self.device.get();
         for kind in MemoryKind::ALL {
             let st = &self.kinds[kind.index()];
-            let fit = st.note_round();
             if let Some(sizes) = self.sizes {
-                if st.peak_used.get() > 0 {
-                    sizes.learn(kind, fit);
-                }
+                // A kind never used learns 0, which `learn` ignores.
+                sizes.learn(kind, st.note_round());
             }
             // A kind holds blocks only once the device is resolved.
             if let Some(device) = device {
