@@ -6,6 +6,14 @@
 //! nothing here panics. Handles are plain `Copy` values (a raw `CUstream` or
 //! `CUevent` on CUDA, an id on the mock); ownership of the object behind a handle
 //! is tracked by the pools and leases, not by the handle.
+//!
+//! Safe code cannot make a handle ([`StreamHandle::from_raw`] and
+//! [`EventHandle::from_raw`] are `unsafe`), and every trait method that takes
+//! a handle or an address is an `unsafe fn` whose `# Safety` list says what the
+//! caller guarantees: the handle is live, was created by a backend with the same
+//! [`BackendId`], and belongs to the device named. The pools, leases and
+//! scratchpads are the safe layer above: each call they make is justified by
+//! what they own (see `docs/safety.md`).
 
 use core::fmt;
 use core::ptr::NonNull;
@@ -58,13 +66,50 @@ impl From<u32> for DeviceSelector {
     }
 }
 
+/// Which driver instance a backend value speaks to: handles and addresses
+/// created through one backend are valid with every backend of the same id,
+/// and with no other.
+///
+/// Every CUDA backend value in a process shares one id (they share the
+/// driver); each mock machine has its own. Owned handles
+/// ([`OwnedStream`](crate::OwnedStream), [`OwnedEvent`](crate::OwnedEvent)) and
+/// stream orders ([`AccessOrder`](crate::AccessOrder)) carry the id of the
+/// backend that made them, so a pool or scratchpad refuses a foreign one with
+/// [`Error::ForeignHandle`](crate::Error::ForeignHandle) instead of passing it
+/// to the driver.
+///
+/// ```
+/// use gpupool_core::BackendId;
+/// assert_ne!(BackendId::unique(), BackendId::unique());
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct BackendId(core::num::NonZeroUsize);
+
+impl BackendId {
+    /// A new id, different from every other id this process has made.
+    pub fn unique() -> BackendId {
+        BackendId(crate::sync::next_backend_id())
+    }
+
+    /// The id as a number (for logs).
+    pub const fn get(self) -> usize {
+        self.0.get()
+    }
+}
+
 /// A raw stream handle (a `CUstream` on CUDA).
+///
+/// Safe code cannot make one from a number: handles come from a backend
+/// ([`StreamBackend::create_stream`]), from a lease
+/// ([`StreamLease::handle`](crate::StreamLease::handle)), or from
+/// [`from_raw`](Self::from_raw), which is `unsafe`. Reading the number
+/// ([`as_raw`](Self::as_raw)) is safe.
 ///
 /// The value 0 is the null handle. As in CUDA, 0, 1 and 2 also name the special
 /// streams (legacy default, legacy, per-thread default); they may appear in an
 /// [`AccessOrder`](crate::AccessOrder) but are never pooled.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct StreamHandle(pub usize);
+pub struct StreamHandle(usize);
 
 impl StreamHandle {
     /// The null handle (CUDA's default stream, 0).
@@ -73,6 +118,26 @@ impl StreamHandle {
     pub const LEGACY: StreamHandle = StreamHandle(1);
     /// CUDA's per-thread default stream (`CU_STREAM_PER_THREAD`, 2).
     pub const PER_THREAD: StreamHandle = StreamHandle(2);
+
+    /// A handle from its raw value (a `CUstream` as an integer on CUDA).
+    ///
+    /// # Safety
+    /// Making the value is harmless; what it allows is not: safe code treats
+    /// every `StreamHandle` as one a backend gave out. So `raw` is a stream
+    /// handle that a backend created (or one of the special values 0, 1, 2),
+    /// and it is passed to a backend only while that stream is live, with a
+    /// backend of the same [`BackendId`] — the same guarantees the backend
+    /// traits' `unsafe fn`s ask for.
+    #[inline]
+    pub const unsafe fn from_raw(raw: usize) -> StreamHandle {
+        StreamHandle(raw)
+    }
+
+    /// The raw value (a `CUstream` as an integer on CUDA).
+    #[inline]
+    pub const fn as_raw(self) -> usize {
+        self.0
+    }
 
     /// Whether this is the null handle.
     #[inline]
@@ -89,12 +154,31 @@ impl StreamHandle {
 }
 
 /// A raw event handle (a `CUevent` on CUDA). The value 0 is the null handle.
+///
+/// As for [`StreamHandle`], safe code cannot make one from a number.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct EventHandle(pub usize);
+pub struct EventHandle(usize);
 
 impl EventHandle {
     /// The null handle.
     pub const NULL: EventHandle = EventHandle(0);
+
+    /// A handle from its raw value (a `CUevent` as an integer on CUDA).
+    ///
+    /// # Safety
+    /// As for [`StreamHandle::from_raw`]: `raw` is an event a backend created,
+    /// passed to a backend only while it is live, with a backend of the same
+    /// [`BackendId`].
+    #[inline]
+    pub const unsafe fn from_raw(raw: usize) -> EventHandle {
+        EventHandle(raw)
+    }
+
+    /// The raw value (a `CUevent` as an integer on CUDA).
+    #[inline]
+    pub const fn as_raw(self) -> usize {
+        self.0
+    }
 
     /// Whether this is the null handle.
     #[inline]
@@ -157,14 +241,35 @@ pub struct StreamOptions {
     pub priority: Option<i32>,
 }
 
-/// The device part of a backend: its error type and how devices are counted.
+/// The device part of a backend: its identity, its error type and how devices
+/// are counted.
 ///
 /// Implementations must be cheap to share between threads; the pools call them
 /// from every thread that uses the pool.
+///
+/// # Handle contracts
+///
+/// The `unsafe fn`s of [`StreamBackend`], [`EventBackend`] and
+/// [`MemoryBackend`] use these terms in their `# Safety` lists:
+/// - a **usable stream of `device`** is a stream created by
+///   [`create_stream`](StreamBackend::create_stream) of a backend whose
+///   [`id`](Backend::id) equals this one's, on `device`, and not destroyed
+///   before the call returns; or one of the special streams
+///   ([`StreamHandle::NULL`], [`LEGACY`](StreamHandle::LEGACY),
+///   [`PER_THREAD`](StreamHandle::PER_THREAD)), which name `device`'s default
+///   streams;
+/// - a **usable event of `device`** is an event created by
+///   [`create_event`](EventBackend::create_event) of a backend with the same
+///   id, on `device`, and not destroyed before the call returns.
 pub trait Backend: Send + Sync {
     /// The backend's error. Pools wrap it in [`Error::Backend`](crate::Error)
     /// together with the operation that failed.
     type Error: fmt::Debug + fmt::Display + Send + Sync + 'static;
+
+    /// Which driver instance this backend speaks to (see [`BackendId`]). Must
+    /// return the same id every time, and the same id as every other backend
+    /// value whose handles it accepts.
+    fn id(&self) -> BackendId;
 
     /// How many devices there are. Zero is a valid answer (no GPU).
     fn device_count(&self) -> Result<u32, Self::Error>;
@@ -183,21 +288,43 @@ pub trait StreamBackend: Backend {
     ) -> Result<StreamHandle, Self::Error>;
 
     /// Destroys a stream. Work still queued on it completes; CUDA allows this.
-    fn destroy_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), Self::Error>;
+    ///
+    /// # Safety
+    /// 1. `stream` is a usable stream of `device` (see [`Backend`]), not a
+    ///    special one;
+    /// 2. the caller owns it: nothing uses the handle after this call.
+    unsafe fn destroy_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
 
     /// Whether all work submitted to the stream has finished. Never blocks.
-    fn query_stream(
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]).
+    unsafe fn query_stream(
         &self,
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<Completion, Self::Error>;
 
     /// Blocks the calling thread until all work submitted to the stream has finished.
-    fn synchronize_stream(&self, stream: StreamHandle, device: DeviceId)
-        -> Result<(), Self::Error>;
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]).
+    unsafe fn synchronize_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
 
     /// Makes all work submitted to `stream` after this call wait for `event`.
-    fn stream_wait_event(
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` and `event` a usable event of
+    /// its own device (see [`Backend`]).
+    unsafe fn stream_wait_event(
         &self,
         stream: StreamHandle,
         device: DeviceId,
@@ -205,7 +332,11 @@ pub trait StreamBackend: Backend {
     ) -> Result<(), Self::Error>;
 
     /// The device a (non-special) stream belongs to.
-    fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, Self::Error>;
+    ///
+    /// # Safety
+    /// `stream` was created by a backend with this one's [`id`](Backend::id)
+    /// and is not destroyed before the call returns.
+    unsafe fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, Self::Error>;
 }
 
 /// Event operations.
@@ -215,10 +346,19 @@ pub trait EventBackend: Backend {
         -> Result<EventHandle, Self::Error>;
 
     /// Destroys an event.
-    fn destroy_event(&self, event: EventHandle, device: DeviceId) -> Result<(), Self::Error>;
+    ///
+    /// # Safety
+    /// 1. `event` is a usable event of `device` (see [`Backend`]);
+    /// 2. the caller owns it: nothing uses the handle after this call.
+    unsafe fn destroy_event(&self, event: EventHandle, device: DeviceId)
+        -> Result<(), Self::Error>;
 
     /// Captures, in `event`, the work submitted to `stream` (on `device`) so far.
-    fn record_event(
+    ///
+    /// # Safety
+    /// `event` is a usable event of `device` and `stream` a usable stream of
+    /// `device` (see [`Backend`]).
+    unsafe fn record_event(
         &self,
         event: EventHandle,
         stream: StreamHandle,
@@ -226,10 +366,24 @@ pub trait EventBackend: Backend {
     ) -> Result<(), Self::Error>;
 
     /// Whether the work captured by the event's last record has finished.
-    fn query_event(&self, event: EventHandle, device: DeviceId) -> Result<Completion, Self::Error>;
+    ///
+    /// # Safety
+    /// `event` is a usable event of `device` (see [`Backend`]).
+    unsafe fn query_event(
+        &self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<Completion, Self::Error>;
 
     /// Blocks the calling thread until the work captured by the event has finished.
-    fn synchronize_event(&self, event: EventHandle, device: DeviceId) -> Result<(), Self::Error>;
+    ///
+    /// # Safety
+    /// `event` is a usable event of `device` (see [`Backend`]).
+    unsafe fn synchronize_event(
+        &self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
 }
 
 /// The four kinds of memory a backend provides.
@@ -271,14 +425,18 @@ impl MemoryKind {
 ///
 /// A block is named by its address: a host pointer for host-accessible kinds,
 /// a device address (as a pointer without provenance) for device memory.
-/// Sizes are nonzero and alignments are nonzero powers of two; the callers in
-/// this crate check both before calling.
+/// [`allocate`](Self::allocate) is safe to call with any arguments: a zero
+/// size or an alignment that is not a nonzero power of two gets an error.
 ///
 /// Stream-ordered calls take the stream the memory is used on: an allocation is
 /// usable by work issued on `stream` after the call (and by the host at once,
 /// for host-accessible kinds); a free takes effect when `stream` reaches it, so
 /// work issued on `stream` before the free may still use the block, and the
 /// backend must not hand the memory out again before then.
+///
+/// A block is allocated for one device and freed naming that same device (a
+/// backend may keep per-device tables of its blocks); the stream of a
+/// stream-ordered call belongs to that device.
 pub trait MemoryBackend: Backend {
     /// Allocates `size` bytes of `kind` memory for `device`, aligned to
     /// `align`, synchronously.
@@ -293,10 +451,12 @@ pub trait MemoryBackend: Backend {
     /// Frees a block synchronously.
     ///
     /// # Safety
-    /// `ptr` was returned by [`allocate`](Self::allocate) or
-    /// [`allocate_async`](Self::allocate_async) of this backend with the same
-    /// `kind`, `device`, `size` and `align`, and is not freed yet; no work that
-    /// may still use it is pending on any stream, and nothing uses it afterwards.
+    /// 1. `ptr` was returned by [`allocate`](Self::allocate) or
+    ///    [`allocate_async`](Self::allocate_async) of a backend with this one's
+    ///    [`id`](Backend::id), with the same `kind`, `device`, `size` and
+    ///    `align`, and is not freed yet;
+    /// 2. no work that may still use it is pending on any stream, and nothing
+    ///    uses it afterwards.
     unsafe fn deallocate(
         &self,
         kind: MemoryKind,
@@ -307,7 +467,10 @@ pub trait MemoryBackend: Backend {
     ) -> Result<(), Self::Error>;
 
     /// Allocates a block in stream order on `stream` (of `device`).
-    fn allocate_async(
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]).
+    unsafe fn allocate_async(
         &self,
         kind: MemoryKind,
         device: DeviceId,
@@ -319,9 +482,11 @@ pub trait MemoryBackend: Backend {
     /// Frees a block in stream order on `stream` (of `device`).
     ///
     /// # Safety
-    /// As for [`deallocate`](Self::deallocate), except that work already issued
-    /// on `stream` may still use the block; work on other streams that uses it
-    /// must be ordered before this point of `stream`.
+    /// 1. as 1. of [`deallocate`](Self::deallocate);
+    /// 2. `stream` is a usable stream of `device` (see [`Backend`]);
+    /// 3. work already issued on `stream` may still use the block; work on
+    ///    other streams that uses it is ordered before this point of `stream`,
+    ///    and nothing uses it after that point.
     unsafe fn deallocate_async(
         &self,
         kind: MemoryKind,
@@ -333,12 +498,15 @@ pub trait MemoryBackend: Backend {
     ) -> Result<(), Self::Error>;
 
     /// Copies `size` bytes from `src` to `dst` in stream order on `stream` (of
-    /// `device`). Either side may be any kind; a pageable host source may be
-    /// reused as soon as the call returns.
+    /// `device`). Either side may be any kind.
     ///
     /// # Safety
-    /// `src` and `dst` are valid for `size` bytes of their kinds until the copy
-    /// has run on `stream`, and do not overlap.
+    /// 1. `stream` is a usable stream of `device` (see [`Backend`]);
+    /// 2. `src` and `dst` are valid for `size` bytes of their kinds (device
+    ///    memory of `device`, or host memory) until the copy has run on
+    ///    `stream`, do not overlap, and nothing else writes `dst` or `src`
+    ///    meanwhile. (CUDA stages a *pageable* host source before the call
+    ///    returns, but a pinned or managed source is read when the copy runs.)
     unsafe fn copy_async(
         &self,
         dst: NonNull<u8>,
@@ -353,44 +521,56 @@ macro_rules! forward_backend {
     ($($ptr:ty),*) => {$(
         impl<B: Backend + ?Sized> Backend for $ptr {
             type Error = B::Error;
+            fn id(&self) -> BackendId { (**self).id() }
             fn device_count(&self) -> Result<u32, Self::Error> { (**self).device_count() }
             fn current_device(&self) -> Result<DeviceId, Self::Error> { (**self).current_device() }
         }
+        // SAFETY (every forwarded `unsafe fn` below): the caller's guarantees
+        // are about the handles and the backend's id, which the pointee shares.
         impl<B: StreamBackend + ?Sized> StreamBackend for $ptr {
             fn create_stream(&self, d: DeviceId, o: StreamOptions) -> Result<StreamHandle, Self::Error> {
                 (**self).create_stream(d, o)
             }
-            fn destroy_stream(&self, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
-                (**self).destroy_stream(s, d)
+            unsafe fn destroy_stream(&self, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).destroy_stream(s, d) }
             }
-            fn query_stream(&self, s: StreamHandle, d: DeviceId) -> Result<Completion, Self::Error> {
-                (**self).query_stream(s, d)
+            unsafe fn query_stream(&self, s: StreamHandle, d: DeviceId) -> Result<Completion, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).query_stream(s, d) }
             }
-            fn synchronize_stream(&self, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
-                (**self).synchronize_stream(s, d)
+            unsafe fn synchronize_stream(&self, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).synchronize_stream(s, d) }
             }
-            fn stream_wait_event(&self, s: StreamHandle, d: DeviceId, e: EventHandle) -> Result<(), Self::Error> {
-                (**self).stream_wait_event(s, d, e)
+            unsafe fn stream_wait_event(&self, s: StreamHandle, d: DeviceId, e: EventHandle) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).stream_wait_event(s, d, e) }
             }
-            fn stream_device(&self, s: StreamHandle) -> Result<DeviceId, Self::Error> {
-                (**self).stream_device(s)
+            unsafe fn stream_device(&self, s: StreamHandle) -> Result<DeviceId, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).stream_device(s) }
             }
         }
         impl<B: EventBackend + ?Sized> EventBackend for $ptr {
             fn create_event(&self, d: DeviceId, f: EventFlags) -> Result<EventHandle, Self::Error> {
                 (**self).create_event(d, f)
             }
-            fn destroy_event(&self, e: EventHandle, d: DeviceId) -> Result<(), Self::Error> {
-                (**self).destroy_event(e, d)
+            unsafe fn destroy_event(&self, e: EventHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).destroy_event(e, d) }
             }
-            fn record_event(&self, e: EventHandle, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
-                (**self).record_event(e, s, d)
+            unsafe fn record_event(&self, e: EventHandle, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).record_event(e, s, d) }
             }
-            fn query_event(&self, e: EventHandle, d: DeviceId) -> Result<Completion, Self::Error> {
-                (**self).query_event(e, d)
+            unsafe fn query_event(&self, e: EventHandle, d: DeviceId) -> Result<Completion, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).query_event(e, d) }
             }
-            fn synchronize_event(&self, e: EventHandle, d: DeviceId) -> Result<(), Self::Error> {
-                (**self).synchronize_event(e, d)
+            unsafe fn synchronize_event(&self, e: EventHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).synchronize_event(e, d) }
             }
         }
     )*};
@@ -408,8 +588,9 @@ macro_rules! forward_memory {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).deallocate(k, d, p, size, align) }
             }
-            fn allocate_async(&self, k: MemoryKind, d: DeviceId, size: usize, align: usize, s: StreamHandle) -> Result<NonNull<u8>, Self::Error> {
-                (**self).allocate_async(k, d, size, align, s)
+            unsafe fn allocate_async(&self, k: MemoryKind, d: DeviceId, size: usize, align: usize, s: StreamHandle) -> Result<NonNull<u8>, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).allocate_async(k, d, size, align, s) }
             }
             unsafe fn deallocate_async(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize, s: StreamHandle) -> Result<(), Self::Error> {
                 // SAFETY: forwarded with the caller's guarantees.

@@ -100,6 +100,10 @@ pub enum Error<E> {
     /// A guard of another epoch collector was passed to a pool call
     /// (see [`StreamPool::collector`](crate::StreamPool::collector)).
     ForeignGuard,
+    /// A stream, event or order made by another backend (another mock
+    /// machine; a mock handle offered to CUDA) was offered: its
+    /// [`BackendId`](crate::BackendId) is not the receiver's.
+    ForeignHandle,
 }
 
 impl<E> Error<E> {
@@ -145,6 +149,9 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             ),
             Error::ForeignGuard => {
                 f.write_str("the epoch guard belongs to another collector than the pool's")
+            }
+            Error::ForeignHandle => {
+                f.write_str("the handle or order was made by another backend than this one")
             }
         }
     }

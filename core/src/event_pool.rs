@@ -17,7 +17,7 @@ use core::fmt;
 use core::mem::ManuallyDrop;
 use core::ops::Deref;
 
-use crate::backend::{DeviceId, DeviceSelector, EventBackend, EventFlags, EventHandle};
+use crate::backend::{BackendId, DeviceId, DeviceSelector, EventBackend, EventFlags, EventHandle};
 use crate::epoch::Pinning;
 use crate::error::{BackendOp, Error, Rejected};
 use crate::stack::{Bag, Stack};
@@ -28,32 +28,50 @@ use crate::table::{DeviceSlot, DeviceTable};
 #[cfg(all(feature = "std", not(loom)))]
 use crate::thread_cache::ThreadCache;
 
-/// An event owned by the caller, outside any pool: what [`EventLease::release`]
+/// An event owned by the caller, outside any pool: what [`EventLease::detach`]
 /// hands out and [`EventPool::put`] takes back. Not `Clone`; dropping it
-/// neither destroys nor returns the event.
+/// neither destroys nor returns the event. It knows the backend that made it:
+/// a pool or backend of another [`BackendId`] refuses it with
+/// [`Error::ForeignHandle`].
 #[must_use = "dropping an OwnedEvent leaks the event: put it back or destroy it"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct OwnedEvent {
-    /// Never null (checked by every constructor).
+    /// A live event of `owner` on `device`, never null (checked by every
+    /// constructor), owned by this value alone.
     handle: EventHandle,
     device: DeviceId,
+    owner: BackendId,
 }
 
 impl OwnedEvent {
-    /// Takes ownership of a raw event created on `device` (CUDA cannot tell an
-    /// event's device, so the caller says it). The null handle is refused.
+    /// Takes ownership of a raw event of `backend` created on `device` (CUDA
+    /// cannot tell an event's device, so the caller says it). The null handle
+    /// is refused.
     ///
     /// # Safety
     /// The caller hands the event over, as with `File::from_raw_fd`:
-    /// 1. `handle` is a live event created on `device` by the backend it will be
-    ///    used with;
+    /// 1. `handle` is a live event created on `device` by a backend with
+    ///    `backend`'s [`id`](crate::Backend::id);
     /// 2. nothing else owns it or will use it as its own from now on (a pool
     ///    that took it twice would lease one event to two users).
-    pub unsafe fn from_raw_parts(handle: EventHandle, device: DeviceId) -> Result<Self, Error<()>> {
+    pub unsafe fn from_raw_parts<B: EventBackend>(
+        backend: &B,
+        handle: EventHandle,
+        device: DeviceId,
+    ) -> Result<Self, Error<B::Error>> {
         if handle.is_null() {
             return Err(Error::NullHandle);
         }
-        Ok(OwnedEvent { handle, device })
+        Ok(OwnedEvent {
+            handle,
+            device,
+            owner: backend.id(),
+        })
+    }
+
+    /// The backend the event belongs to.
+    pub fn backend_id(&self) -> BackendId {
+        self.owner
     }
 
     /// The raw handle.
@@ -71,12 +89,22 @@ impl OwnedEvent {
         self.handle
     }
 
-    /// Destroys the event. On failure the event comes back with the error.
+    /// Destroys the event. On failure (a backend of another [`BackendId`]:
+    /// [`Error::ForeignHandle`], nothing called; a failed destroy) the event
+    /// comes back with the error.
     pub fn destroy<B: EventBackend>(
         self,
         backend: &B,
     ) -> Result<(), Rejected<OwnedEvent, B::Error>> {
-        match backend.destroy_event(self.handle, self.device) {
+        if backend.id() != self.owner {
+            return Err(Rejected {
+                value: self,
+                error: Error::ForeignHandle,
+            });
+        }
+        // SAFETY: `self` owns a live event of `device`, made by a backend of
+        // this id (checked above), and is consumed here.
+        match unsafe { backend.destroy_event(self.handle, self.device) } {
             Ok(()) => Ok(()),
             Err(e) => Err(Rejected {
                 value: self,
@@ -120,8 +148,8 @@ impl DeviceSlot for EventSlot {
 /// let mock = MockBackend::new(1);
 /// let pool = EventPool::new(mock.clone());                 // timing disabled
 /// assert_eq!(pool.flags(), EventFlags::DISABLE_TIMING);
-/// let e = pool.get(0).unwrap().get();                      // created, then returned
-/// assert_eq!(pool.get(0).unwrap().get(), e);               // reused
+/// let e = pool.get(0).unwrap().handle();                      // created, then returned
+/// assert_eq!(pool.get(0).unwrap().handle(), e);               // reused
 /// let shared = pool.get_shared(0).unwrap();
 /// let again = shared.clone();
 /// drop(shared);
@@ -130,6 +158,8 @@ impl DeviceSlot for EventSlot {
 /// ```
 pub struct EventPool<B: EventBackend> {
     backend: B,
+    /// `backend.id()`, read once at construction (it never changes).
+    id: BackendId,
     flags: EventFlags,
     pinning: Pinning,
     devices: DeviceTable<EventSlot>,
@@ -171,6 +201,7 @@ impl<B: EventBackend> EventPool<B> {
 
     fn build(backend: B, flags: EventFlags, pinning: Pinning) -> Self {
         EventPool {
+            id: backend.id(),
             backend,
             flags,
             pinning,
@@ -214,7 +245,9 @@ impl<B: EventBackend> EventPool<B> {
             if let Some((h, cell_slot)) = self.cache.memo(d.index()).and_then(|c| c.lease()) {
                 return Ok(EventLease {
                     pool: self,
-                    event: EventHandle(h),
+                    // SAFETY: cells hold only events this pool created on the
+                    // cell's device and owns.
+                    event: unsafe { EventHandle::from_raw(h) },
                     device: d,
                     in_place: Some(cell_slot),
                 });
@@ -231,7 +264,12 @@ impl<B: EventBackend> EventPool<B> {
         let (device, slot) = self.slot(device)?;
         #[cfg(not(loom))]
         if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
-            return Ok(EventLease::new(self, EventHandle(h), device));
+            // SAFETY: as in `get`.
+            return Ok(EventLease::new(
+                self,
+                unsafe { EventHandle::from_raw(h) },
+                device,
+            ));
         }
         self.pinning.pin(|g| self.get_from(device, slot, g))
     }
@@ -285,13 +323,20 @@ impl<B: EventBackend> EventPool<B> {
 
     /// Takes an event into the pool. `device` names the device it belongs to, or
     /// `None` for the event's own. On a wrong or out-of-range device the event
-    /// comes back in the error and the pool is unchanged. Makes no backend call
-    /// once the pool knows the device count.
+    /// comes back in the error and the pool is unchanged, as it does for an
+    /// event of another backend ([`Error::ForeignHandle`]). Makes no backend
+    /// call once the pool knows the device count.
     pub fn put(
         &self,
         event: OwnedEvent,
         device: Option<DeviceId>,
     ) -> Result<(), Rejected<OwnedEvent, B::Error>> {
+        if event.owner != self.id {
+            return Err(Rejected {
+                value: event,
+                error: Error::ForeignHandle,
+            });
+        }
         if let Some(given) = device {
             if given != event.device {
                 let actual = event.device;
@@ -308,7 +353,7 @@ impl<B: EventBackend> EventPool<B> {
                 #[cfg(all(feature = "std", not(loom)))]
                 if self
                     .cache
-                    .with_cell(event.device.index(), |c| c.keep(event.handle.0))
+                    .with_cell(event.device.index(), |c| c.keep(event.handle.as_raw()))
                     == Some(true)
                 {
                     return Ok(());
@@ -349,7 +394,9 @@ impl<B: EventBackend> EventPool<B> {
                 .into_iter()
                 .chain(core::iter::from_fn(|| quarantined.pop_first()));
             for e in doomed {
-                match self.backend.destroy_event(e, device) {
+                // SAFETY: events of the lists: created by this pool's backend
+                // on `device`, owned by the pool alone, just taken out.
+                match unsafe { self.backend.destroy_event(e, device) } {
                     Ok(()) => {
                         destroyed += 1;
                         Counters::bump(&slot.counters.destroyed);
@@ -384,7 +431,8 @@ impl<B: EventBackend> EventPool<B> {
         #[cfg(all(feature = "std", not(loom)))]
         for (d, h) in self.cache.drain() {
             if let Some(slot) = self.devices.slot_of(DeviceId(d as u32)) {
-                slot.ready.push(EventHandle(h));
+                // SAFETY: cells hold only events of this pool, of device `d`.
+                slot.ready.push(unsafe { EventHandle::from_raw(h) });
             }
         }
     }
@@ -461,7 +509,10 @@ impl<B: EventBackend> Drop for EventPool<B> {
                     .chain(core::iter::from_fn(|| quarantined.pop_first()));
                 for e in doomed {
                     // No owner is left to park an error with: `lost_errors`.
-                    if let Err(source) = self.backend.destroy_event(e, DeviceId(i as u32)) {
+                    // SAFETY: events of the lists: this backend's, of device
+                    // `i`, owned by the pool alone (no lease is out).
+                    let destroyed = unsafe { self.backend.destroy_event(e, DeviceId(i as u32)) };
+                    if let Err(source) = destroyed {
                         crate::lost::report(&Error::<B::Error>::Backend {
                             op: BackendOp::DestroyEvent,
                             source,
@@ -517,9 +568,10 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
         false
     }
 
-    /// The raw event handle.
+    /// The raw event handle, for the backend's own calls (valid while the
+    /// lease lives).
     #[inline]
-    pub fn get(&self) -> EventHandle {
+    pub fn handle(&self) -> EventHandle {
         self.event
     }
 
@@ -536,7 +588,7 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     }
 
     /// Ends the lease without returning the event: the caller owns it now.
-    pub fn release(self) -> OwnedEvent {
+    pub fn detach(self) -> OwnedEvent {
         let this = ManuallyDrop::new(self);
         if !this.vacate() {
             if let Some(slot) = this.pool.leased_slot(this.device) {
@@ -546,6 +598,7 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
         OwnedEvent {
             handle: this.event,
             device: this.device,
+            owner: this.pool.id,
         }
     }
 
@@ -553,7 +606,7 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     /// If the destroy fails, the pool quarantines the event (keeps it for the
     /// next purge, never leases it again), so it is not lost, and the error is
     /// returned.
-    pub fn discard(self) -> Result<(), Error<B::Error>> {
+    pub fn destroy(self) -> Result<(), Error<B::Error>> {
         let this = ManuallyDrop::new(self);
         let slot = this.pool.leased_slot(this.device);
         if !this.vacate() {
@@ -561,7 +614,9 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
                 Counters::bump(&slot.counters.returned);
             }
         }
-        match this.pool.backend.destroy_event(this.event, this.device) {
+        // SAFETY: the lease held this event of the pool's backend on its
+        // device alone; it ends here without going back to any list.
+        match unsafe { this.pool.backend.destroy_event(this.event, this.device) } {
             Ok(()) => {
                 if let Some(slot) = slot {
                     Counters::bump(&slot.counters.destroyed);
@@ -595,7 +650,7 @@ impl<B: EventBackend> Drop for EventLease<'_, B> {
         // Leased in place: back into its slot, whichever thread this is.
         #[cfg(all(feature = "std", not(loom)))]
         if let Some(s) = self.in_place {
-            crate::thread_cache::unlease(s, self.event.0);
+            crate::thread_cache::unlease(s, self.event.as_raw());
             return;
         }
         self.give_back();
@@ -611,7 +666,7 @@ impl<B: EventBackend> EventLease<'_, B> {
         if self
             .pool
             .cache
-            .with_cell(self.device.index(), |c| c.give(self.event.0))
+            .with_cell(self.device.index(), |c| c.give(self.event.as_raw()))
             == Some(true)
         {
             return;

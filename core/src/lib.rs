@@ -41,7 +41,7 @@
 //!
 //! let producer = streams.get(0)?;
 //! let consumer = streams.get(0)?;
-//! gpu.enqueue_work(producer.get()).unwrap();
+//! gpu.enqueue_work(producer.handle()).unwrap();
 //! // The consumer's later work waits for the producer's work so far.
 //! consumer.order().wait(&producer.order(), &events)?;
 //! drop((producer, consumer));
@@ -75,8 +75,8 @@ mod table;
 mod thread_cache;
 
 pub use backend::{
-    Backend, Completion, DeviceId, DeviceSelector, EventBackend, EventFlags, EventHandle,
-    MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
+    Backend, BackendId, Completion, DeviceId, DeviceSelector, EventBackend, EventFlags,
+    EventHandle, MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
 };
 pub use error::{BackendOp, Error, Rejected};
 pub use event_pool::{EventLease, EventPool, OwnedEvent, SharedEvent};
@@ -102,6 +102,7 @@ use static_assertions::assert_impl_all;
 
 assert_impl_all!(StreamHandle: Copy, Send, Sync);
 assert_impl_all!(EventHandle: Copy, Send, Sync);
-assert_impl_all!(AccessOrder: Copy, Send, Sync);
+assert_impl_all!(AccessOrder<'static>: Copy, Send, Sync);
+assert_impl_all!(BackendId: Copy, Send, Sync);
 assert_impl_all!(OwnedStream: Send, Sync);
 assert_impl_all!(OwnedEvent: Send, Sync);

@@ -334,45 +334,55 @@ impl MonotonicResource {
 /// An upstream that allocates in one access order and releases in another:
 /// host order calls the backend's synchronous functions, a stream order its
 /// stream-ordered ones on that stream.
+///
+/// Invariant (set up by the scratchpad, which checks it at construction): a
+/// stream of `alloc` or `release` is a usable stream of `device` for
+/// `backend` for all of `'b` (the orders borrow their streams for `'b`, and
+/// their owner is `backend`'s id), so every block is allocated and freed
+/// under the one device it belongs to.
 pub(crate) struct FixedOrder<'b, B> {
     pub(crate) backend: &'b B,
     pub(crate) kind: MemoryKind,
     pub(crate) device: DeviceId,
-    pub(crate) alloc: AccessOrder,
-    pub(crate) release: AccessOrder,
+    pub(crate) alloc: AccessOrder<'b>,
+    pub(crate) release: AccessOrder<'b>,
 }
 
 impl<B: MemoryBackend> Upstream for FixedOrder<'_, B> {
     type Error = B::Error;
 
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, Error<B::Error>> {
-        match self.alloc {
-            AccessOrder::Host => self
+        match self.alloc.stream_handle() {
+            None => self
                 .backend
                 .allocate(self.kind, self.device, size, align)
                 .map_err(Error::backend(BackendOp::Allocate)),
-            AccessOrder::Stream { stream, device } => self
-                .backend
-                .allocate_async(self.kind, device, size, align, stream)
-                .map_err(Error::backend(BackendOp::AllocateAsync)),
+            // SAFETY: the struct's invariant: a usable stream of `device`.
+            Some(stream) => unsafe {
+                self.backend
+                    .allocate_async(self.kind, self.device, size, align, stream)
+            }
+            .map_err(Error::backend(BackendOp::AllocateAsync)),
         }
     }
 
     unsafe fn release(&self, block: Block) -> Result<(), Error<B::Error>> {
-        match self.release {
+        match self.release.stream_handle() {
             // SAFETY: the caller's contract: the block came from `allocate` with
             // this size and alignment, and nothing uses it any more in host order.
-            AccessOrder::Host => unsafe {
+            None => unsafe {
                 self.backend
                     .deallocate(self.kind, self.device, block.ptr, block.size, block.align)
                     .map_err(Error::backend(BackendOp::Deallocate))
             },
-            // SAFETY: as above, in the order of `stream`.
-            AccessOrder::Stream { stream, device } => unsafe {
+            // SAFETY: as above, in the order of `stream`, a usable stream of
+            // `device` (the struct's invariant), the device the block was
+            // allocated for.
+            Some(stream) => unsafe {
                 self.backend
                     .deallocate_async(
                         self.kind,
-                        device,
+                        self.device,
                         block.ptr,
                         block.size,
                         block.align,

@@ -2,7 +2,9 @@
 //! piece of memory or work is accessed — and how to make one order wait for
 //! another.
 
-use crate::backend::{DeviceId, EventBackend, EventHandle, StreamBackend, StreamHandle};
+use core::marker::PhantomData;
+
+use crate::backend::{Backend, BackendId, DeviceId, EventBackend, StreamBackend, StreamHandle};
 use crate::error::{BackendOp, Error};
 use crate::event_pool::{EventLease, EventPool};
 use crate::sync::epoch::Guard;
@@ -12,68 +14,183 @@ use crate::sync::epoch::Guard;
 ///
 /// DALI's null order is `Option<AccessOrder>::None` here.
 ///
-/// An order holds a raw handle and does not keep its stream alive: an order
-/// taken from a lease ([`StreamLease::order`](crate::StreamLease::order)) must
-/// not be used after the lease ended, or the backend gets a handle that may
-/// have been destroyed.
+/// An order borrows its stream for `'s`, so it cannot outlive it: one taken
+/// from a lease ([`StreamLease::order`](crate::StreamLease::order)) or an owned
+/// stream ([`OwnedStream::order`](crate::OwnedStream::order)) ends before the
+/// lease or the stream does. Host order and CUDA's special streams
+/// ([`null_stream`](Self::null_stream), [`legacy_stream`](Self::legacy_stream),
+/// [`per_thread_stream`](Self::per_thread_stream)) live forever; an order of any
+/// other raw handle comes only from [`from_raw`](Self::from_raw), which is
+/// `unsafe`. A stream order also remembers the backend its stream came from
+/// ([`BackendId`]): waiting with another backend's event pool, or building a
+/// scratchpad of another backend on it, is refused with
+/// [`Error::ForeignHandle`].
 ///
 /// ```
-/// use gpupool_core::{AccessOrder, DeviceId, StreamHandle};
-/// let s = AccessOrder::stream(StreamHandle(0x1000), DeviceId(0));
+/// use gpupool_core::{AccessOrder, DeviceId, StreamPool};
+/// use gpupool_mock::MockBackend;
+///
+/// let gpu = MockBackend::new(2);
+/// let streams = StreamPool::new(gpu.clone());
+/// let lease = streams.get(0).unwrap();
+/// let s = lease.order();
 /// assert!(s.is_device() && !s.is_host());
-/// assert_eq!(s.stream_handle(), Some(StreamHandle(0x1000)));
+/// assert_eq!(s.stream_handle(), Some(lease.handle()));
 /// assert_eq!(AccessOrder::host().stream_handle(), None);
 /// // Equality compares the stream *and* the device.
-/// assert_ne!(s, AccessOrder::stream(StreamHandle(0x1000), DeviceId(1)));
+/// assert_ne!(AccessOrder::null_stream(DeviceId(0)), AccessOrder::null_stream(DeviceId(1)));
 /// ```
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum AccessOrder {
-    /// Host order: accesses happen in program order on the calling thread.
+pub struct AccessOrder<'s> {
+    order: Order,
+    /// The stream (its lease or owner) this order borrows.
+    _stream: PhantomData<&'s ()>,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+enum Order {
     Host,
-    /// Stream order on a device. Any handle is allowed, including CUDA's special
-    /// streams 0, 1 and 2, which belong to `device`'s context when used.
     Stream {
-        /// The stream.
         stream: StreamHandle,
-        /// The device whose stream it is.
         device: DeviceId,
+        /// The backend the stream came from; `None` for CUDA's special
+        /// streams, which every backend accepts.
+        owner: Option<BackendId>,
     },
 }
 
-impl AccessOrder {
+impl AccessOrder<'static> {
     /// Host order.
     pub const fn host() -> Self {
-        AccessOrder::Host
+        AccessOrder {
+            order: Order::Host,
+            _stream: PhantomData,
+        }
     }
 
-    /// Stream order on `stream` of `device`.
-    pub const fn stream(stream: StreamHandle, device: DeviceId) -> Self {
-        AccessOrder::Stream { stream, device }
+    /// The null (default) stream of `device`'s context (CUDA's stream 0).
+    pub const fn null_stream(device: DeviceId) -> Self {
+        Self::special(StreamHandle::NULL, device)
+    }
+
+    /// The legacy default stream of `device` (`CU_STREAM_LEGACY`).
+    pub const fn legacy_stream(device: DeviceId) -> Self {
+        Self::special(StreamHandle::LEGACY, device)
+    }
+
+    /// The calling thread's per-thread default stream of `device`
+    /// (`CU_STREAM_PER_THREAD`).
+    pub const fn per_thread_stream(device: DeviceId) -> Self {
+        Self::special(StreamHandle::PER_THREAD, device)
+    }
+
+    const fn special(stream: StreamHandle, device: DeviceId) -> Self {
+        AccessOrder {
+            order: Order::Stream {
+                stream,
+                device,
+                owner: None,
+            },
+            _stream: PhantomData,
+        }
+    }
+}
+
+impl<'s> AccessOrder<'s> {
+    /// Stream order on a raw `stream` of `device`, made by `backend`.
+    ///
+    /// # Safety
+    /// For all of `'s`: `stream` is a usable stream of `device` for `backend`
+    /// (see [`Backend`]'s handle contracts): created by a backend with
+    /// `backend`'s [`id`](Backend::id), on `device`, and not destroyed. A
+    /// special handle (0, 1, 2) is always fine.
+    pub unsafe fn from_raw<B: Backend + ?Sized>(
+        backend: &B,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Self {
+        let owner = if stream.is_special() {
+            None
+        } else {
+            Some(backend.id())
+        };
+        AccessOrder {
+            order: Order::Stream {
+                stream,
+                device,
+                owner,
+            },
+            _stream: PhantomData,
+        }
+    }
+
+    /// The order of a stream the caller holds for `'s` (a lease, an owned
+    /// stream) and knows to be `owner`'s, on `device`.
+    pub(crate) const fn of_held(stream: StreamHandle, device: DeviceId, owner: BackendId) -> Self {
+        AccessOrder {
+            order: Order::Stream {
+                stream,
+                device,
+                owner: Some(owner),
+            },
+            _stream: PhantomData,
+        }
     }
 
     /// Whether this is host order.
     pub const fn is_host(&self) -> bool {
-        matches!(self, AccessOrder::Host)
+        matches!(self.order, Order::Host)
     }
 
     /// Whether this is a stream order.
     pub const fn is_device(&self) -> bool {
-        matches!(self, AccessOrder::Stream { .. })
+        matches!(self.order, Order::Stream { .. })
     }
 
     /// The stream, for a stream order.
     pub const fn stream_handle(&self) -> Option<StreamHandle> {
-        match self {
-            AccessOrder::Stream { stream, .. } => Some(*stream),
-            AccessOrder::Host => None,
+        match self.order {
+            Order::Stream { stream, .. } => Some(stream),
+            Order::Host => None,
         }
     }
 
     /// The device, for a stream order.
     pub const fn device(&self) -> Option<DeviceId> {
-        match self {
-            AccessOrder::Stream { device, .. } => Some(*device),
-            AccessOrder::Host => None,
+        match self.order {
+            Order::Stream { device, .. } => Some(device),
+            Order::Host => None,
+        }
+    }
+
+    /// The stream and its device, for a stream order.
+    pub(crate) const fn stream_and_device(&self) -> Option<(StreamHandle, DeviceId)> {
+        match self.order {
+            Order::Stream { stream, device, .. } => Some((stream, device)),
+            Order::Host => None,
+        }
+    }
+
+    /// Whether `backend` may be handed this order's stream: host order and
+    /// special streams always, others only by their own backend.
+    #[inline]
+    pub(crate) fn usable_with(&self, backend: BackendId) -> bool {
+        match self.order {
+            Order::Host | Order::Stream { owner: None, .. } => true,
+            Order::Stream {
+                owner: Some(owner), ..
+            } => owner == backend,
+        }
+    }
+
+    /// `Ok` if `backend` may be handed this order's stream (see
+    /// [`usable_with`](Self::usable_with)), else [`Error::ForeignHandle`].
+    #[inline]
+    pub(crate) fn check_owner<E>(&self, backend: BackendId) -> Result<(), Error<E>> {
+        if self.usable_with(backend) {
+            Ok(())
+        } else {
+            Err(Error::ForeignHandle)
         }
     }
 
@@ -87,8 +204,15 @@ impl AccessOrder {
     ///   back to the pool (a failed call destroys it instead).
     ///
     /// Transitive: if `b.wait(a)` then `c.wait(b)`, `c` is ordered after `a`.
+    ///
+    /// Errors: [`Error::ForeignHandle`] when either order's stream is not of
+    /// `events`' backend (nothing is called); a backend failure.
     #[cfg(feature = "std")]
-    pub fn wait<B>(&self, other: &AccessOrder, events: &EventPool<B>) -> Result<(), Error<B::Error>>
+    pub fn wait<B>(
+        &self,
+        other: &AccessOrder<'_>,
+        events: &EventPool<B>,
+    ) -> Result<(), Error<B::Error>>
     where
         B: StreamBackend + EventBackend,
     {
@@ -98,7 +222,7 @@ impl AccessOrder {
     /// [`wait`](Self::wait) with a guard pinned in the event pool's collector.
     pub fn wait_in<B>(
         &self,
-        other: &AccessOrder,
+        other: &AccessOrder<'_>,
         events: &EventPool<B>,
         guard: &Guard,
     ) -> Result<(), Error<B::Error>>
@@ -111,30 +235,42 @@ impl AccessOrder {
     /// `wait`, with `lease` to lease the event (of the awaited device).
     fn wait_using<'p, B>(
         &self,
-        other: &AccessOrder,
+        other: &AccessOrder<'_>,
         events: &'p EventPool<B>,
         lease: impl FnOnce(DeviceId) -> Result<EventLease<'p, B>, Error<B::Error>>,
     ) -> Result<(), Error<B::Error>>
     where
         B: StreamBackend + EventBackend,
     {
-        let (this_stream, this_device, other_stream, other_device) = match (self, other) {
-            (
-                AccessOrder::Stream {
-                    stream: ts,
-                    device: td,
-                },
-                AccessOrder::Stream {
-                    stream: os,
-                    device: od,
-                },
-            ) if self != other => (*ts, *td, *os, *od),
-            _ => return self.wait_without_event(other, events),
-        };
         let backend = events.backend();
+        let id = backend.id();
+        self.check_owner(id)?;
+        other.check_owner(id)?;
+        if self.order == other.order {
+            return Ok(());
+        }
+        let (other_stream, other_device) = match other.stream_and_device() {
+            None => return Ok(()), // other is host order: nothing to wait for
+            Some(s) => s,
+        };
+        let (this_stream, this_device) = match self.stream_and_device() {
+            Some(s) => s,
+            None => {
+                // SAFETY: `other`'s stream is usable for `backend`: the order
+                // borrows the lease or owned stream it came from (or is a
+                // special stream, or came from `from_raw`, whose caller
+                // vouched for it), and its owner is `backend`'s id (checked).
+                return unsafe { backend.synchronize_stream(other_stream, other_device) }
+                    .map_err(Error::backend(BackendOp::SynchronizeStream));
+            }
+        };
         let event = lease(other_device)?;
-        if let Err(source) = backend.record_event(event.get(), other_stream, other_device) {
-            if let Err(e) = event.discard() {
+        // SAFETY: the event is leased from `events` (created by `backend` on
+        // `other_device`, live while the lease is); both streams are usable
+        // for `backend` (see above: borrowed by their orders, owners checked).
+        let recorded = unsafe { backend.record_event(event.handle(), other_stream, other_device) };
+        if let Err(source) = recorded {
+            if let Err(e) = event.destroy() {
                 events.park(e);
             }
             return Err(Error::Backend {
@@ -142,8 +278,10 @@ impl AccessOrder {
                 source,
             });
         }
-        if let Err(source) = backend.stream_wait_event(this_stream, this_device, event.get()) {
-            if let Err(e) = event.discard() {
+        // SAFETY: as above.
+        let waited = unsafe { backend.stream_wait_event(this_stream, this_device, event.handle()) };
+        if let Err(source) = waited {
+            if let Err(e) = event.destroy() {
                 events.park(e);
             }
             return Err(Error::Backend {
@@ -154,48 +292,28 @@ impl AccessOrder {
         Ok(())
     }
 
-    /// The cases of `wait` that need no pooled event.
-    fn wait_without_event<B>(
-        &self,
-        other: &AccessOrder,
-        events: &EventPool<B>,
-    ) -> Result<(), Error<B::Error>>
+    /// Makes `self` wait for the work `event` has captured: a stream waits on
+    /// it in stream order, the host synchronizes it.
+    ///
+    /// Errors: [`Error::ForeignHandle`] when `self`'s stream is not of the
+    /// event's backend; a backend failure.
+    pub fn wait_event<B>(&self, event: &EventLease<'_, B>) -> Result<(), Error<B::Error>>
     where
         B: StreamBackend + EventBackend,
     {
-        match (self, other) {
-            _ if self == other => Ok(()),
-            (_, AccessOrder::Host) => Ok(()),
-            (AccessOrder::Host, AccessOrder::Stream { stream, device }) => events
-                .backend()
-                .synchronize_stream(*stream, *device)
-                .map_err(Error::backend(BackendOp::SynchronizeStream)),
-            // Two distinct streams: handled by `wait_in`.
-            (AccessOrder::Stream { .. }, AccessOrder::Stream { .. }) => Ok(()),
-        }
-    }
-
-    /// Makes `self` wait for `event` (of `device`): a stream waits on it in
-    /// stream order, the host synchronizes it.
-    pub fn wait_event<B>(
-        &self,
-        event: EventHandle,
-        device: DeviceId,
-        backend: &B,
-    ) -> Result<(), Error<B::Error>>
-    where
-        B: StreamBackend + EventBackend,
-    {
-        if event.is_null() {
-            return Err(Error::NullHandle);
-        }
-        match self {
-            AccessOrder::Host => backend
-                .synchronize_event(event, device)
+        let backend = event.pool().backend();
+        self.check_owner(backend.id())?;
+        match self.stream_and_device() {
+            // SAFETY: the event is leased (live, created by `backend` on
+            // `event.device()`).
+            None => unsafe { backend.synchronize_event(event.handle(), event.device()) }
                 .map_err(Error::backend(BackendOp::SynchronizeEvent)),
-            AccessOrder::Stream { stream, device: d } => backend
-                .stream_wait_event(*stream, *d, event)
-                .map_err(Error::backend(BackendOp::StreamWaitEvent)),
+            // SAFETY: the event as above; the stream is usable for `backend`
+            // (borrowed by this order, owner checked).
+            Some((stream, device)) => {
+                unsafe { backend.stream_wait_event(stream, device, event.handle()) }
+                    .map_err(Error::backend(BackendOp::StreamWaitEvent))
+            }
         }
     }
 }

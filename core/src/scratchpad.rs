@@ -88,18 +88,22 @@ use self::sizes::fitted;
 pub trait ScratchBackend: MemoryBackend + StreamBackend + EventBackend {}
 impl<B: MemoryBackend + StreamBackend + EventBackend + ?Sized> ScratchBackend for B {}
 
-/// How a [`Scratchpad`] is set up besides its device order.
+/// How a [`Scratchpad`] is set up besides its device order. The orders it
+/// names borrow their streams for `'s`, like the device order.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
-pub struct ScratchpadConfig {
+pub struct ScratchpadConfig<'s> {
     /// The order pinned blocks are released in; `None`: the device order.
-    pub pinned_release: Option<AccessOrder>,
+    pub pinned_release: Option<AccessOrder<'s>>,
     /// The order managed blocks are released in; `None`: the device order.
-    pub managed_release: Option<AccessOrder>,
+    pub managed_release: Option<AccessOrder<'s>>,
     /// The first block size per kind, indexed by [`MemoryKind::index`]; 0 means
     /// 64 KiB.
     pub initial_sizes: [usize; 4],
-    /// The device memory is allocated for; `None`: the device order's device,
-    /// or for host order the current device (resolved on first use).
+    /// The device memory is allocated for; `None`: the device of the first
+    /// stream order among the device order and the release orders, or, when
+    /// all are host order, the current device (resolved on first use). Every
+    /// stream order must be on this device: each block is allocated and freed
+    /// under one device.
     pub device: Option<DeviceId>,
 }
 
@@ -193,7 +197,7 @@ impl<E: fmt::Display> FirstError<E> {
 /// let gpu = MockBackend::new(1);
 /// let streams = StreamPool::new(gpu.clone());
 /// let stream = streams.get(0).unwrap();
-/// let mut scratch = Scratchpad::new(&gpu, stream.order());
+/// let mut scratch = Scratchpad::new(&gpu, stream.order()).unwrap();
 /// for _round in 0..3 {
 ///     let staging = scratch.pinned::<f32>(1024).unwrap(); // &mut [MaybeUninit<f32>]
 ///     staging.iter_mut().for_each(|x| { x.write(1.0); });
@@ -203,10 +207,16 @@ impl<E: fmt::Display> FirstError<E> {
 ///     scratch.reset().unwrap();         // stream-ordered: blocks kept for the next round
 /// }
 /// ```
+///
+/// The scratchpad borrows its backend and the streams of its orders for
+/// `'b`: it cannot outlive a lease whose order it was built on.
 pub struct Scratchpad<'b, B: ScratchBackend> {
     backend: &'b B,
-    device_order: AccessOrder,
-    config: ScratchpadConfig,
+    /// Like every order in `config`: of `backend` (or host order, or a
+    /// special stream), and, for a stream, on `device` once that is known
+    /// (checked at construction).
+    device_order: AccessOrder<'b>,
+    config: ScratchpadConfig<'b>,
     /// Per kind, indexed by [`MemoryKind::index`].
     kinds: [KindState; 4],
     /// Bit `i` set: kind `i` holds at least one block. What `reset` visits.
@@ -241,16 +251,41 @@ impl<B: ScratchBackend> fmt::Debug for Scratchpad<'_, B> {
 impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// A scratchpad whose device memory follows `device_order` (and pinned and
     /// managed memory is released in it). Allocates nothing yet.
-    pub fn new(backend: &'b B, device_order: AccessOrder) -> Self {
+    ///
+    /// Errors: [`Error::ForeignHandle`] when `device_order` is a stream of
+    /// another backend.
+    pub fn new(backend: &'b B, device_order: AccessOrder<'b>) -> Result<Self, Error<B::Error>> {
         Self::with_config(backend, device_order, ScratchpadConfig::default())
     }
 
     /// A scratchpad with explicit release orders, first block sizes or device.
+    ///
+    /// Errors, with nothing allocated: [`Error::ForeignHandle`] when an order
+    /// is a stream of another backend; [`Error::WrongDevice`] when a stream
+    /// order is not on the scratchpad's device (see
+    /// [`ScratchpadConfig::device`]).
     pub fn with_config(
         backend: &'b B,
-        device_order: AccessOrder,
-        config: ScratchpadConfig,
-    ) -> Self {
+        device_order: AccessOrder<'b>,
+        config: ScratchpadConfig<'b>,
+    ) -> Result<Self, Error<B::Error>> {
+        let orders = [
+            Some(device_order),
+            config.pinned_release,
+            config.managed_release,
+        ];
+        let id = backend.id();
+        let mut device = config.device;
+        for order in orders.iter().flatten() {
+            order.check_owner(id)?;
+            match (device, order.device()) {
+                (Some(given), Some(actual)) if given != actual => {
+                    return Err(Error::WrongDevice { given, actual });
+                }
+                (None, Some(d)) => device = Some(d),
+                _ => {}
+            }
+        }
         let mut scratch = Scratchpad {
             backend,
             device_order,
@@ -263,7 +298,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 KindState::new(config.initial_sizes[3]),
             ],
             held: Cell::new(0),
-            device: Cell::new(config.device.or(device_order.device())),
+            device: Cell::new(device),
             upstream_allocations: Cell::new(0),
             upstream_releases: Cell::new(0),
             sizes: None,
@@ -273,7 +308,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 scratch.fenced |= 1 << kind.index();
             }
         }
-        scratch
+        Ok(scratch)
     }
 
     /// Starts each kind with one block the size `sizes` learned for it (when
@@ -292,14 +327,14 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     }
 
     /// The order device memory is allocated and released in.
-    pub fn device_order(&self) -> AccessOrder {
+    pub fn device_order(&self) -> AccessOrder<'b> {
         self.device_order
     }
 
     /// The order blocks of `kind` are released in.
-    pub fn release_order(&self, kind: MemoryKind) -> AccessOrder {
+    pub fn release_order(&self, kind: MemoryKind) -> AccessOrder<'b> {
         match kind {
-            MemoryKind::Host => AccessOrder::Host,
+            MemoryKind::Host => AccessOrder::host(),
             MemoryKind::Pinned => self.config.pinned_release.unwrap_or(self.device_order),
             MemoryKind::Device => self.device_order,
             MemoryKind::Managed => self.config.managed_release.unwrap_or(self.device_order),
@@ -307,10 +342,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     }
 
     /// The order blocks of `kind` are allocated in.
-    fn alloc_order(&self, kind: MemoryKind) -> AccessOrder {
+    fn alloc_order(&self, kind: MemoryKind) -> AccessOrder<'b> {
         match kind {
             MemoryKind::Device => self.device_order,
-            _ => AccessOrder::Host,
+            _ => AccessOrder::host(),
         }
     }
 
@@ -327,6 +362,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         Ok(d)
     }
 
+    /// The upstream of `kind`. `device` is the scratchpad's device: every
+    /// stream order is on it (checked at construction), which is the
+    /// invariant `FixedOrder` needs.
     fn upstream(&self, kind: MemoryKind, device: DeviceId) -> FixedOrder<'b, B> {
         FixedOrder {
             backend: self.backend,
@@ -491,7 +529,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 }
             }
             if let Some(f) = st.fence.take() {
-                if let Err(source) = self.backend.destroy_event(f.event, f.device) {
+                // SAFETY: the fence's event is the scratchpad's own, taken out
+                // of its cell here and never used again.
+                if let Err(source) = unsafe { self.backend.destroy_event(f.event, f.device) } {
                     sink(Error::Backend {
                         op: BackendOp::DestroyEvent,
                         source,

@@ -30,7 +30,7 @@ use core::fmt;
 use core::mem::ManuallyDrop;
 
 use crate::backend::{
-    Completion, DeviceId, DeviceSelector, StreamBackend, StreamHandle, StreamOptions,
+    BackendId, Completion, DeviceId, DeviceSelector, StreamBackend, StreamHandle, StreamOptions,
 };
 use crate::epoch::Pinning;
 use crate::error::{BackendOp, Error, Rejected};
@@ -59,10 +59,12 @@ pub struct StreamPoolConfig {
     /// thread's next `get` on the device takes it back: no driver call and no
     /// shared line on either side. The price, which is why it must be chosen:
     /// the stream may still be running that same thread's earlier work, so new
-    /// work queues behind it. Never another thread's work: a kept stream goes
-    /// to no other thread (purge and drop destroy it, and a thread that exits
-    /// leaves its streams to the next thread that registers, which inherits
-    /// them as "returned, state unknown" only through `purge`).
+    /// work queues behind it.
+    /// Never another thread's work: a kept stream goes to no other thread
+    /// (purge and drop destroy it, and a thread that exits leaves its streams
+    /// to the busy list, where a query must find them idle before anyone
+    /// leases them again); a lease that ends on another thread than the one
+    /// that took it is queried like any default return.
     pub same_thread_reuse: bool,
 }
 
@@ -78,41 +80,51 @@ impl Default for StreamPoolConfig {
 }
 
 /// A stream owned by the caller, outside any pool: what
-/// [`StreamLease::release`] hands out and [`StreamPool::put`] takes back.
+/// [`StreamLease::detach`] hands out and [`StreamPool::put`] takes back.
 ///
 /// It is not `Clone`, so one stream cannot be put into a pool twice through it.
-/// Dropping it neither destroys the stream nor returns it: pass it to
-/// [`StreamPool::put`] or [`OwnedStream::destroy`].
+/// It knows the backend that made it ([`BackendId`]): a pool or backend of
+/// another id refuses it with [`Error::ForeignHandle`]. Dropping it neither
+/// destroys the stream nor returns it: pass it to [`StreamPool::put`] or
+/// [`OwnedStream::destroy`].
 #[must_use = "dropping an OwnedStream leaks the stream: put it back or destroy it"]
 #[derive(Debug, PartialEq, Eq)]
 pub struct OwnedStream {
-    /// Never null (checked by every constructor).
+    /// A live stream of `owner` on `device`, never special (checked by every
+    /// constructor), owned by this value alone.
     handle: StreamHandle,
     device: DeviceId,
+    owner: BackendId,
 }
 
 impl OwnedStream {
-    /// Takes ownership of a raw stream that belongs to `device`. The null
-    /// handle and CUDA's other special streams are refused.
+    /// Takes ownership of a raw stream of `backend` that belongs to `device`.
+    /// The null handle and CUDA's other special streams are refused.
     ///
     /// # Safety
     /// The caller hands the stream over, as with `File::from_raw_fd`:
-    /// 1. `handle` is a live stream of `device`, created by the backend it will
-    ///    be used with;
+    /// 1. `handle` is a live stream of `device`, created by a backend with
+    ///    `backend`'s [`id`](crate::Backend::id);
     /// 2. nothing else owns it or will use it as its own from now on (a pool
     ///    that took it twice would lease one stream to two users, and stream
     ///    order is what keeps scratch memory from being reused while a kernel
     ///    still reads it).
-    pub unsafe fn from_raw_parts(
+    pub unsafe fn from_raw_parts<B: StreamBackend>(
+        backend: &B,
         handle: StreamHandle,
         device: DeviceId,
-    ) -> Result<Self, Error<()>> {
+    ) -> Result<Self, Error<B::Error>> {
         check_poolable(handle)?;
-        Ok(OwnedStream { handle, device })
+        Ok(OwnedStream {
+            handle,
+            device,
+            owner: backend.id(),
+        })
     }
 
-    /// Takes ownership of a raw stream, asking the backend which device it
-    /// belongs to. The null handle and CUDA's other special streams are refused.
+    /// Takes ownership of a raw stream of `backend`, asking the backend which
+    /// device it belongs to. The null handle and CUDA's other special streams
+    /// are refused.
     ///
     /// # Safety
     /// As for [`from_raw_parts`](Self::from_raw_parts), except that the backend
@@ -122,16 +134,15 @@ impl OwnedStream {
         backend: &B,
         handle: StreamHandle,
     ) -> Result<Self, Error<B::Error>> {
-        if handle.is_null() {
-            return Err(Error::NullHandle);
-        }
-        if handle.is_special() {
-            return Err(Error::SpecialHandle);
-        }
-        let device = backend
-            .stream_device(handle)
+        check_poolable(handle)?;
+        // SAFETY: the caller's guarantee 1: a live stream of this backend.
+        let device = unsafe { backend.stream_device(handle) }
             .map_err(Error::backend(BackendOp::StreamDevice))?;
-        Ok(OwnedStream { handle, device })
+        Ok(OwnedStream {
+            handle,
+            device,
+            owner: backend.id(),
+        })
     }
 
     /// The raw handle.
@@ -144,17 +155,38 @@ impl OwnedStream {
         self.device
     }
 
+    /// The backend the stream belongs to.
+    pub fn backend_id(&self) -> BackendId {
+        self.owner
+    }
+
+    /// The stream as an access order, borrowing it (so the stream cannot be
+    /// put back or destroyed while the order is in use).
+    pub fn order(&self) -> AccessOrder<'_> {
+        AccessOrder::of_held(self.handle, self.device, self.owner)
+    }
+
     /// Gives up ownership and returns the raw handle; the caller destroys it.
     pub fn into_raw(self) -> StreamHandle {
         self.handle
     }
 
-    /// Destroys the stream. On failure the stream comes back with the error.
+    /// Destroys the stream. On failure (a backend of another
+    /// [`BackendId`]: [`Error::ForeignHandle`], nothing called; a failed
+    /// destroy) the stream comes back with the error.
     pub fn destroy<B: StreamBackend>(
         self,
         backend: &B,
     ) -> Result<(), Rejected<OwnedStream, B::Error>> {
-        match backend.destroy_stream(self.handle, self.device) {
+        if backend.id() != self.owner {
+            return Err(Rejected {
+                value: self,
+                error: Error::ForeignHandle,
+            });
+        }
+        // SAFETY: `self` owns a live, non-special stream of `device`, made by a
+        // backend of this id (checked above), and is consumed here.
+        match unsafe { backend.destroy_stream(self.handle, self.device) } {
             Ok(()) => Ok(()),
             Err(e) => Err(Rejected {
                 value: self,
@@ -168,7 +200,7 @@ impl OwnedStream {
 }
 
 /// Refuses the handles no pool may hold.
-fn check_poolable(handle: StreamHandle) -> Result<(), Error<()>> {
+fn check_poolable<E>(handle: StreamHandle) -> Result<(), Error<E>> {
     if handle.is_null() {
         Err(Error::NullHandle)
     } else if handle.is_special() {
@@ -214,14 +246,16 @@ impl DeviceSlot for StreamSlot {
 /// let mock = MockBackend::new(2);
 /// let pool = StreamPool::new(mock.clone()); // no backend call yet
 /// let a = pool.get(1).unwrap();              // a new stream on device 1
-/// let s = a.get();
+/// let s = a.handle();
 /// drop(a);                                   // idle: back to device 1's ready list
 /// let b = pool.get(1).unwrap();
-/// assert_eq!(b.get(), s);                    // reused, LIFO
+/// assert_eq!(b.handle(), s);                 // reused, LIFO
 /// assert_eq!(pool.stats(DeviceId(1)).unwrap().reused, 1);
 /// ```
 pub struct StreamPool<B: StreamBackend> {
     backend: B,
+    /// `backend.id()`, read once at construction (it never changes).
+    id: BackendId,
     config: StreamPoolConfig,
     pinning: Pinning,
     devices: DeviceTable<StreamSlot>,
@@ -264,6 +298,7 @@ impl<B: StreamBackend> StreamPool<B> {
     fn build(backend: B, mut config: StreamPoolConfig, pinning: Pinning) -> Self {
         config.scan_limit = config.scan_limit.max(1);
         StreamPool {
+            id: backend.id(),
             backend,
             config,
             pinning,
@@ -305,32 +340,45 @@ impl<B: StreamBackend> StreamPool<B> {
         #[cfg(not(loom))]
         if let DeviceSelector::Id(d) = device {
             if let Some(h) = self.cache.memo(d.index()).and_then(|c| c.take()) {
-                return Ok(StreamLease {
-                    pool: self,
-                    stream: StreamHandle(h),
-                    device: d,
-                });
+                // SAFETY: cells hold only handles of streams this pool created
+                // on `d` (the cell's device) and owns.
+                return Ok(self.lease(unsafe { StreamHandle::from_raw(h) }, d));
             }
         }
         let (device, slot) = self.slot(device)?;
         #[cfg(not(loom))]
         if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
-            return Ok(StreamLease {
-                pool: self,
-                stream: StreamHandle(h),
-                device,
-            });
+            // SAFETY: as above.
+            return Ok(self.lease(unsafe { StreamHandle::from_raw(h) }, device));
         }
         #[cfg(not(loom))]
         if self.config.same_thread_reuse {
             // Streams left by exited threads may run their work: busy list.
             for (d, h) in self.cache.take_orphans() {
                 if let Some(s) = self.devices.slot_of(DeviceId(d as u32)) {
-                    s.busy.push(StreamHandle(h));
+                    // SAFETY: as above: a stream of this pool's, of device `d`.
+                    s.busy.push(unsafe { StreamHandle::from_raw(h) });
                 }
             }
         }
         self.pinning.pin(|g| self.get_from(device, slot, g))
+    }
+
+    /// A lease of `stream` (owned by the pool, of `device`) to the calling
+    /// thread.
+    #[inline]
+    fn lease(&self, stream: StreamHandle, device: DeviceId) -> StreamLease<'_, B> {
+        StreamLease {
+            pool: self,
+            stream,
+            device,
+            #[cfg(all(feature = "std", not(loom)))]
+            origin: if self.config.same_thread_reuse {
+                crate::thread_cache::thread_mark()
+            } else {
+                0
+            },
+        }
     }
 
     /// [`get`](Self::get) with a guard the caller pinned in [`collector`](Self::collector).
@@ -368,24 +416,27 @@ impl<B: StreamBackend> StreamPool<B> {
             Counters::bump(&slot.counters.created);
             s
         };
-        Ok(StreamLease {
-            pool: self,
-            stream,
-            device,
-        })
+        Ok(self.lease(stream, device))
     }
 
     /// Takes a stream into the pool. `device` names the device it belongs to, or
     /// `None` for the stream's own. The stream is queried once: idle goes to the
     /// ready list, pending to the busy list.
     ///
-    /// On a wrong or out-of-range device or a failed query the stream comes back
-    /// in the error, still the caller's, and the pool is unchanged.
+    /// On a stream of another backend ([`Error::ForeignHandle`]), a wrong or
+    /// out-of-range device or a failed query the stream comes back in the
+    /// error, still the caller's, and the pool is unchanged.
     pub fn put(
         &self,
         stream: OwnedStream,
         device: Option<DeviceId>,
     ) -> Result<(), Rejected<OwnedStream, B::Error>> {
+        if stream.owner != self.id {
+            return Err(Rejected {
+                value: stream,
+                error: Error::ForeignHandle,
+            });
+        }
         if let Some(given) = device {
             if given != stream.device {
                 let actual = stream.device;
@@ -404,7 +455,9 @@ impl<B: StreamBackend> StreamPool<B> {
                 })
             }
         };
-        match self.backend.query_stream(stream.handle, stream.device) {
+        // SAFETY: `stream` owns a live stream of this backend (id checked) on
+        // its device, and the pool has not taken it yet.
+        match unsafe { self.backend.query_stream(stream.handle, stream.device) } {
             Ok(Completion::Complete) => {
                 // Idle: like a returned lease, the calling thread's cell first,
                 // so that its next `get` takes the stream put last.
@@ -412,7 +465,7 @@ impl<B: StreamBackend> StreamPool<B> {
                 if !self.config.same_thread_reuse
                     && self
                         .cache
-                        .with_cell(stream.device.index(), |c| c.keep(stream.handle.0))
+                        .with_cell(stream.device.index(), |c| c.keep(stream.handle.as_raw()))
                         == Some(true)
                 {
                     return Ok(());
@@ -464,7 +517,10 @@ impl<B: StreamBackend> StreamPool<B> {
                 .chain(core::iter::from_fn(|| busy.pop_first()))
                 .chain(core::iter::from_fn(|| quarantined.pop_first()));
             for s in doomed {
-                match self.backend.destroy_stream(s, device) {
+                // SAFETY: every stream in the lists was created by this pool's
+                // backend on `device` and is owned by the pool alone; it was
+                // just taken out of the lists, so nothing else can reach it.
+                match unsafe { self.backend.destroy_stream(s, device) } {
                     Ok(()) => {
                         destroyed += 1;
                         Counters::bump(&slot.counters.destroyed);
@@ -516,10 +572,12 @@ impl<B: StreamBackend> StreamPool<B> {
         #[cfg(all(feature = "std", not(loom)))]
         for (d, h) in self.cache.drain() {
             if let Some(slot) = self.devices.slot_of(DeviceId(d as u32)) {
+                // SAFETY: cells hold only streams of this pool, of device `d`.
+                let h = unsafe { StreamHandle::from_raw(h) };
                 if self.config.same_thread_reuse {
-                    slot.busy.push(StreamHandle(h));
+                    slot.busy.push(h);
                 } else {
-                    slot.ready.push(StreamHandle(h));
+                    slot.ready.push(h);
                 }
             }
         }
@@ -570,7 +628,10 @@ impl<B: StreamBackend> StreamPool<B> {
                 break;
             }
             queried += 1;
-            match self.backend.query_stream(s, device) {
+            // SAFETY: a stream of the busy list: created by this pool's backend
+            // on `device`, owned by the pool, taken out of the list by this
+            // scan (so no purge can destroy it meanwhile).
+            match unsafe { self.backend.query_stream(s, device) } {
                 Ok(Completion::Complete) => {
                     found = rest.pop_first();
                     break;
@@ -585,7 +646,8 @@ impl<B: StreamBackend> StreamPool<B> {
             let mut promoted = 0;
             while promoted < self.config.promote_limit {
                 let Some(&s) = rest.first() else { break };
-                match self.backend.query_stream(s, device) {
+                // SAFETY: as above.
+                match unsafe { self.backend.query_stream(s, device) } {
                     Ok(Completion::Complete) => {
                         slot.ready.push_from(&mut rest);
                         promoted += 1;
@@ -625,28 +687,49 @@ impl<B: StreamBackend> StreamPool<B> {
         });
     }
 
-    /// Returns a leased stream (lease `Drop` and `reset`). The lease's device is
-    /// the stream's own, so nothing is checked. On a failed query the stream is
-    /// quarantined (kept for purge, never leased again) and the error returned.
-    fn give_back(&self, stream: StreamHandle, device: DeviceId) -> Result<(), Error<B::Error>> {
+    /// Returns a leased stream (lease `Drop` and `return_to_pool`). The
+    /// lease's device is the stream's own, so nothing is checked. `origin` is
+    /// the mark of the thread that took the lease (`same_thread_reuse`), or 0.
+    /// On a failed query the stream is quarantined (kept for purge, never
+    /// leased again) and the error returned.
+    fn give_back(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+        #[allow(unused_variables)] origin: u64,
+    ) -> Result<(), Error<B::Error>> {
         let Some(slot) = self.devices.slot_of(device) else {
             // A lease exists only after its slot was found, and the table lives
             // as long as the pool the lease borrows. (No assertion: this runs
             // in a lease's drop, which never panics; the error is parked.)
             return Err(Error::NoDevice);
         };
+        // Kept unqueried only for the thread that took the lease: a lease
+        // moved to another thread ends there like a default return (queried),
+        // so that thread is never served the first thread's pending work.
         #[cfg(all(feature = "std", not(loom)))]
         if self.config.same_thread_reuse
-            && self.cache.with_cell(device.index(), |c| c.give(stream.0)) == Some(true)
+            && origin != 0
+            && origin == crate::thread_cache::thread_mark()
+            && self
+                .cache
+                .with_cell(device.index(), |c| c.give(stream.as_raw()))
+                == Some(true)
         {
             return Ok(());
         }
-        match self.backend.query_stream(stream, device) {
+        // SAFETY: the lease owned this stream of the pool's backend on
+        // `device` until now; it is in no list yet, so nothing can destroy it.
+        match unsafe { self.backend.query_stream(stream, device) } {
             Ok(Completion::Complete) => {
                 // Idle: the returning thread's cell first (it counts the
                 // return), else the shared ready list.
                 #[cfg(all(feature = "std", not(loom)))]
-                if self.cache.with_cell(device.index(), |c| c.give(stream.0)) == Some(true) {
+                if self
+                    .cache
+                    .with_cell(device.index(), |c| c.give(stream.as_raw()))
+                    == Some(true)
+                {
                     return Ok(());
                 }
                 Counters::bump(&slot.counters.returned);
@@ -704,7 +787,9 @@ impl<B: StreamBackend> Drop for StreamPool<B> {
                         busy.pop_first().or_else(|| quarantined.pop_first())
                     }));
                 for s in doomed {
-                    if let Err(source) = self.backend.destroy_stream(s, device) {
+                    // SAFETY: streams of the lists: this backend's, of
+                    // `device`, owned by the pool alone (no lease is out).
+                    if let Err(source) = unsafe { self.backend.destroy_stream(s, device) } {
                         crate::lost::report(&Error::<B::Error>::Backend {
                             op: BackendOp::DestroyStream,
                             source,
@@ -724,8 +809,24 @@ impl<B: StreamBackend> Drop for StreamPool<B> {
 #[must_use = "dropping a lease returns the stream at once"]
 pub struct StreamLease<'p, B: StreamBackend> {
     pool: &'p StreamPool<B>,
+    /// A live stream of the pool's backend on `device`, held by this lease
+    /// alone until it ends.
     stream: StreamHandle,
     device: DeviceId,
+    /// The mark of the thread that took the lease, when the pool keeps
+    /// streams for same-thread reuse; 0 otherwise.
+    #[cfg(all(feature = "std", not(loom)))]
+    origin: u64,
+}
+
+impl<B: StreamBackend> StreamLease<'_, B> {
+    #[inline]
+    fn origin(&self) -> u64 {
+        #[cfg(all(feature = "std", not(loom)))]
+        return self.origin;
+        #[cfg(not(all(feature = "std", not(loom))))]
+        0
+    }
 }
 
 impl<B: StreamBackend> fmt::Debug for StreamLease<'_, B> {
@@ -738,9 +839,10 @@ impl<B: StreamBackend> fmt::Debug for StreamLease<'_, B> {
 }
 
 impl<'p, B: StreamBackend> StreamLease<'p, B> {
-    /// The raw stream handle, for the backend's own calls.
+    /// The raw stream handle, for the backend's own calls (valid while the
+    /// lease lives).
     #[inline]
-    pub fn get(&self) -> StreamHandle {
+    pub fn handle(&self) -> StreamHandle {
         self.stream
     }
 
@@ -756,43 +858,42 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
         self.pool
     }
 
-    /// The stream as an access order.
+    /// The stream as an access order, borrowing the lease: the order cannot
+    /// be used after the lease ends.
     #[inline]
-    pub fn order(&self) -> AccessOrder {
-        AccessOrder::Stream {
-            stream: self.stream,
-            device: self.device,
-        }
+    pub fn order(&self) -> AccessOrder<'_> {
+        AccessOrder::of_held(self.stream, self.device, self.pool.id)
     }
 
     /// Ends the lease without returning the stream: the caller owns it now.
-    pub fn release(self) -> OwnedStream {
+    pub fn detach(self) -> OwnedStream {
         let this = ManuallyDrop::new(self);
         this.pool.forget_lease(this.device);
         OwnedStream {
             handle: this.stream,
             device: this.device,
+            owner: this.pool.id,
         }
     }
 
     /// Returns the stream to the pool now, reporting a failure (which `Drop`
     /// would park). On a failed query the stream is quarantined by the pool:
     /// not lost, destroyed by the next purge, never leased again.
-    pub fn reset(self) -> Result<(), Error<B::Error>> {
+    pub fn return_to_pool(self) -> Result<(), Error<B::Error>> {
         let this = ManuallyDrop::new(self);
-        this.pool.give_back(this.stream, this.device)
+        this.pool.give_back(this.stream, this.device, this.origin())
     }
 }
 
-impl<B: StreamBackend> From<&StreamLease<'_, B>> for AccessOrder {
-    fn from(l: &StreamLease<'_, B>) -> AccessOrder {
+impl<'l, B: StreamBackend> From<&'l StreamLease<'_, B>> for AccessOrder<'l> {
+    fn from(l: &'l StreamLease<'_, B>) -> AccessOrder<'l> {
         l.order()
     }
 }
 
 impl<B: StreamBackend> Drop for StreamLease<'_, B> {
     fn drop(&mut self) {
-        if let Err(e) = self.pool.give_back(self.stream, self.device) {
+        if let Err(e) = self.pool.give_back(self.stream, self.device, self.origin()) {
             self.pool.parked.park(e);
         }
     }

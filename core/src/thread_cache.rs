@@ -284,6 +284,34 @@ std::thread_local! {
         const { [const { core::cell::Cell::new(EMPTY_MEMO) }; MEMO_WAYS] };
 }
 
+#[cfg(not(loom))]
+std::thread_local! {
+    /// This thread's mark (see [`thread_mark`]); 0 until first asked.
+    static MARK: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
+}
+
+/// A number that names the calling thread for the life of the process: two
+/// threads never share one, even when one has exited (unlike a thread-local's
+/// address). 0 while the thread is exiting (no thread-locals left), which no
+/// live thread has. Used by `same_thread_reuse` to tell whether a lease ends
+/// on the thread that took it.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn thread_mark() -> u64 {
+    static NEXT_MARK: AtomicU64 = AtomicU64::new(1);
+    MARK.try_with(|m| {
+        let mark = m.get();
+        if mark != 0 {
+            return mark;
+        }
+        // Relaxed: a unique number; nothing is published with it.
+        let mark = NEXT_MARK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        m.set(mark);
+        mark
+    })
+    .unwrap_or(0)
+}
+
 /// A pool's registry of per-thread cells.
 pub(crate) struct ThreadCache {
     #[cfg_attr(loom, allow(dead_code))]

@@ -131,40 +131,28 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         ))
     }
 
-    /// A device copy of `src`, copied on `stream` (of the scratchpad's device):
-    /// DALI's `ToGPU`. `src` may be reused as soon as this returns.
-    pub fn to_device<T: Copy>(
-        &self,
-        stream: StreamHandle,
-        src: &[T],
-    ) -> Result<DeviceSlice<'_, T>, Error<B::Error>> {
-        let dst = self.device_slice::<T>(src.len())?;
-        let bytes = dst.byte_len();
-        if bytes > 0 {
-            // SAFETY: `dst` is `bytes` of fresh device memory, `src` is a live
-            // slice of `bytes`; they do not overlap. The backend's contract lets
-            // a pageable source be reused once the call returns.
-            unsafe {
-                self.backend
-                    .copy_async(
-                        dst.ptr.cast(),
-                        NonNull::from(src).cast(),
-                        bytes,
-                        stream,
-                        dst.device,
-                    )
-                    .map_err(Error::backend(BackendOp::CopyAsync))?;
-            }
-        }
-        Ok(dst)
+    /// A device copy of `src` (DALI's `ToGPU`), copied in the device order.
+    /// `src` may be changed or dropped as soon as this returns, whatever
+    /// memory it is in: it is staged through a pinned block first (see
+    /// [`to_contiguous_device`](Self::to_contiguous_device)).
+    pub fn to_device<T: Copy>(&self, src: &[T]) -> Result<DeviceSlice<'_, T>, Error<B::Error>> {
+        self.to_contiguous_device(&[src]).map(|(dst, _)| dst)
     }
 
-    /// `parts` packed into one block of device memory with a single copy on
-    /// `stream`, through a pinned staging block that is released in the order
-    /// of `stream` once the copy has been issued (DALI's `ToContiguousGPU`).
+    /// `parts` packed into one block of device memory with a single copy in
+    /// the device order (DALI's `ToContiguousGPU`).
+    ///
+    /// The parts are first packed by the host into a pinned staging block of
+    /// their own, so they may be changed or dropped as soon as this returns
+    /// (a pinned or managed source would otherwise be read when the copy runs,
+    /// not when it is issued). The staging block is freed in the device order,
+    /// after the copy. The copy runs in the device order, the order the
+    /// device block is released in, so a reset or drop never frees or reuses
+    /// the block before the copy is done. With host order as the device
+    /// order, the copy runs on the device's null stream and is waited for
+    /// before this returns.
     pub fn to_contiguous_device<T: Copy>(
         &self,
-        stream: StreamHandle,
         parts: &[&[T]],
     ) -> Result<PackedDevice<'_, T>, Error<B::Error>> {
         let (total, ranges) = pack_ranges(parts)?;
@@ -174,6 +162,13 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             return Ok((dst, ranges));
         }
         let device = dst.device;
+        // The device order's stream (usable for the backend on `device`: the
+        // order borrows it for the scratchpad's life, and its owner and device
+        // were checked at construction), or the null stream, waited for.
+        let (stream, wait_here) = match self.device_order.stream_handle() {
+            Some(s) => (s, false),
+            None => (StreamHandle::NULL, true),
+        };
         let align = core::mem::align_of::<T>().max(256);
         let staging = self
             .backend
@@ -185,31 +180,50 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             // `0..total`; `part` has `r.len()` elements and is a different object.
             unsafe { core::ptr::copy_nonoverlapping(part.as_ptr(), base.add(r.start), r.len()) };
         }
-        // SAFETY: both blocks are live and `bytes` long; they do not overlap.
+        // SAFETY: `stream` is usable on `device` (above); `dst` is `bytes` of
+        // this scratchpad's device memory, released only in the device order
+        // (after the copy) or, in host order, after the wait below; the
+        // staging block is `bytes` of pinned memory nobody else knows of,
+        // freed only after the copy (below). They do not overlap.
         let copied = unsafe {
             self.backend
                 .copy_async(dst.ptr.cast(), staging, bytes, stream, device)
         };
-        let freed = match copied {
+        let waited = match (&copied, wait_here) {
+            // SAFETY: the null stream is a usable stream of every device.
+            (Ok(()), true) => unsafe { self.backend.synchronize_stream(stream, device) }
+                .map_err(Error::backend(BackendOp::SynchronizeStream)),
+            _ => Ok(()),
+        };
+        let freed = if copied.is_ok() && !wait_here {
             // SAFETY: the staging block came from `allocate` with these
             // arguments; the copy that reads it is ordered before this free on
-            // `stream`, and nothing else uses it.
-            Ok(()) => unsafe {
+            // `stream` (usable, see above), and nothing else uses it.
+            unsafe {
                 self.backend
                     .deallocate_async(MemoryKind::Pinned, device, staging, bytes, align, stream)
                     .map_err(Error::backend(BackendOp::DeallocateAsync))
-            },
-            // SAFETY: as above; no copy was issued, so nothing uses it.
-            Err(_) => unsafe {
+            }
+        } else if waited.is_ok() {
+            // SAFETY: as above; no copy was issued, or it was waited for.
+            unsafe {
                 self.backend
                     .deallocate(MemoryKind::Pinned, device, staging, bytes, align)
                     .map_err(Error::backend(BackendOp::Deallocate))
-            },
+            }
+        } else {
+            // The copy may still be reading the staging block and the wait
+            // failed: freeing it could hand it out under the copy. Leaking
+            // it is the safe choice; the error says why.
+            Ok(())
         };
-        // Both may fail: the copy's error is returned, the free's reported.
+        // Several may fail: the copy's error is returned, the others reported.
         let mut errors = FirstError::new();
         if let Err(e) = copied {
             errors.push(Error::backend(BackendOp::CopyAsync)(e));
+        }
+        if let Err(e) = waited {
+            errors.push(e);
         }
         if let Err(e) = freed {
             errors.push(e);
@@ -241,14 +255,14 @@ fn pack_ranges<T, E>(parts: &[&[T]]) -> Result<(usize, Vec<Range<usize>>), Error
 /// scratchpad for its temporary memory (DALI's `KernelContext`).
 pub struct KernelContext<'s, 'b, B: ScratchBackend> {
     /// The stream (or host) order the kernel runs in.
-    pub order: AccessOrder,
+    pub order: AccessOrder<'s>,
     /// Scratch memory for the kernel, borrowed.
     pub scratchpad: Option<&'s Scratchpad<'b, B>>,
 }
 
 impl<'s, 'b, B: ScratchBackend> KernelContext<'s, 'b, B> {
     /// A context running in `order` with no scratchpad.
-    pub fn new(order: AccessOrder) -> Self {
+    pub fn new(order: AccessOrder<'s>) -> Self {
         KernelContext {
             order,
             scratchpad: None,
@@ -256,7 +270,7 @@ impl<'s, 'b, B: ScratchBackend> KernelContext<'s, 'b, B> {
     }
 
     /// A context running in `order` with `scratchpad`.
-    pub fn with_scratchpad(order: AccessOrder, scratchpad: &'s Scratchpad<'b, B>) -> Self {
+    pub fn with_scratchpad(order: AccessOrder<'s>, scratchpad: &'s Scratchpad<'b, B>) -> Self {
         KernelContext {
             order,
             scratchpad: Some(scratchpad),

@@ -4,7 +4,6 @@
 use crate::backend::{Completion, DeviceId, EventFlags, EventHandle, MemoryKind, StreamHandle};
 use crate::error::{BackendOp, Error};
 use crate::monotonic::Upstream;
-use crate::order::AccessOrder;
 
 use super::{FirstError, KindState, ScratchBackend, Scratchpad};
 
@@ -12,7 +11,9 @@ use super::{FirstError, KindState, ScratchBackend, Scratchpad};
 /// answered "busy".
 const PROBE_BACKOFF: u8 = 7;
 
-/// The event that fences a kept block of a host-visible kind.
+/// The event that fences a kept block of a host-visible kind. The event was
+/// created by the scratchpad's backend on `device` and is owned by the
+/// scratchpad alone (destroyed by it, never handed out).
 #[derive(Copy, Clone)]
 pub(super) struct Fence {
     pub(super) event: EventHandle,
@@ -38,7 +39,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if !fence.armed {
             return Ok(());
         }
-        if let Ok(Completion::Complete) = self.backend.query_event(fence.event, fence.device) {
+        // SAFETY: the fence's event is the scratchpad's own (see `Fence`).
+        let done = unsafe { self.backend.query_event(fence.event, fence.device) };
+        if let Ok(Completion::Complete) = done {
             fence.armed = false;
             st.fence.set(Some(fence));
             st.res.resume();
@@ -105,11 +108,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if !kind.is_host_accessible() {
             return; // device memory: allocated and released on the device order
         }
-        let AccessOrder::Stream {
-            stream,
-            device: release_device,
-        } = self.release_order(kind)
-        else {
+        let Some((stream, release_device)) = self.release_order(kind).stream_and_device() else {
             return; // host order: reusable now
         };
         // One question first: if the stream has finished everything queued on
@@ -120,7 +119,11 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // on every round); the fence is recorded straight away meanwhile.
         let skip = st.skip_probes.get();
         if skip == 0 {
-            if let Ok(Completion::Complete) = self.backend.query_stream(stream, release_device) {
+            // SAFETY: the release order's stream is usable for the backend for
+            // the scratchpad's whole life (checked at construction; the order
+            // borrows its stream).
+            let idle = unsafe { self.backend.query_stream(stream, release_device) };
+            if let Ok(Completion::Complete) = idle {
                 return;
             }
             st.skip_probes.set(PROBE_BACKOFF);
@@ -145,7 +148,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             Some(f) if f.device == release_device => f,
             other => {
                 if let Some(old) = other {
-                    if let Err(source) = self.backend.destroy_event(old.event, old.device) {
+                    // SAFETY: the old fence's event is the scratchpad's own,
+                    // taken out of its cell here, never used again.
+                    let destroyed = unsafe { self.backend.destroy_event(old.event, old.device) };
+                    if let Err(source) = destroyed {
                         errors.push(Error::Backend {
                             op: BackendOp::DestroyEvent,
                             source,
@@ -172,10 +178,12 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 }
             }
         };
-        match self
-            .backend
-            .record_event(fence.event, stream, release_device)
-        {
+        // SAFETY: the fence's event is the scratchpad's own, of
+        // `release_device`; the stream is usable (see `reset_kind`).
+        match unsafe {
+            self.backend
+                .record_event(fence.event, stream, release_device)
+        } {
             Ok(()) => {
                 st.fence.set(Some(Fence {
                     armed: true,
