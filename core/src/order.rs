@@ -308,9 +308,9 @@ impl<'s> AccessOrder<'s> {
             // `event.device()`).
             None => unsafe { backend.synchronize_event(event.handle(), event.device()) }
                 .map_err(Error::backend(BackendOp::SynchronizeEvent)),
-            // SAFETY: the event as above; the stream is usable for `backend`
-            // (borrowed by this order, owner checked).
             Some((stream, device)) => {
+                // SAFETY: the event as above; the stream is usable for
+                // `backend` (borrowed by this order, owner checked).
                 unsafe { backend.stream_wait_event(stream, device, event.handle()) }
                     .map_err(Error::backend(BackendOp::StreamWaitEvent))
             }

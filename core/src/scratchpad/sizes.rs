@@ -37,7 +37,7 @@ use super::Scratchpad;
 /// let gpu = MockBackend::new(1);
 /// let sizes = ScratchSizes::new();
 /// for _run in 0..3 {
-///     let pad = Scratchpad::new(&gpu, AccessOrder::host()).learn_sizes(&sizes);
+///     let pad = Scratchpad::new(&gpu, AccessOrder::host()).unwrap().learn_sizes(&sizes);
 ///     for n in [1000usize, 60_000, 60_000] {
 ///         pad.host::<u8>(n).unwrap();
 ///     }
