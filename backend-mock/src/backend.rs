@@ -20,7 +20,7 @@
 use core::ptr::NonNull;
 
 use gpupool_core::{
-    Backend, Completion, DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend,
+    Backend, BackendId, Completion, DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend,
     MemoryKind, StreamBackend, StreamHandle, StreamOptions,
 };
 
@@ -48,7 +48,7 @@ impl MockBackend {
         handles: &[usize],
         op: impl FnOnce(&mut State) -> Result<T, MockError>,
     ) -> Result<T, MockError> {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         state.begin_call_on(kind, handles)?;
         let result = op(&mut state);
         state.reclaim();
@@ -83,7 +83,7 @@ impl MockBackend {
         op: impl FnOnce(&mut State) -> Result<T, MockError>,
     ) -> Result<T, MockError> {
         {
-            let state = read(&self.inner);
+            let state = read(&self.inner.state);
             if state.is_quiet() {
                 if let Ok(value) = peek(&state) {
                     if state.calls.count_shared(kind) {
@@ -99,6 +99,12 @@ impl MockBackend {
 impl Backend for MockBackend {
     type Error = MockError;
 
+    /// The machine's own id, made by [`MockBackend::new`] and shared by its
+    /// clones: two machines never share one.
+    fn id(&self) -> BackendId {
+        self.inner.id
+    }
+
     /// The device count given to [`MockBackend::new`].
     fn device_count(&self) -> Result<u32, MockError> {
         let count = |st: &State| Ok(st.devices);
@@ -113,6 +119,10 @@ impl Backend for MockBackend {
     }
 }
 
+/// Every method is sound for any argument: it validates handles and addresses
+/// and reports a misuse or returns an error; the `unsafe` is the trait's, for
+/// real drivers (see [`MockBackend`'s safety
+/// section](MockBackend#safety-of-the-trait-methods)).
 impl StreamBackend for MockBackend {
     fn create_stream(
         &self,
@@ -126,20 +136,24 @@ impl StreamBackend for MockBackend {
 
     /// Destroys a created stream; its queued work counts as finished. The
     /// special handles cannot be destroyed.
-    fn destroy_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), MockError> {
-        self.call_on(CallKind::DestroyStream, &[stream.0], |st| {
+    unsafe fn destroy_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        self.call_on(CallKind::DestroyStream, &[stream.as_raw()], |st| {
             st.destroy_stream(stream, device)
         })
     }
 
-    fn query_stream(
+    unsafe fn query_stream(
         &self,
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<Completion, MockError> {
         self.read_call_on(
             CallKind::QueryStream,
-            &[stream.0],
+            &[stream.as_raw()],
             |st| st.query_stream_settled(stream, device),
             |st| st.query_stream(stream, device),
         )
@@ -147,65 +161,87 @@ impl StreamBackend for MockBackend {
 
     /// Completes everything the stream's queued items depend on, on other
     /// streams too, and then the stream's own items.
-    fn synchronize_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), MockError> {
-        self.call_on(CallKind::SynchronizeStream, &[stream.0], |st| {
+    unsafe fn synchronize_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        self.call_on(CallKind::SynchronizeStream, &[stream.as_raw()], |st| {
             st.synchronize_stream(stream, device)
         })
     }
 
     /// The event may belong to another device than the stream.
-    fn stream_wait_event(
+    unsafe fn stream_wait_event(
         &self,
         stream: StreamHandle,
         device: DeviceId,
         event: EventHandle,
     ) -> Result<(), MockError> {
-        self.call_on(CallKind::StreamWaitEvent, &[stream.0, event.0], |st| {
-            st.stream_wait_event(stream, device, event)
-        })
+        self.call_on(
+            CallKind::StreamWaitEvent,
+            &[stream.as_raw(), event.as_raw()],
+            |st| st.stream_wait_event(stream, device, event),
+        )
     }
 
     /// For a special handle (0, 1, 2): the mock-wide current device.
-    fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, MockError> {
+    unsafe fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, MockError> {
         let device = |st: &State| st.stream_device(stream);
-        self.read_call_on(CallKind::StreamDevice, &[stream.0], device, |st| device(st))
+        self.read_call_on(CallKind::StreamDevice, &[stream.as_raw()], device, |st| {
+            device(st)
+        })
     }
 }
 
+/// Every method is sound for any argument: it validates handles and addresses
+/// and reports a misuse or returns an error; the `unsafe` is the trait's, for
+/// real drivers (see [`MockBackend`'s safety
+/// section](MockBackend#safety-of-the-trait-methods)).
 impl EventBackend for MockBackend {
     fn create_event(&self, device: DeviceId, flags: EventFlags) -> Result<EventHandle, MockError> {
         self.call(CallKind::CreateEvent, |st| st.create_event(device, flags))
     }
 
-    fn destroy_event(&self, event: EventHandle, device: DeviceId) -> Result<(), MockError> {
-        self.call_on(CallKind::DestroyEvent, &[event.0], |st| {
+    unsafe fn destroy_event(&self, event: EventHandle, device: DeviceId) -> Result<(), MockError> {
+        self.call_on(CallKind::DestroyEvent, &[event.as_raw()], |st| {
             st.destroy_event(event, device)
         })
     }
 
     /// The event and the stream must both belong to `device`.
-    fn record_event(
+    unsafe fn record_event(
         &self,
         event: EventHandle,
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<(), MockError> {
-        self.call_on(CallKind::RecordEvent, &[event.0, stream.0], |st| {
-            st.record_event(event, stream, device)
-        })
+        self.call_on(
+            CallKind::RecordEvent,
+            &[event.as_raw(), stream.as_raw()],
+            |st| st.record_event(event, stream, device),
+        )
     }
 
-    fn query_event(&self, event: EventHandle, device: DeviceId) -> Result<Completion, MockError> {
+    unsafe fn query_event(
+        &self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<Completion, MockError> {
         self.read_call_on(
             CallKind::QueryEvent,
-            &[event.0],
+            &[event.as_raw()],
             |st| st.query_event_settled(event, device),
             |st| st.query_event(event, device),
         )
     }
 
-    fn synchronize_event(&self, event: EventHandle, device: DeviceId) -> Result<(), MockError> {
-        self.call_on(CallKind::SynchronizeEvent, &[event.0], |st| {
+    unsafe fn synchronize_event(
+        &self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        self.call_on(CallKind::SynchronizeEvent, &[event.as_raw()], |st| {
             st.synchronize_event(event, device)
         })
     }
@@ -213,6 +249,14 @@ impl EventBackend for MockBackend {
 
 /// Memory: see the crate documentation's model. Every kind is host memory from
 /// `std::alloc`; every check failure is logged as a misuse and has no effect.
+///
+/// Every method is sound for any handle and any address of a block: it
+/// validates them and reports a misuse or returns an error; the `unsafe` is
+/// the trait's, for real drivers. Two obligations stay with the caller, as the
+/// mock cannot check memory it does not own (see [`MockBackend`'s safety
+/// section](MockBackend#safety-of-the-trait-methods)): nothing uses a block
+/// after a successful free, and a `copy_async` source outside every block of
+/// the mock is valid for `size` bytes.
 impl MemoryBackend for MockBackend {
     /// Checks the device, then the layout (a zero size or an alignment that
     /// is not a power of two is [`MockError::InvalidLayout`]).
@@ -249,7 +293,7 @@ impl MemoryBackend for MockBackend {
 
     /// As [`allocate`](Self::allocate), after checking that `stream` belongs
     /// to `device`. The block is usable at once.
-    fn allocate_async(
+    unsafe fn allocate_async(
         &self,
         kind: MemoryKind,
         device: DeviceId,

@@ -20,8 +20,12 @@ use crate::CallKind;
 /// use gpupool_mock::{MockBackend, MockError};
 ///
 /// let mock = MockBackend::new(1);
-/// let err = mock.destroy_stream(StreamHandle(0x9999), DeviceId(0)).unwrap_err();
-/// assert_eq!(err, MockError::InvalidStream(StreamHandle(0x9999)));
+/// // SAFETY: a handle the mock never made, on purpose: the mock's trait
+/// // methods are sound for any handle (see `MockBackend`).
+/// let bogus = unsafe { StreamHandle::from_raw(0x9999) };
+/// // SAFETY: as above.
+/// let err = unsafe { mock.destroy_stream(bogus, DeviceId(0)) }.unwrap_err();
+/// assert_eq!(err, MockError::InvalidStream(bogus));
 /// assert_eq!(mock.misuses()[0].call, BackendOp::DestroyStream);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,8 +141,8 @@ impl fmt::Display for MockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MockError::Injected(kind) => write!(f, "injected failure of a {kind:?} call"),
-            MockError::InvalidStream(s) => write!(f, "invalid stream handle {:#x}", s.0),
-            MockError::InvalidEvent(e) => write!(f, "invalid event handle {:#x}", e.0),
+            MockError::InvalidStream(s) => write!(f, "invalid stream handle {:#x}", s.as_raw()),
+            MockError::InvalidEvent(e) => write!(f, "invalid event handle {:#x}", e.as_raw()),
             MockError::InvalidDevice(d) => write!(f, "{d} does not exist"),
             MockError::CrossDevice { given, actual } => {
                 write!(f, "the handle belongs to {actual}, not to {given}")

@@ -5,8 +5,16 @@
 //! traits with no GPU at all, and models what matters for a pool's (and a
 //! scratchpad's) correctness. It is usable from many threads, under loom
 //! (`--cfg loom`, create it inside `loom::model`) and under Miri with strict
-//! provenance. Its only `unsafe` is the allocator calls behind each block and
-//! the memcpy of `copy_async`.
+//! provenance. Its only `unsafe` operations are the allocator calls behind
+//! each block, the memcpy of `copy_async` and the minting of its own handles
+//! ([`StreamHandle::from_raw`](gpupool_core::StreamHandle::from_raw)).
+//!
+//! The backend traits' handle-taking methods are `unsafe fn`s, for real
+//! drivers; the mock's are sound for any handle: it checks every handle and
+//! address it is given and reports a misuse (see [the safety section of
+//! `MockBackend`](MockBackend#safety-of-the-trait-methods); two memory
+//! obligations stay with the caller), so tests call them in `unsafe` blocks
+//! whose justification is just that.
 //!
 //! ## The model
 //!
@@ -128,8 +136,12 @@
 //! let e = gpu.create_event(d, Default::default()).unwrap();
 //! let q = gpu.allocate(MemoryKind::Device, d, 1024, 256).unwrap();
 //! gpu.use_memory(b, q.as_ptr(), 1024).unwrap();
-//! gpu.record_event(e, b, d).unwrap();
-//! gpu.stream_wait_event(a, d, e).unwrap();
+//! // SAFETY: live handles of this mock, of device 0 (and the mock checks
+//! // every handle anyway).
+//! unsafe {
+//!     gpu.record_event(e, b, d).unwrap();
+//!     gpu.stream_wait_event(a, d, e).unwrap();
+//! }
 //! // SAFETY: b's use is ordered before the free through the event.
 //! unsafe { gpu.deallocate_async(MemoryKind::Device, d, q, 1024, 256, a) }.unwrap();
 //! assert!(gpu.hazards().is_empty());
@@ -145,6 +157,10 @@
 //!
 //! ## Example
 //!
+//! The trait methods that take a handle are `unsafe fn`s; the mock's are
+//! sound for any handle (see [`MockBackend`]), so each `unsafe` block below
+//! needs no more than that.
+//!
 //! ```
 //! use gpupool_core::{Completion, DeviceId, EventBackend, EventFlags, StreamBackend};
 //! use gpupool_mock::{CallKind, MockBackend};
@@ -156,20 +172,29 @@
 //! let e = gpu.create_event(d, EventFlags::DISABLE_TIMING).unwrap();
 //!
 //! gpu.enqueue_work(a).unwrap();
-//! gpu.record_event(e, a, d).unwrap();
-//! gpu.stream_wait_event(b, d, e).unwrap(); // b waits for a's work so far
+//! // SAFETY: live handles of this mock, of device 0.
+//! unsafe {
+//!     gpu.record_event(e, a, d).unwrap();
+//!     gpu.stream_wait_event(b, d, e).unwrap(); // b waits for a's work so far
+//! }
 //! gpu.enqueue_work(b).unwrap();
-//! assert_eq!(gpu.query_event(e, d).unwrap(), Completion::Pending);
+//! // SAFETY: as above.
+//! assert_eq!(unsafe { gpu.query_event(e, d) }.unwrap(), Completion::Pending);
 //! assert!(!gpu.complete_one(b).unwrap()); // blocked on the wait
 //!
 //! gpu.complete_one(a).unwrap();
-//! assert_eq!(gpu.query_event(e, d).unwrap(), Completion::Complete);
+//! // SAFETY: as above.
+//! assert_eq!(unsafe { gpu.query_event(e, d) }.unwrap(), Completion::Complete);
 //! assert!(gpu.complete_one(b).unwrap()); // the wait resolved by itself
-//! assert_eq!(gpu.query_stream(b, d).unwrap(), Completion::Complete);
+//! // SAFETY: as above.
+//! assert_eq!(unsafe { gpu.query_stream(b, d) }.unwrap(), Completion::Complete);
 //!
-//! gpu.destroy_event(e, d).unwrap();
-//! gpu.destroy_stream(a, d).unwrap();
-//! gpu.destroy_stream(b, d).unwrap();
+//! // SAFETY: as above; each is destroyed once and not used after.
+//! unsafe {
+//!     gpu.destroy_event(e, d).unwrap();
+//!     gpu.destroy_stream(a, d).unwrap();
+//!     gpu.destroy_stream(b, d).unwrap();
+//! }
 //! assert_eq!((gpu.live_streams(), gpu.live_events()), (0, 0));
 //! assert_eq!(gpu.calls(CallKind::CreateStream), 2);
 //! assert!(gpu.misuses().is_empty());
@@ -186,7 +211,7 @@ mod sync;
 use core::fmt;
 
 pub use gpupool_core::BackendOp as CallKind;
-use gpupool_core::{DeviceId, EventFlags, EventHandle, MemoryKind, StreamHandle};
+use gpupool_core::{BackendId, DeviceId, EventFlags, EventHandle, MemoryKind, StreamHandle};
 
 pub use error::{BlockLayout, Misuse, MockError};
 pub use memory::{Hazard, HazardKind};
@@ -213,15 +238,77 @@ pub enum CompletionPolicy {
 /// Clones share one machine, so a test can keep a clone while a pool owns
 /// another. All state sits behind one reader-writer lock, held only for the
 /// length of a call (see [Locking](crate#locking)).
+///
+/// Each machine made by [`new`](Self::new) has its own
+/// [`BackendId`] ([`id`](gpupool_core::Backend::id));
+/// its clones share it, being the same simulated device. Two machines have
+/// different ids, so a stream or event of one put into a pool of another (or
+/// an order of one given to a scratchpad of another) is refused with
+/// [`Error::ForeignHandle`](gpupool_core::Error::ForeignHandle), as handles of
+/// two real drivers would be.
+///
+/// ```
+/// use gpupool_core::{Backend, Error, StreamPool};
+/// use gpupool_mock::MockBackend;
+///
+/// let (one, two) = (MockBackend::new(1), MockBackend::new(1));
+/// assert_ne!(one.id(), two.id());
+/// assert_eq!(one.clone().id(), one.id());
+///
+/// // A stream of `one`, taken out of its pool, is refused by a pool of `two`...
+/// let (pool_one, pool_two) = (StreamPool::new(one.clone()), StreamPool::new(two));
+/// let stream = pool_one.get(0).unwrap().detach();
+/// let refused = pool_two.put(stream, None).unwrap_err();
+/// assert!(matches!(refused.error, Error::ForeignHandle));
+/// // ...and comes back, still the caller's, for a pool of its own machine.
+/// pool_one.put(refused.value, None).unwrap();
+/// assert!(one.misuses().is_empty());
+/// ```
+///
+/// # Safety of the trait methods
+///
+/// Every trait method of the mock is sound for any argument, but for the two
+/// memory obligations below: it validates handles and addresses and reports a
+/// misuse or returns an error; the `unsafe` is the trait's, for real drivers.
+/// A stream or event this machine never made, a destroyed one, a device out
+/// of range or a handle of another device is an error and a [`Misuse`], with
+/// no effect; so is an address where no live block of this machine starts, or
+/// a layout other than the block's. (Every machine counts its handles from the
+/// same start, so a handle of another machine names this machine's handle of
+/// that number, if there is one: still sound, but not caught here; the pools
+/// catch it by [`id`](gpupool_core::Backend::id).) Tests may hand the mock bad
+/// handles on purpose, made with [`StreamHandle::from_raw`] or
+/// [`EventHandle::from_raw`], to check that a caller's misuse is caught.
+///
+/// What the mock cannot check is memory it does not own, so two obligations
+/// of [`MemoryBackend`](gpupool_core::MemoryBackend) stay with the caller:
+/// - a successful `deallocate` or `deallocate_async` returns the block to
+///   `std::alloc` (at once, or when the stream passes the free): nothing may
+///   use it afterwards, as on a GPU (a stream use is recorded as a
+///   [`Hazard`], but a host read through a pointer is a read of freed memory);
+/// - `copy_async` copies the bytes during the call: `dst` is checked to lie
+///   inside a live block of this mock, but a `src` outside every block is
+///   foreign host memory and is read as it is, so it must be valid for
+///   `size` bytes; and neither range may be accessed by another thread
+///   meanwhile.
 #[derive(Clone)]
 pub struct MockBackend {
-    inner: Arc<RwLock<State>>,
+    inner: Arc<Machine>,
+}
+
+/// What the clones of one [`MockBackend`] share: the machine's id and its
+/// state.
+struct Machine {
+    /// Made once by [`MockBackend::new`]; never changes.
+    id: BackendId,
+    state: RwLock<State>,
 }
 
 impl fmt::Debug for MockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = write(&self.inner);
+        let state = write(&self.inner.state);
         f.debug_struct("MockBackend")
+            .field("id", &self.inner.id)
             .field("devices", &state.devices)
             .field("current", &state.current)
             .field("policy", &state.policy)
@@ -239,7 +326,10 @@ impl MockBackend {
     /// [`CompletionPolicy::Manual`], current device 0.
     pub fn new(devices: u32) -> Self {
         MockBackend {
-            inner: Arc::new(RwLock::new(State::new(devices))),
+            inner: Arc::new(Machine {
+                id: BackendId::unique(),
+                state: RwLock::new(State::new(devices)),
+            }),
         }
     }
 
@@ -249,12 +339,12 @@ impl MockBackend {
     /// sees the change. An out-of-range device is accepted, so tests can check
     /// how callers handle one.
     pub fn set_current_device(&self, device: DeviceId) {
-        write(&self.inner).current = device;
+        write(&self.inner.state).current = device;
     }
 
     /// Sets when simulated work completes.
     pub fn set_policy(&self, policy: CompletionPolicy) {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         state.policy = policy;
         if policy == CompletionPolicy::Immediate {
             state.streams.settle_all(policy);
@@ -271,7 +361,7 @@ impl MockBackend {
     /// Queues one work item on `stream`. Under [`CompletionPolicy::Immediate`]
     /// it completes at once unless the stream is blocked on a wait.
     pub fn enqueue_work(&self, stream: StreamHandle) -> Result<(), MockError> {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         let key = state.harness_key(stream)?;
         let policy = state.policy;
         state.streams.settle(policy);
@@ -284,7 +374,7 @@ impl MockBackend {
     /// waits that are satisfied. `Ok(false)` if there is nothing to complete or
     /// the stream is blocked on a wait that is not.
     pub fn complete_one(&self, stream: StreamHandle) -> Result<bool, MockError> {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         let key = state.harness_key(stream)?;
         let policy = state.policy;
         state.streams.settle(policy);
@@ -297,7 +387,7 @@ impl MockBackend {
     /// the work that its waits depend on, on other streams, is completed first
     /// (up to the points awaited, not beyond).
     pub fn complete_all(&self, stream: StreamHandle) -> Result<(), MockError> {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         let key = state.harness_key(stream)?;
         state.streams.drain_stream(key);
         state.reclaim();
@@ -307,7 +397,7 @@ impl MockBackend {
     /// Completes everything queued on every stream of every device (so every
     /// free-pending block is reclaimed).
     pub fn complete_everything(&self) {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         state.streams.drain_everything();
         state.reclaim();
     }
@@ -316,7 +406,7 @@ impl MockBackend {
     /// not counted: ask [`query_stream`](gpupool_core::StreamBackend::query_stream) whether
     /// the stream is idle.
     pub fn pending_work(&self, stream: StreamHandle) -> Result<usize, MockError> {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         let key = state.harness_key(stream)?;
         let policy = state.policy;
         state.streams.settle(policy);
@@ -344,7 +434,7 @@ impl MockBackend {
         ptr: *const u8,
         len: usize,
     ) -> Result<(), MockError> {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         let key = state.harness_key(stream)?;
         state.use_memory(key, ptr.addr(), len);
         state.reclaim();
@@ -360,7 +450,7 @@ impl MockBackend {
     /// An empty range is checked against nothing. Never fails today; the
     /// `Result` leaves room for checks to come.
     pub fn host_access(&self, ptr: *const u8, len: usize) -> Result<(), MockError> {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         state.host_access(ptr.addr(), len);
         state.reclaim();
         Ok(())
@@ -369,19 +459,19 @@ impl MockBackend {
     /// Every hazard found so far, in order. A correct caller causes none;
     /// tests assert this is empty.
     pub fn hazards(&self) -> Vec<Hazard> {
-        write(&self.inner).memory.hazards.clone()
+        write(&self.inner.state).memory.hazards.clone()
     }
 
     /// Forgets the hazards found so far.
     pub fn clear_hazards(&self) {
-        write(&self.inner).memory.hazards.clear();
+        write(&self.inner.state).memory.hazards.clear();
     }
 
     /// Bytes of `kind` allocated and not yet returned to `std::alloc`,
     /// free-pending blocks included (sizes as requested). Zero at the end of a
     /// test that leaked nothing (after the streams are drained or destroyed).
     pub fn live_bytes(&self, kind: MemoryKind) -> usize {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         state.reclaim();
         state.memory.live_bytes(kind)
     }
@@ -389,20 +479,20 @@ impl MockBackend {
     /// Bytes of `kind` freed in stream order whose stream has not passed the
     /// free yet.
     pub fn pending_free_bytes(&self, kind: MemoryKind) -> usize {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         state.reclaim();
         state.memory.pending_free_bytes(kind)
     }
 
     /// The highest [`live_bytes`](Self::live_bytes) of `kind` has been.
     pub fn peak_live_bytes(&self, kind: MemoryKind) -> usize {
-        write(&self.inner).memory.peak_live_bytes(kind)
+        write(&self.inner.state).memory.peak_live_bytes(kind)
     }
 
     /// Blocks of every kind not yet returned to `std::alloc`, free-pending
     /// ones included.
     pub fn live_blocks(&self) -> usize {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         state.reclaim();
         state.memory.live_blocks()
     }
@@ -411,27 +501,27 @@ impl MockBackend {
 
     /// How many backend calls of `kind` were made, failed ones included.
     pub fn calls(&self, kind: CallKind) -> u64 {
-        write(&self.inner).calls.get(kind)
+        write(&self.inner.state).calls.get(kind)
     }
 
     /// How many backend calls were made, of every kind.
     pub fn total_calls(&self) -> u64 {
-        write(&self.inner).calls.total()
+        write(&self.inner.state).calls.total()
     }
 
     /// Streams created and not yet destroyed, on every device.
     pub fn live_streams(&self) -> usize {
-        write(&self.inner).streams.created().count()
+        write(&self.inner.state).streams.created().count()
     }
 
     /// Events created and not yet destroyed, on every device.
     pub fn live_events(&self) -> usize {
-        write(&self.inner).events.len()
+        write(&self.inner.state).events.len()
     }
 
     /// Streams created on `device` and not yet destroyed.
     pub fn live_streams_on(&self, device: DeviceId) -> usize {
-        let state = write(&self.inner);
+        let state = write(&self.inner.state);
         state
             .streams
             .created()
@@ -447,7 +537,9 @@ impl MockBackend {
 
     /// Whether `event` was created and not yet destroyed.
     pub fn is_live_event(&self, event: EventHandle) -> bool {
-        write(&self.inner).events.contains_key(&event.0)
+        write(&self.inner.state)
+            .events
+            .contains_key(&event.as_raw())
     }
 
     /// Every backend call so far that was handed a bad handle or device (a
@@ -455,12 +547,15 @@ impl MockBackend {
     /// handle used with the wrong device), in order. Injected failures are not
     /// misuses.
     pub fn misuses(&self) -> Vec<Misuse> {
-        write(&self.inner).misuses.clone()
+        write(&self.inner.state).misuses.clone()
     }
 
     /// The flags a live event was created with.
     pub fn event_flags(&self, event: EventHandle) -> Option<EventFlags> {
-        write(&self.inner).events.get(&event.0).map(|e| e.flags)
+        write(&self.inner.state)
+            .events
+            .get(&event.as_raw())
+            .map(|e| e.flags)
     }
 
     /// The priority a live stream was created with (`Some(None)`: the device
@@ -469,10 +564,10 @@ impl MockBackend {
         if stream.is_special() {
             return None;
         }
-        let state = write(&self.inner);
+        let state = write(&self.inner.state);
         state
             .streams
-            .get(StreamKey::Created(stream.0))
+            .get(StreamKey::Created(stream.as_raw()))
             .map(|s| s.priority)
     }
 
@@ -483,7 +578,7 @@ impl MockBackend {
     /// still counted by [`calls`](Self::calls)). Several faults may be armed at
     /// once; `n == 0` arms nothing.
     pub fn fail_nth(&self, kind: CallKind, n: u64) {
-        write(&self.inner).arm(kind, n);
+        write(&self.inner.state).arm(kind, n);
     }
 
     /// Arms a fault on one stream: the next call of `kind` that names `stream`
@@ -500,32 +595,40 @@ impl MockBackend {
     /// let (a, b) = (gpu.create_stream(DeviceId(0), Default::default()).unwrap(),
     ///               gpu.create_stream(DeviceId(0), Default::default()).unwrap());
     /// gpu.fail_stream(CallKind::DestroyStream, b);
-    /// assert!(gpu.destroy_stream(a, DeviceId(0)).is_ok());
-    /// assert_eq!(gpu.destroy_stream(b, DeviceId(0)),
-    ///            Err(MockError::Injected(CallKind::DestroyStream)));
-    /// assert!(gpu.destroy_stream(b, DeviceId(0)).is_ok()); // fired once
+    /// // SAFETY: live streams of this mock, of device 0; a failed destroy has
+    /// // no effect, so `b` is destroyed once.
+    /// unsafe {
+    ///     assert!(gpu.destroy_stream(a, DeviceId(0)).is_ok());
+    ///     assert_eq!(gpu.destroy_stream(b, DeviceId(0)),
+    ///                Err(MockError::Injected(CallKind::DestroyStream)));
+    ///     assert!(gpu.destroy_stream(b, DeviceId(0)).is_ok()); // fired once
+    /// }
     /// ```
     pub fn fail_stream(&self, kind: CallKind, stream: StreamHandle) {
-        write(&self.inner).armed_handles.push((kind, stream.0));
+        write(&self.inner.state)
+            .armed_handles
+            .push((kind, stream.as_raw()));
     }
 
     /// Arms a fault on one event: the next call of `kind` that names `event`
     /// fails with [`MockError::Injected`] and has no effect (see
     /// [`fail_stream`](Self::fail_stream)).
     pub fn fail_event(&self, kind: CallKind, event: EventHandle) {
-        write(&self.inner).armed_handles.push((kind, event.0));
+        write(&self.inner.state)
+            .armed_handles
+            .push((kind, event.as_raw()));
     }
 
     /// Disarms every fault not yet fired.
     pub fn clear_faults(&self) {
-        let mut state = write(&self.inner);
+        let mut state = write(&self.inner.state);
         state.armed.clear();
         state.armed_handles.clear();
     }
 
     /// How many armed faults (per call count or per handle) have not fired yet.
     pub fn armed_faults(&self) -> usize {
-        let state = write(&self.inner);
+        let state = write(&self.inner.state);
         state.armed.len() + state.armed_handles.len()
     }
 }

@@ -77,10 +77,10 @@ impl fmt::Display for Hazard {
             self.kind, self.len, self.addr
         )?;
         if let Some(s) = self.stream {
-            write!(f, " by stream {:#x}", s.0)?;
+            write!(f, " by stream {:#x}", s.as_raw())?;
         }
         if let Some(s) = self.conflict {
-            write!(f, " against stream {:#x}", s.0)?;
+            write!(f, " against stream {:#x}", s.as_raw())?;
         }
         Ok(())
     }

@@ -42,7 +42,10 @@ impl StreamKey {
     pub(crate) fn handle(self) -> StreamHandle {
         match self {
             StreamKey::Implicit(_) => StreamHandle::NULL,
-            StreamKey::Created(h) => StreamHandle(h),
+            // SAFETY: `h` is the id of a stream this mock created; the handle
+            // only names the stream in a report (and the mock checks every
+            // handle it is given anyway).
+            StreamKey::Created(h) => unsafe { StreamHandle::from_raw(h) },
         }
     }
 }

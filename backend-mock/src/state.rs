@@ -241,7 +241,7 @@ impl State {
         if stream.is_special() {
             return Ok(StreamKey::Implicit(device.0));
         }
-        let key = StreamKey::Created(stream.0);
+        let key = StreamKey::Created(stream.as_raw());
         let actual = self
             .streams
             .get(key)
@@ -264,7 +264,7 @@ impl State {
             self.check_device(self.current)?;
             return Ok(StreamKey::Implicit(self.current.0));
         }
-        let key = StreamKey::Created(stream.0);
+        let key = StreamKey::Created(stream.as_raw());
         match self.streams.get(key) {
             Some(_) => Ok(key),
             None => Err(MockError::InvalidStream(stream)),
@@ -279,7 +279,7 @@ impl State {
         }
         let found = self
             .events
-            .get(&event.0)
+            .get(&event.as_raw())
             .ok_or(MockError::InvalidEvent(event))?;
         match device {
             Some(given) if given != found.device => Err(MockError::CrossDevice {
@@ -301,7 +301,9 @@ impl State {
         let handle = self.next_stream;
         self.next_stream += 1;
         self.streams.insert(handle, Stream::new(device, priority));
-        Ok(StreamHandle(handle))
+        // SAFETY: `handle` is this mock's own fresh stream id, just entered in
+        // its stream table; the mock checks every handle it is given anyway.
+        Ok(unsafe { StreamHandle::from_raw(handle) })
     }
 
     pub(crate) fn destroy_stream(
@@ -314,7 +316,7 @@ impl State {
             return Err(MockError::InvalidStream(stream));
         }
         self.stream_key(stream, device)?;
-        self.streams.remove(stream.0);
+        self.streams.remove(stream.as_raw());
         Ok(())
     }
 
@@ -373,7 +375,7 @@ impl State {
             return Ok(self.current);
         }
         self.streams
-            .get(StreamKey::Created(stream.0))
+            .get(StreamKey::Created(stream.as_raw()))
             .map(|s| s.device)
             .ok_or(MockError::InvalidStream(stream))
     }
@@ -392,7 +394,9 @@ impl State {
             target: None,
         };
         self.events.insert(handle, event);
-        Ok(EventHandle(handle))
+        // SAFETY: `handle` is this mock's own fresh event id, just entered in
+        // its event table; the mock checks every handle it is given anyway.
+        Ok(unsafe { EventHandle::from_raw(handle) })
     }
 
     pub(crate) fn destroy_event(
@@ -401,7 +405,7 @@ impl State {
         device: DeviceId,
     ) -> Result<(), MockError> {
         self.event(event, Some(device))?;
-        self.events.remove(&event.0);
+        self.events.remove(&event.as_raw());
         Ok(())
     }
 
@@ -414,7 +418,7 @@ impl State {
         let key = self.stream_key(stream, device)?;
         self.event(event, Some(device))?;
         let point = self.streams.head(key);
-        if let Some(found) = self.events.get_mut(&event.0) {
+        if let Some(found) = self.events.get_mut(&event.as_raw()) {
             found.target = Some(point);
         }
         Ok(())

@@ -44,13 +44,14 @@ fn fault_counts_from_the_moment_it_is_armed() {
     mock.fail_nth(CallKind::DestroyEvent, 1);
     assert_eq!(mock.armed_faults(), 2);
     assert!(mock.create_event(D0, EventFlags::default()).is_err());
-    assert_eq!(
-        mock.destroy_event(e, D0),
-        Err(MockError::Injected(CallKind::DestroyEvent))
-    );
+    // SAFETY: `e` is a live event of device 0 of this mock, and the first
+    // destroy fails with no effect (injected), so the second one ends it.
+    let r = unsafe { mock.destroy_event(e, D0) };
+    assert_eq!(r, Err(MockError::Injected(CallKind::DestroyEvent)));
     // The failed destroy had no effect: the event is still there.
     assert!(mock.is_live_event(e));
-    mock.destroy_event(e, D0).unwrap();
+    // SAFETY: as above.
+    unsafe { mock.destroy_event(e, D0) }.unwrap();
     assert_eq!(mock.live_events(), 0);
     assert_eq!(mock.calls(CallKind::CreateEvent), 2);
     assert_eq!(mock.calls(CallKind::DestroyEvent), 2);
@@ -61,10 +62,13 @@ fn fault_fires_before_validation_and_can_be_cleared() {
     let mock = MockBackend::new(1);
     mock.fail_nth(CallKind::DestroyStream, 1);
     // Even a bad call fails with the injected error first, and is no misuse.
-    assert_eq!(
-        mock.destroy_stream(StreamHandle(0x7777), D0),
-        Err(MockError::Injected(CallKind::DestroyStream))
-    );
+    // SAFETY: a handle the mock never made, on purpose: the mock's trait
+    // methods are sound for any handle (it checks each one and reports a
+    // misuse; see `MockBackend`'s safety section).
+    let bogus = unsafe { StreamHandle::from_raw(0x7777) };
+    // SAFETY: as above.
+    let r = unsafe { mock.destroy_stream(bogus, D0) };
+    assert_eq!(r, Err(MockError::Injected(CallKind::DestroyStream)));
     assert!(mock.misuses().is_empty());
     mock.fail_nth(CallKind::QueryStream, 2);
     mock.fail_nth(CallKind::DeviceCount, 1);
@@ -82,8 +86,11 @@ fn calls_are_counted_by_kind() {
     mock.device_count().unwrap();
     mock.current_device().unwrap();
     let s = mock.create_stream(D1, opts()).unwrap();
-    assert_eq!(mock.stream_device(s), Ok(D1));
-    let _ = mock.query_stream(s, D0); // wrong device: counted all the same
+    // SAFETY: `s` is a live stream of this mock.
+    assert_eq!(unsafe { mock.stream_device(s) }, Ok(D1));
+    // SAFETY: the wrong device, on purpose: the mock's trait methods are sound
+    // for any handle (it checks each one and reports a misuse).
+    let _ = unsafe { mock.query_stream(s, D0) }; // counted all the same
     assert_eq!(mock.calls(CallKind::DeviceCount), 1);
     assert_eq!(mock.calls(CallKind::CurrentDevice), 1);
     assert_eq!(mock.calls(CallKind::QueryStream), 1);
@@ -104,12 +111,17 @@ fn live_counts_follow_create_and_destroy() {
     assert_eq!(mock.live_events(), 1);
     assert!(mock.is_live_stream(b) && mock.is_live_event(e));
     assert!(!mock.is_live_stream(StreamHandle::NULL));
-    mock.destroy_stream(b, D1).unwrap();
+    // SAFETY: live streams and an event of this mock, each with its own
+    // device; each is destroyed once and not used after.
+    unsafe { mock.destroy_stream(b, D1) }.unwrap();
     assert!(!mock.is_live_stream(b));
     assert_eq!(mock.live_streams_on(D1), 1);
-    mock.destroy_stream(a, D0).unwrap();
-    mock.destroy_stream(c, D1).unwrap();
-    mock.destroy_event(e, D1).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        mock.destroy_stream(a, D0).unwrap();
+        mock.destroy_stream(c, D1).unwrap();
+        mock.destroy_event(e, D1).unwrap();
+    }
     assert_eq!((mock.live_streams(), mock.live_events()), (0, 0));
     assert!(mock.misuses().is_empty());
 }
@@ -118,15 +130,17 @@ fn live_counts_follow_create_and_destroy() {
 fn handles_are_never_reused_and_never_special() {
     let mock = MockBackend::new(1);
     let s1 = mock.create_stream(D0, opts()).unwrap();
-    mock.destroy_stream(s1, D0).unwrap();
+    // SAFETY: a live stream of this mock, destroyed once and not used after.
+    unsafe { mock.destroy_stream(s1, D0) }.unwrap();
     let s2 = mock.create_stream(D0, opts()).unwrap();
     let e1 = mock.create_event(D0, EventFlags::default()).unwrap();
-    mock.destroy_event(e1, D0).unwrap();
+    // SAFETY: a live event of this mock, destroyed once and not used after.
+    unsafe { mock.destroy_event(e1, D0) }.unwrap();
     let e2 = mock.create_event(D0, EventFlags::default()).unwrap();
     assert!(s1 != s2 && e1 != e2);
     assert!(!s1.is_special() && !e1.is_null());
     assert!(
-        s2.0 < e1.0,
+        s2.as_raw() < e1.as_raw(),
         "stream and event handles are in distinct ranges"
     );
 }
@@ -137,31 +151,38 @@ fn misuse_is_detected_and_logged_in_order() {
     let s = mock.create_stream(D0, opts()).unwrap();
     let e = mock.create_event(D0, EventFlags::default()).unwrap();
     let t = mock.create_stream(D1, opts()).unwrap();
-    mock.destroy_stream(s, D0).unwrap();
-    // Double destroy.
-    assert_eq!(mock.destroy_stream(s, D0), Err(MockError::InvalidStream(s)));
-    // Unknown event; device out of range; wrong device.
-    let bogus = EventHandle(12345);
-    assert_eq!(
-        mock.query_event(bogus, D0),
-        Err(MockError::InvalidEvent(bogus))
-    );
-    assert_eq!(
-        mock.create_stream(DeviceId(2), opts()),
-        Err(MockError::InvalidDevice(DeviceId(2)))
-    );
+    // SAFETY: a handle the mock never made, on purpose: the mock's trait
+    // methods are sound for any handle (it checks each one and reports a
+    // misuse; see `MockBackend`'s safety section).
+    let bogus = unsafe { EventHandle::from_raw(12345) };
     let cross = MockError::CrossDevice {
         given: D1,
         actual: D0,
     };
-    assert_eq!(mock.destroy_event(e, D1), Err(cross.clone()));
-    // Recording an event of device 0 on a stream of device 1.
-    assert_eq!(mock.record_event(e, t, D1), Err(cross.clone()));
-    // The special streams cannot be destroyed.
-    assert_eq!(
-        mock.destroy_stream(StreamHandle::NULL, D0),
-        Err(MockError::InvalidStream(StreamHandle::NULL))
-    );
+    // SAFETY: every call below but the first misuses a handle on purpose; the
+    // mock's trait methods are sound for any handle (see above).
+    unsafe {
+        mock.destroy_stream(s, D0).unwrap();
+        // Double destroy.
+        assert_eq!(mock.destroy_stream(s, D0), Err(MockError::InvalidStream(s)));
+        // Unknown event; device out of range; wrong device.
+        assert_eq!(
+            mock.query_event(bogus, D0),
+            Err(MockError::InvalidEvent(bogus))
+        );
+        assert_eq!(
+            mock.create_stream(DeviceId(2), opts()),
+            Err(MockError::InvalidDevice(DeviceId(2)))
+        );
+        assert_eq!(mock.destroy_event(e, D1), Err(cross.clone()));
+        // Recording an event of device 0 on a stream of device 1.
+        assert_eq!(mock.record_event(e, t, D1), Err(cross.clone()));
+        // The special streams cannot be destroyed.
+        assert_eq!(
+            mock.destroy_stream(StreamHandle::NULL, D0),
+            Err(MockError::InvalidStream(StreamHandle::NULL))
+        );
+    }
     let expected = [
         (CallKind::DestroyStream, MockError::InvalidStream(s)),
         (CallKind::QueryEvent, MockError::InvalidEvent(bogus)),
@@ -198,15 +219,15 @@ fn flags_priorities_and_current_device_are_recorded() {
     let default = mock.create_stream(D0, opts()).unwrap();
     assert_eq!(mock.stream_priority(hi), Some(Some(-2)));
     assert_eq!(mock.stream_priority(default), Some(None));
-    mock.destroy_stream(hi, D0).unwrap();
+    // SAFETY: a live stream of this mock, destroyed once and not used after.
+    unsafe { mock.destroy_stream(hi, D0) }.unwrap();
     assert_eq!(mock.stream_priority(hi), None);
     assert_eq!(mock.current_device(), Ok(D0));
     mock.set_current_device(DeviceId(2));
     assert_eq!(mock.clone().current_device(), Ok(DeviceId(2)));
-    assert_eq!(
-        mock.stream_device(StreamHandle::PER_THREAD),
-        Ok(DeviceId(2))
-    );
+    // SAFETY: a special stream, which names the current device's.
+    let current = unsafe { mock.stream_device(StreamHandle::PER_THREAD) };
+    assert_eq!(current, Ok(DeviceId(2)));
     assert!(!format!("{mock:?}").is_empty());
     assert!(MockError::Injected(CallKind::QueryEvent)
         .to_string()
@@ -227,10 +248,14 @@ fn many_threads_create_and_destroy() {
                     let s = mock.create_stream(d, opts()).unwrap();
                     let e = mock.create_event(d, EventFlags::default()).unwrap();
                     mock.enqueue_work(s).unwrap();
-                    mock.record_event(e, s, d).unwrap();
-                    mock.synchronize_event(e, d).unwrap();
-                    mock.destroy_event(e, d).unwrap();
-                    mock.destroy_stream(s, d).unwrap();
+                    // SAFETY: `s` and `e` are live handles of this mock on
+                    // `d`, made just above; each is destroyed once, last.
+                    unsafe {
+                        mock.record_event(e, s, d).unwrap();
+                        mock.synchronize_event(e, d).unwrap();
+                        mock.destroy_event(e, d).unwrap();
+                        mock.destroy_stream(s, d).unwrap();
+                    }
                 }
             });
         }
@@ -240,4 +265,15 @@ fn many_threads_create_and_destroy() {
     assert_eq!(mock.calls(CallKind::DestroyEvent), n);
     assert_eq!((mock.live_streams(), mock.live_events()), (0, 0));
     assert!(mock.misuses().is_empty());
+}
+
+#[test]
+fn each_machine_has_its_own_id_and_clones_share_it() {
+    let a = MockBackend::new(1);
+    let b = MockBackend::new(1);
+    assert_ne!(a.id(), b.id(), "two machines are two drivers");
+    assert_eq!(a.clone().id(), a.id(), "a clone is the same machine");
+    assert_eq!(a.id(), a.id(), "the id never changes");
+    // Asking is no backend call.
+    assert_eq!(a.total_calls(), 0);
 }

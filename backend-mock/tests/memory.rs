@@ -79,7 +79,8 @@ fn every_kind_allocates_aligned_writable_memory_and_frees_it() {
                 free(&mock, kind, p, size, align);
                 assert_eq!(mock.live_bytes(kind), 0);
 
-                let q = mock.allocate_async(kind, D0, size, align, s).unwrap();
+                // SAFETY: `s` is a live stream of device 0 of this mock.
+                let q = unsafe { mock.allocate_async(kind, D0, size, align, s) }.unwrap();
                 assert_eq!(addr(q) % align, 0);
                 // SAFETY: as above.
                 unsafe { mock.deallocate_async(kind, D0, q, size, align, s) }.unwrap();
@@ -129,10 +130,9 @@ fn fault_injection_fails_each_memory_call_kind_with_no_effect() {
         Err(MockError::Injected(CallKind::Allocate))
     );
     mock.fail_nth(CallKind::AllocateAsync, 1);
-    assert_eq!(
-        mock.allocate_async(Device, D0, 64, 8, s),
-        Err(MockError::Injected(CallKind::AllocateAsync))
-    );
+    // SAFETY: `s` is a live stream of device 0 of this mock.
+    let r = unsafe { mock.allocate_async(Device, D0, 64, 8, s) };
+    assert_eq!(r, Err(MockError::Injected(CallKind::AllocateAsync)));
     assert_eq!(
         mock.live_blocks(),
         0,
@@ -300,14 +300,16 @@ fn bad_allocations_are_misuses() {
         mock.allocate(Device, D1, 8, 8),
         Err(MockError::InvalidDevice(D1))
     );
-    assert_eq!(
-        mock.allocate_async(Device, D0, 8, 8, StreamHandle(0x4242)),
-        Err(MockError::InvalidStream(StreamHandle(0x4242)))
-    );
+    // SAFETY: a handle the mock never made, on purpose: the mock's trait
+    // methods are sound for any handle (it checks each one and reports a
+    // misuse; see `MockBackend`'s safety section).
+    let bogus = unsafe { StreamHandle::from_raw(0x4242) };
+    // SAFETY: as above.
+    let r = unsafe { mock.allocate_async(Device, D0, 8, 8, bogus) };
+    assert_eq!(r, Err(MockError::InvalidStream(bogus)));
     // A special stream is the device's implicit stream: allowed.
-    let p = mock
-        .allocate_async(Device, D0, 8, 8, StreamHandle::NULL)
-        .unwrap();
+    // SAFETY: a special stream names device 0's implicit stream.
+    let p = unsafe { mock.allocate_async(Device, D0, 8, 8, StreamHandle::NULL) }.unwrap();
     free_on(&mock, Device, p, 8, StreamHandle::PER_THREAD).unwrap();
     assert_eq!(mock.misuses().len(), 6);
     assert_no_leak(&mock);
@@ -317,7 +319,8 @@ fn bad_allocations_are_misuses() {
 fn stream_ordered_free_is_reclaimed_only_once_the_stream_passes_it() {
     let mock = MockBackend::new(1);
     let s = stream(&mock, D0);
-    let p = mock.allocate_async(Device, D0, 256, 8, s).unwrap();
+    // SAFETY: `s` is a live stream of device 0 of this mock.
+    let p = unsafe { mock.allocate_async(Device, D0, 256, 8, s) }.unwrap();
     mock.use_memory(s, p.as_ptr(), 256).unwrap();
     mock.enqueue_work(s).unwrap();
     free_on(&mock, Device, p, 256, s).unwrap();
@@ -356,14 +359,18 @@ fn stream_ordered_free_is_reclaimed_only_once_the_stream_passes_it() {
         free_on(&mock, Managed, r, 32, t).unwrap();
         assert_eq!(mock.pending_free_bytes(Managed), 32);
         match how {
-            0 => mock.destroy_stream(t, D0).unwrap(),
-            1 => mock.synchronize_stream(t, D0).unwrap(),
+            // SAFETY: `t` is a live stream of device 0 of this mock, not used
+            // after it is destroyed.
+            0 => unsafe { mock.destroy_stream(t, D0) }.unwrap(),
+            // SAFETY: `t` is a live stream of device 0 of this mock.
+            1 => unsafe { mock.synchronize_stream(t, D0) }.unwrap(),
             _ => mock.complete_everything(),
         }
         assert_eq!(mock.pending_free_bytes(Managed), 0, "case {how}");
         assert_eq!(mock.live_bytes(Managed), 0, "case {how}");
     }
-    mock.destroy_stream(s, D0).unwrap();
+    // SAFETY: `s` is a live stream of device 0 of this mock, not used after.
+    unsafe { mock.destroy_stream(s, D0) }.unwrap();
     assert!(mock.hazards().is_empty());
     assert_no_leak(&mock);
 }
@@ -375,8 +382,11 @@ fn stream_ordered_free_waits_for_an_event_the_stream_waits_on() {
     let e = event(&mock, D0);
     let p = mock.allocate(Device, D0, 64, 8).unwrap();
     mock.enqueue_work(b).unwrap();
-    mock.record_event(e, b, D0).unwrap();
-    mock.stream_wait_event(a, D0, e).unwrap();
+    // SAFETY: `e`, `a` and `b` are live handles of device 0 of this mock.
+    unsafe {
+        mock.record_event(e, b, D0).unwrap();
+        mock.stream_wait_event(a, D0, e).unwrap();
+    }
     free_on(&mock, Device, p, 64, a).unwrap();
     assert_eq!(mock.pending_free_bytes(Device), 64, "a is blocked on b");
     mock.complete_one(b).unwrap();
@@ -408,7 +418,8 @@ fn hazard_sync_free_while_a_kernel_uses_the_block() {
     // Once the kernel has completed, the same free is fine.
     let q = mock.allocate(Device, D0, 128, 8).unwrap();
     mock.use_memory(s, q.as_ptr(), 128).unwrap();
-    mock.synchronize_stream(s, D0).unwrap();
+    // SAFETY: `s` is a live stream of device 0 of this mock.
+    unsafe { mock.synchronize_stream(s, D0) }.unwrap();
     free(&mock, Device, q, 128, 8);
     assert!(mock.hazards().is_empty());
     assert!(mock.misuses().is_empty());
@@ -436,8 +447,11 @@ fn no_hazard_when_the_freeing_stream_waits_on_an_event_after_the_use() {
     let e = event(&mock, D0);
     let p = mock.allocate(Device, D0, 64, 8).unwrap();
     mock.use_memory(b, p.as_ptr(), 64).unwrap();
-    mock.record_event(e, b, D0).unwrap(); // after the use
-    mock.stream_wait_event(a, D0, e).unwrap();
+    // SAFETY: `e`, `a` and `b` are live handles of device 0 of this mock.
+    unsafe {
+        mock.record_event(e, b, D0).unwrap(); // after the use
+        mock.stream_wait_event(a, D0, e).unwrap();
+    }
     free_on(&mock, Device, p, 64, a).unwrap();
     assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
     assert_eq!(mock.pending_free_bytes(Device), 64);
@@ -452,9 +466,11 @@ fn hazard_when_the_event_was_recorded_before_the_use() {
     let e = event(&mock, D0);
     let p = mock.allocate(Device, D0, 64, 8).unwrap();
     mock.enqueue_work(b).unwrap();
-    mock.record_event(e, b, D0).unwrap(); // before the use: orders nothing
+    // SAFETY: `e` and `b` are live handles of device 0 of this mock.
+    unsafe { mock.record_event(e, b, D0) }.unwrap(); // before the use: orders nothing
     mock.use_memory(b, p.as_ptr(), 64).unwrap();
-    mock.stream_wait_event(a, D0, e).unwrap();
+    // SAFETY: `a` and `e` are live handles of device 0 of this mock.
+    unsafe { mock.stream_wait_event(a, D0, e) }.unwrap();
     free_on(&mock, Device, p, 64, a).unwrap();
     assert_eq!(mock.hazards().len(), 1);
     mock.complete_everything();
@@ -468,10 +484,13 @@ fn ordering_follows_waits_transitively() {
     let (e1, e2) = (event(&mock, D0), event(&mock, D0));
     let p = mock.allocate(Device, D0, 64, 8).unwrap();
     mock.use_memory(b, p.as_ptr(), 64).unwrap();
-    mock.record_event(e1, b, D0).unwrap();
-    mock.stream_wait_event(c, D0, e1).unwrap();
-    mock.record_event(e2, c, D0).unwrap();
-    mock.stream_wait_event(a, D0, e2).unwrap();
+    // SAFETY: the streams and events are live handles of device 0 of this mock.
+    unsafe {
+        mock.record_event(e1, b, D0).unwrap();
+        mock.stream_wait_event(c, D0, e1).unwrap();
+        mock.record_event(e2, c, D0).unwrap();
+        mock.stream_wait_event(a, D0, e2).unwrap();
+    }
     free_on(&mock, Device, p, 64, a).unwrap(); // a → c → b: ordered
     assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
     mock.complete_everything();
@@ -499,8 +518,11 @@ fn hazard_concurrent_use_on_two_streams_unless_ordered() {
     mock.clear_hazards();
     // b waits for a's use first: ordered (b's earlier use of the same range is
     // on b itself, hence ordered too).
-    mock.record_event(e, a, D0).unwrap();
-    mock.stream_wait_event(b, D0, e).unwrap();
+    // SAFETY: `e`, `a` and `b` are live handles of device 0 of this mock.
+    unsafe {
+        mock.record_event(e, a, D0).unwrap();
+        mock.stream_wait_event(b, D0, e).unwrap();
+    }
     mock.use_memory(b, p.as_ptr(), 128).unwrap();
     assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
     mock.complete_everything();
@@ -575,7 +597,8 @@ fn copy_async_round_trips_bytes_and_tracks_both_ranges() {
     let mock = MockBackend::new(1);
     let s = stream(&mock, D0);
     let data: Vec<u8> = (0..200u8).collect();
-    let dev = mock.allocate_async(Device, D0, 256, 256, s).unwrap();
+    // SAFETY: `s` is a live stream of device 0 of this mock.
+    let dev = unsafe { mock.allocate_async(Device, D0, 256, 256, s) }.unwrap();
     let host = mock.allocate(Pinned, D0, 200, 8).unwrap();
 
     // SAFETY: `data` is 200 readable bytes of ours and `dev` is a live block
@@ -589,7 +612,8 @@ fn copy_async_round_trips_bytes_and_tracks_both_ranges() {
     mock.host_access(host.as_ptr(), 200).unwrap();
     assert_eq!(mock.hazards().len(), 1);
     mock.clear_hazards();
-    mock.synchronize_stream(s, D0).unwrap();
+    // SAFETY: `s` is a live stream of device 0 of this mock.
+    unsafe { mock.synchronize_stream(s, D0) }.unwrap();
     mock.host_access(host.as_ptr(), 200).unwrap();
     assert!(mock.hazards().is_empty());
     // SAFETY: the pinned block holds 200 initialised bytes and the copies are done.
@@ -628,6 +652,10 @@ fn copy_async_rejects_bad_ranges() {
     let mut pageable = [0u8; 64];
     let foreign = NonNull::from(&mut pageable).cast::<u8>();
     let bad = |p: NonNull<u8>, len| MockError::InvalidRange { addr: addr(p), len };
+    // SAFETY: a handle the mock never made, on purpose: the mock's trait
+    // methods are sound for any handle (it checks each one and reports a
+    // misuse; see `MockBackend`'s safety section).
+    let bogus = unsafe { StreamHandle::from_raw(0x4242) };
     // SAFETY: every copy below is refused by the mock's checks before any byte
     // moves, or copies between live disjoint ranges.
     unsafe {
@@ -659,8 +687,8 @@ fn copy_async_rejects_bad_ranges() {
         assert_eq!(mock.copy_async(b, a, 8, s, D0), Err(bad(b, 8)));
         // Bad stream and device.
         assert_eq!(
-            mock.copy_async(a, foreign, 8, StreamHandle(0x4242), D0),
-            Err(MockError::InvalidStream(StreamHandle(0x4242)))
+            mock.copy_async(a, foreign, 8, bogus, D0),
+            Err(MockError::InvalidStream(bogus))
         );
         assert_eq!(
             mock.copy_async(a, foreign, 8, s, D1),
@@ -719,7 +747,8 @@ fn many_threads_allocate_use_and_free() {
                 let kind = MemoryKind::ALL[t % 4];
                 for i in 0..ROUNDS {
                     let size = 8 + (i % 7) * 24;
-                    let p = mock.allocate_async(kind, D0, size, 8, s).unwrap();
+                    // SAFETY: `s` is a live stream of device 0 of this mock.
+                    let p = unsafe { mock.allocate_async(kind, D0, size, 8, s) }.unwrap();
                     mock.use_memory(s, p.as_ptr(), size).unwrap();
                     if i % 3 == 0 {
                         mock.complete_one(s).unwrap();
@@ -727,7 +756,9 @@ fn many_threads_allocate_use_and_free() {
                     // SAFETY: `p` is ours; only work on `s` used it.
                     unsafe { mock.deallocate_async(kind, D0, p, size, 8, s) }.unwrap();
                 }
-                mock.destroy_stream(s, D0).unwrap();
+                // SAFETY: `s` is a live stream of device 0 of this mock, not
+                // used after.
+                unsafe { mock.destroy_stream(s, D0) }.unwrap();
             });
         }
     });
