@@ -114,7 +114,7 @@ fn run() -> Result<(), Outcome> {
     };
     println!(
         "leased stream {:#x} on {} from the process-wide pool",
-        lease.get().0,
+        lease.handle().as_raw(),
         lease.device()
     );
 

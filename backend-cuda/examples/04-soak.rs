@@ -66,7 +66,9 @@ fn main() -> ExitCode {
             let (stop, iterations, bad) = (&stop, &iterations, &bad);
             s.spawn(move || {
                 let upload = streams.get(d).expect("upload stream");
-                let mut scratch = Scratchpad::new(&gpu, upload.order());
+                // The scratchpad's device order is the upload stream: its
+                // `to_device` copies run there.
+                let mut scratch = Scratchpad::new(&gpu, upload.order()).expect("scratchpad");
                 let mut i: u32 = 0;
                 while !stop.load(Ordering::Relaxed) {
                     let work = streams.get(d).expect("stream");
@@ -77,21 +79,22 @@ fn main() -> ExitCode {
                     }
                     // SAFETY: every element was just written.
                     let src: &[u32] = unsafe { &*(src as *const _ as *const [u32]) };
-                    let a = scratch.to_device(upload.get(), src).expect("to device");
+                    let a = scratch.to_device(src).expect("to device");
                     let b = scratch.device::<u32>(ELEMS).expect("device");
                     let out = scratch.pinned::<u32>(ELEMS).expect("pinned out");
                     let out_ptr = NonNull::new(out.as_mut_ptr().cast::<u8>()).unwrap();
                     work.order().wait(&upload.order(), events).expect("wait");
                     let bytes = ELEMS * 4;
-                    // SAFETY: live scratch blocks of `bytes`, ordered after the
-                    // upload by the wait; `src` is not touched again until the
-                    // round ends (the scratchpad resets after the sync below).
+                    // SAFETY: `work` holds this live stream of `d`; live scratch
+                    // blocks of `bytes`, ordered after the upload by the wait;
+                    // `src` is not touched again until the round ends (the
+                    // scratchpad resets after the sync below).
                     unsafe {
                         gpu.copy_async(
                             NonNull::new(b.as_ptr().cast()).unwrap(),
                             NonNull::new(a.as_ptr().cast()).unwrap(),
                             bytes,
-                            work.get(),
+                            work.handle(),
                             d,
                         )
                         .expect("d2d");
@@ -99,12 +102,13 @@ fn main() -> ExitCode {
                             out_ptr,
                             NonNull::new(b.as_ptr().cast()).unwrap(),
                             bytes,
-                            work.get(),
+                            work.handle(),
                             d,
                         )
                         .expect("d2h");
                     }
-                    gpu.synchronize_stream(work.get(), d).expect("sync");
+                    // SAFETY: `work` holds this live stream of `d`.
+                    unsafe { gpu.synchronize_stream(work.handle(), d) }.expect("sync");
                     // SAFETY: the copy into `out` has completed (synchronized).
                     let out: &[u32] = unsafe { &*(out as *const _ as *const [u32]) };
                     if out.iter().enumerate().any(|(k, &x)| x != seed ^ k as u32) {

@@ -9,13 +9,13 @@
 //! call (DALI #3957: waiting on the default stream of a device that is not the
 //! current one failed with "invalid resource handle").
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::safe::CudaContext;
 use cudarc::driver::sys;
 use gpupool_core::{
-    Backend, Completion, DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend,
+    Backend, BackendId, Completion, DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend,
     StreamHandle, StreamOptions,
 };
 
@@ -36,13 +36,37 @@ use crate::error::{check, CudaError};
 ///
 /// # Raw handles
 ///
-/// The trait methods take raw `CUstream` / `CUevent` values. The driver checks
-/// some misuse (a destroyed handle often gives `CUDA_ERROR_INVALID_HANDLE`),
-/// but not all: a value that is not a live stream or event created through
-/// this backend (or the CUDA runtime in this process) is undefined behaviour
-/// inside the driver, which no Rust type can rule out. The pools only pass
-/// handles they created and still own; call the trait methods directly only
-/// with such handles.
+/// The trait methods that take a raw `CUstream`, `CUevent` or address are
+/// `unsafe fn`s: the caller keeps the contract of the core traits (see
+/// [`Backend`]'s "Handle contracts" and each method's `# Safety` list). The
+/// driver checks some misuse (a destroyed handle often gives
+/// `CUDA_ERROR_INVALID_HANDLE`), but not all: anything else is undefined
+/// behaviour inside the driver, which no Rust type can rule out. What the
+/// traits' "usable stream of `device`" and "usable event of `device`" mean
+/// for this backend, precisely:
+///
+/// - a **stream** is one created by a `CudaBackend`
+///   ([`create_stream`](StreamBackend::create_stream): non-blocking, on the
+///   device's primary context) and not destroyed yet, or one of the special
+///   streams 0, 1, 2 ([`StreamHandle::NULL`], [`LEGACY`](StreamHandle::LEGACY),
+///   [`PER_THREAD`](StreamHandle::PER_THREAD)), which mean the default
+///   streams of `device`'s primary context;
+/// - the **device** named with a stream is that stream's device (the one it
+///   was created on); with an event, the event's (CUDA records an event only
+///   on a stream of its own context);
+/// - an **event** is one created by a `CudaBackend`
+///   ([`create_event`](EventBackend::create_event)) on that device and not
+///   destroyed yet;
+/// - an **address** given to a free or a copy came from this backend's
+///   allocate calls for that kind and device (see the
+///   [`MemoryBackend`](gpupool_core::MemoryBackend) impl), or, for a copy,
+///   is host memory the caller owns.
+///
+/// Every `CudaBackend` value shares one [`BackendId`] ([`Backend::id`]): they
+/// all speak to the same driver, so a handle made through one is usable with
+/// any other. The pools, leases and scratchpads only pass handles they
+/// created and still own, and [`AccessOrder`](gpupool_core::AccessOrder)s
+/// borrow their streams: through them no `unsafe` is needed.
 ///
 /// ```
 /// use gpupool_core::{EventPool, StreamPool};
@@ -51,7 +75,7 @@ use crate::error::{check, CudaError};
 /// let streams = StreamPool::new(CudaBackend::new()); // no driver call yet
 /// let events = EventPool::new(CudaBackend::new());
 /// if let Ok(lease) = streams.get(0) {
-///     // ... launch work on lease.get() ...
+///     // ... launch work on lease.handle() ...
 ///     drop(lease); // back to the pool
 /// }
 /// # drop(events);
@@ -90,12 +114,19 @@ fn checked(device: DeviceId) -> Result<&'static Driver, CudaError> {
 
 #[inline]
 fn raw_stream(s: StreamHandle) -> sys::CUstream {
-    s.0 as sys::CUstream
+    s.as_raw() as sys::CUstream
 }
 
 #[inline]
 fn raw_event(e: EventHandle) -> sys::CUevent {
-    e.0 as sys::CUevent
+    e.as_raw() as sys::CUevent
+}
+
+/// The one id of every `CudaBackend` ([`Backend::id`]): made on first use,
+/// without any driver call.
+fn process_id() -> BackendId {
+    static ID: OnceLock<BackendId> = OnceLock::new();
+    *ID.get_or_init(BackendId::unique)
 }
 
 /// Runs `op` in the right context for `stream` (module documentation): the
@@ -140,6 +171,12 @@ fn teardown_ok(r: Result<(), CudaError>) -> Result<(), CudaError> {
 impl Backend for CudaBackend {
     type Error = CudaError;
 
+    /// One id for the whole process, shared by every `CudaBackend` value
+    /// (they all speak to the same driver). Calls no driver function.
+    fn id(&self) -> BackendId {
+        process_id()
+    }
+
     /// `cuDeviceGetCount`, asked once per process. `Ok(0)` when `cuInit` finds
     /// no device (`CUDA_ERROR_NO_DEVICE`); [`CudaError::NoDriver`] without
     /// `libcuda`; [`CudaError::Init`] when `cuInit` fails otherwise.
@@ -167,11 +204,26 @@ impl StreamBackend for CudaBackend {
                 None => result::stream::create(kind)?,
                 Some(p) => result::stream::create_with_priority(kind, primary.clamp_priority(p))?,
             };
-            Ok(StreamHandle(s as usize))
+            // SAFETY: a stream the driver just created on `device`'s primary
+            // context, non-blocking: a usable stream of `device` for every
+            // `CudaBackend` until it is destroyed.
+            Ok(unsafe { StreamHandle::from_raw(s as usize) })
         })
     }
 
-    fn destroy_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), CudaError> {
+    /// Gives the stream's [device cache](crate::device_cache) blocks back in
+    /// its order, then `cuStreamDestroy`.
+    ///
+    /// # Safety
+    /// The contract of [`StreamBackend::destroy_stream`], with the terms of
+    /// the type documentation ("Raw handles"): `stream` is a live stream
+    /// created by a `CudaBackend` on `device`, owned by the caller, who
+    /// never uses it again.
+    unsafe fn destroy_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), CudaError> {
         if stream.is_special() {
             return Err(CudaError::SpecialStream(stream));
         }
@@ -182,28 +234,44 @@ impl StreamBackend for CudaBackend {
             // in its order while it is still alive. A failure leaves them
             // cached (never handed to another stream; freed by the next
             // `trim_memory`), so it does not stop the destroy.
-            let _ = crate::memory::forget_stream_blocks(stream, device);
-            // SAFETY: a created stream the caller owns and gives up (type
-            // documentation); work still queued on it completes.
+            // SAFETY: a live created stream of `device` (this call's
+            // contract), not special (checked above).
+            let _ = unsafe { crate::memory::forget_stream_blocks(stream, device) };
+            // SAFETY: a created stream the caller owns and gives up (this
+            // call's contract); work still queued on it completes.
             unsafe { result::stream::destroy(raw_stream(stream)) }?;
             Ok(())
         })())
     }
 
-    fn query_stream(
+    /// `cuStreamQuery`.
+    ///
+    /// # Safety
+    /// The contract of [`StreamBackend::query_stream`]: `stream` is a usable
+    /// stream of `device` (type documentation, "Raw handles").
+    unsafe fn query_stream(
         &self,
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<Completion, CudaError> {
         let drv = checked(device)?;
         on_stream(drv, stream, device, || {
-            // SAFETY: a live stream of `device`, or a special stream of the
-            // context made current by `on_stream` (type documentation).
+            // SAFETY: a live stream of `device` (this call's contract), or a
+            // special stream of the context made current by `on_stream`.
             completion(unsafe { sys::cuStreamQuery(raw_stream(stream)) })
         })
     }
 
-    fn synchronize_stream(&self, stream: StreamHandle, device: DeviceId) -> Result<(), CudaError> {
+    /// `cuStreamSynchronize`.
+    ///
+    /// # Safety
+    /// The contract of [`StreamBackend::synchronize_stream`]: `stream` is a
+    /// usable stream of `device` (type documentation, "Raw handles").
+    unsafe fn synchronize_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), CudaError> {
         let drv = checked(device)?;
         on_stream(drv, stream, device, || {
             // SAFETY: as in `query_stream`.
@@ -212,7 +280,14 @@ impl StreamBackend for CudaBackend {
         })
     }
 
-    fn stream_wait_event(
+    /// `cuStreamWaitEvent`. The event may be of another device than the
+    /// stream (CUDA allows waiting across devices).
+    ///
+    /// # Safety
+    /// The contract of [`StreamBackend::stream_wait_event`]: `stream` is a
+    /// usable stream of `device` and `event` a live event created by a
+    /// `CudaBackend` (type documentation, "Raw handles").
+    unsafe fn stream_wait_event(
         &self,
         stream: StreamHandle,
         device: DeviceId,
@@ -220,8 +295,8 @@ impl StreamBackend for CudaBackend {
     ) -> Result<(), CudaError> {
         let drv = checked(device)?;
         on_stream(drv, stream, device, || {
-            // SAFETY: as in `query_stream`, and `event` is a live event (of
-            // any device: CUDA allows waiting across devices).
+            // SAFETY: as in `query_stream`, and `event` is a live event (this
+            // call's contract; of any device: CUDA waits across devices).
             unsafe {
                 result::stream::wait_event(
                     raw_stream(stream),
@@ -237,16 +312,22 @@ impl StreamBackend for CudaBackend {
     /// belongs to the current context, so it gives
     /// [`current_device`](Backend::current_device) (as DALI's
     /// `DeviceFromStream` does).
-    fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, CudaError> {
+    ///
+    /// # Safety
+    /// The contract of [`StreamBackend::stream_device`]: `stream` was created
+    /// by a `CudaBackend` and is not destroyed before the call returns (type
+    /// documentation, "Raw handles").
+    unsafe fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, CudaError> {
         let drv = driver()?;
         if stream.is_special() {
             return drv.current_device();
         }
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: a live created stream (type documentation); `ctx` is a
+        // SAFETY: a live created stream (this call's contract); `ctx` is a
         // valid place for the driver to write the context to.
         check(unsafe { sys::cuStreamGetCtx(raw_stream(stream), &mut ctx) })?;
-        drv.device_of_context(ctx)
+        // SAFETY: the context of a live stream, just returned by the driver.
+        unsafe { drv.device_of_context(ctx) }
     }
 }
 
@@ -260,16 +341,24 @@ impl EventBackend for CudaBackend {
             // SAFETY: `event` is a valid place for the new handle; the driver
             // rejects flag bits it does not know.
             check(unsafe { sys::cuEventCreate(&mut event, flags.0) })?;
-            Ok(EventHandle(event as usize))
+            // SAFETY: an event the driver just created on `device`'s primary
+            // context: a usable event of `device` until it is destroyed.
+            Ok(unsafe { EventHandle::from_raw(event as usize) })
         })
     }
 
-    fn destroy_event(&self, event: EventHandle, device: DeviceId) -> Result<(), CudaError> {
+    /// `cuEventDestroy`.
+    ///
+    /// # Safety
+    /// The contract of [`EventBackend::destroy_event`]: `event` is a live
+    /// event created by a `CudaBackend` on `device`, owned by the caller, who
+    /// never uses it again (type documentation, "Raw handles").
+    unsafe fn destroy_event(&self, event: EventHandle, device: DeviceId) -> Result<(), CudaError> {
         teardown_ok((|| {
             let drv = checked(device)?;
             drv.ensure_context(device)?;
-            // SAFETY: a live event the caller owns and gives up (type
-            // documentation); destroying a pending event is allowed.
+            // SAFETY: a live event the caller owns and gives up (this call's
+            // contract); destroying a pending event is allowed.
             unsafe { result::event::destroy(raw_event(event)) }?;
             Ok(())
         })())
@@ -277,7 +366,12 @@ impl EventBackend for CudaBackend {
 
     /// `cuEventRecord`. `device` is the stream's device, which must also be
     /// the event's (CUDA records only within one context).
-    fn record_event(
+    ///
+    /// # Safety
+    /// The contract of [`EventBackend::record_event`]: `event` is a usable
+    /// event and `stream` a usable stream, both of `device` (type
+    /// documentation, "Raw handles").
+    unsafe fn record_event(
         &self,
         event: EventHandle,
         stream: StreamHandle,
@@ -286,23 +380,42 @@ impl EventBackend for CudaBackend {
         let drv = checked(device)?;
         on_stream(drv, stream, device, || {
             // SAFETY: a live event, and a live stream of `device` or a special
-            // stream of the context made current by `on_stream`.
+            // stream of the context made current by `on_stream` (this call's
+            // contract).
             unsafe { result::event::record(raw_event(event), raw_stream(stream)) }?;
             Ok(())
         })
     }
 
-    fn query_event(&self, event: EventHandle, device: DeviceId) -> Result<Completion, CudaError> {
+    /// `cuEventQuery`.
+    ///
+    /// # Safety
+    /// The contract of [`EventBackend::query_event`]: `event` is a usable
+    /// event of `device` (type documentation, "Raw handles").
+    unsafe fn query_event(
+        &self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<Completion, CudaError> {
         let drv = checked(device)?;
         drv.ensure_context(device)?;
-        // SAFETY: a live event (type documentation).
+        // SAFETY: a live event (this call's contract).
         completion(unsafe { sys::cuEventQuery(raw_event(event)) })
     }
 
-    fn synchronize_event(&self, event: EventHandle, device: DeviceId) -> Result<(), CudaError> {
+    /// `cuEventSynchronize`.
+    ///
+    /// # Safety
+    /// The contract of [`EventBackend::synchronize_event`]: `event` is a
+    /// usable event of `device` (type documentation, "Raw handles").
+    unsafe fn synchronize_event(
+        &self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<(), CudaError> {
         let drv = checked(device)?;
         drv.ensure_context(device)?;
-        // SAFETY: a live event (type documentation).
+        // SAFETY: a live event (this call's contract).
         unsafe { result::event::synchronize(raw_event(event)) }?;
         Ok(())
     }

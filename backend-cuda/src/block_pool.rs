@@ -172,6 +172,15 @@ pub(crate) enum PoolKind {
 
 /// The CUDA pools' upstream: blocks from the driver, allocated in `device`'s
 /// primary context; fences are events with timing disabled.
+///
+/// The [`Upstream`] methods are safe, but these reach the driver with the
+/// handles they are given. That is sound because `PoolKind` is private to
+/// this crate and its only user is `Pool<PoolKind>` (the pinned and managed
+/// pools of [`crate::memory`]), which passes only (1) fences this upstream
+/// created on `device` and has not destroyed (its idle and parked lists own
+/// them), and (2) the stream of [`give_after`](Pool::give_after), an
+/// `unsafe fn` whose caller vouches that it is a usable stream of `device`.
+/// Those are the two facts the `SAFETY` comments below rely on.
 impl Upstream for PoolKind {
     type Error = CudaError;
     type Fence = EventHandle;
@@ -236,19 +245,25 @@ impl Upstream for PoolKind {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<(), CudaError> {
-        CudaBackend::new().record_event(fence, stream, device)
+        // SAFETY: (1) and (2) of the impl's documentation: a live fence of
+        // `device` made by `create_fence`, and a usable stream of `device`.
+        unsafe { CudaBackend::new().record_event(fence, stream, device) }
     }
 
     fn query_fence(&self, fence: EventHandle, device: DeviceId) -> Result<Completion, CudaError> {
-        CudaBackend::new().query_event(fence, device)
+        // SAFETY: (1) of the impl's documentation: a live fence of `device`.
+        unsafe { CudaBackend::new().query_event(fence, device) }
     }
 
     fn destroy_fence(&self, fence: EventHandle, device: DeviceId) -> Result<(), CudaError> {
-        CudaBackend::new().destroy_event(fence, device)
+        // SAFETY: (1) of the impl's documentation: a live fence of `device`,
+        // which the pool took out of its lists and never uses again.
+        unsafe { CudaBackend::new().destroy_event(fence, device) }
     }
 
     fn synchronize(&self, stream: StreamHandle, device: DeviceId) -> Result<(), CudaError> {
-        CudaBackend::new().synchronize_stream(stream, device)
+        // SAFETY: (2) of the impl's documentation: a usable stream of `device`.
+        unsafe { CudaBackend::new().synchronize_stream(stream, device) }
     }
 
     fn query_stream(
@@ -256,7 +271,8 @@ impl Upstream for PoolKind {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<Completion, CudaError> {
-        CudaBackend::new().query_stream(stream, device)
+        // SAFETY: (2) of the impl's documentation: a usable stream of `device`.
+        unsafe { CudaBackend::new().query_stream(stream, device) }
     }
 }
 

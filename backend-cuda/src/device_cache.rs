@@ -304,25 +304,31 @@ fn active() -> bool {
 
 #[inline]
 fn raw_stream(s: StreamHandle) -> sys::CUstream {
-    s.0 as sys::CUstream
+    s.as_raw() as sys::CUstream
 }
 
 /// `cuStreamGetId` of a live created stream; `None` if the driver refuses.
-fn stream_id(stream: StreamHandle) -> Option<u64> {
+///
+/// # Safety
+/// `supported()` is true (the symbol exists), and `stream` is a live created
+/// stream of this process's driver.
+unsafe fn stream_id(stream: StreamHandle) -> Option<u64> {
     let mut id: c_ulonglong = 0;
-    // SAFETY: `supported()` saw the symbol (callers check `active()` first);
-    // `stream` is a live created stream (the memory calls' contract) and `id`
-    // a valid place for the answer.
+    // SAFETY: `supported()` saw the symbol and `stream` is a live created
+    // stream (this function's contract); `id` is a valid place for the answer.
     let r = unsafe { sys::cuStreamGetId(raw_stream(stream), &mut id) };
     (r == sys::CUresult::CUDA_SUCCESS).then_some(id)
 }
 
 /// Whether `stream` is capturing a graph (or the driver cannot say, which is
 /// treated the same: no caching).
-fn capturing(stream: StreamHandle) -> bool {
+///
+/// # Safety
+/// The driver is loaded, and `stream` is a live created stream of it.
+unsafe fn capturing(stream: StreamHandle) -> bool {
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: a live created stream (the memory calls' contract); `status` is
-    // a valid place for the answer.
+    // SAFETY: a live created stream (this function's contract); `status` is a
+    // valid place for the answer.
     let r = unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) };
     r != sys::CUresult::CUDA_SUCCESS
         || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
@@ -397,17 +403,26 @@ impl DeviceCache {
     }
 
     /// A cached block of exactly `size` bytes freed on the stream `stream`
-    /// is now, for an allocation in its order; `None`: ask the driver. Call
-    /// with a context current.
-    pub(crate) fn take(&self, stream: StreamHandle, size: usize) -> Option<usize> {
+    /// is now, for an allocation in its order; `None`: ask the driver.
+    ///
+    /// # Safety
+    /// Called with a context current; `stream` is a usable stream of the
+    /// cache's device (live, of its primary context, or a special stream,
+    /// which is never cached).
+    pub(crate) unsafe fn take(&self, stream: StreamHandle, size: usize) -> Option<usize> {
         if !cacheable(stream) || !active() {
             return None;
         }
         // Relaxed: a hint (see `set_len`).
-        let found = if self.len.load(Ordering::Relaxed) == 0 || capturing(stream) {
+        let nothing_cached = self.len.load(Ordering::Relaxed) == 0;
+        // SAFETY: (both calls) `active()` saw the driver loaded with
+        // `cuStreamGetId`; `stream` is a live created stream (not special,
+        // checked above; this function's contract).
+        let found = if nothing_cached || unsafe { capturing(stream) } {
             None
         } else {
-            stream_id(stream).and_then(|id| {
+            // SAFETY: as above.
+            unsafe { stream_id(stream) }.and_then(|id| {
                 let mut shelf = self.shelf();
                 let block = shelf.take(id, size);
                 self.set_len(&shelf);
@@ -430,7 +445,8 @@ impl DeviceCache {
     /// # Safety
     /// `addr` is a block of the device's default pool that the caller gives
     /// up, with only work already queued on `stream` still using it (the
-    /// contract of a stream-ordered free).
+    /// contract of a stream-ordered free); `stream` is a usable stream of the
+    /// cache's device (live, of its primary context, or a special stream).
     pub(crate) unsafe fn put(
         &self,
         stream: StreamHandle,
@@ -438,10 +454,14 @@ impl DeviceCache {
         size: usize,
         frees: &AtomicU64,
     ) -> bool {
-        if !cacheable(stream) || !active() || capturing(stream) {
+        // SAFETY: `active()` saw the driver loaded with `cuStreamGetId`;
+        // `stream` is a live created stream (not special, checked first;
+        // this function's contract).
+        if !cacheable(stream) || !active() || unsafe { capturing(stream) } {
             return false;
         }
-        let Some(id) = stream_id(stream) else {
+        // SAFETY: as above.
+        let Some(id) = (unsafe { stream_id(stream) }) else {
             return false;
         };
         let put = {
@@ -474,8 +494,13 @@ impl DeviceCache {
     }
 
     /// Frees every block cached for `stream` with `cuMemFreeAsync` on it.
-    /// Returns how many. Call with a context current, while `stream` is live.
-    pub(crate) fn forget(
+    /// Returns how many.
+    ///
+    /// # Safety
+    /// Called with a context current; `stream` is a usable stream of the
+    /// cache's device (live, of its primary context, or a special stream,
+    /// which has nothing cached).
+    pub(crate) unsafe fn forget(
         &self,
         stream: StreamHandle,
         frees: &AtomicU64,
@@ -485,11 +510,15 @@ impl DeviceCache {
         if !cacheable(stream) || self.len.load(Ordering::Relaxed) == 0 || !supported() {
             return Ok(0);
         }
-        if capturing(stream) {
+        // SAFETY: `supported()` saw the driver loaded with `cuStreamGetId`;
+        // `stream` is a live created stream (not special, checked above;
+        // this function's contract).
+        if unsafe { capturing(stream) } {
             // A free now would become a graph node.
             return Err(capture_unsupported());
         }
-        let Some(id) = stream_id(stream) else {
+        // SAFETY: as above.
+        let Some(id) = (unsafe { stream_id(stream) }) else {
             return Err(crate::memory::invalid_value());
         };
         let blocks = {
@@ -498,7 +527,10 @@ impl DeviceCache {
             self.set_len(&shelf);
             blocks
         };
-        self.give_back(blocks, stream, frees)
+        // SAFETY: the blocks were freed in the order of the stream with id
+        // `id`, which is `stream` (ids are never reused), so every use of them
+        // is ordered before the work queued on it so far; it is live.
+        unsafe { self.give_back(blocks, stream, frees) }
             .map(|(n, _)| n)
             .map_err(|(e, left)| {
                 self.reshelve(id, left);
@@ -510,7 +542,11 @@ impl DeviceCache {
     /// the primary context's work, then frees them on `private` (the
     /// backend's private stream of the device). Returns how many, and their
     /// bytes. Nothing is synchronized when nothing is cached.
-    pub(crate) fn trim(
+    ///
+    /// # Safety
+    /// `private` is a live stream of `device`'s primary context that is
+    /// never destroyed (the backend's private stream).
+    pub(crate) unsafe fn trim(
         &self,
         drv: &Driver,
         device: DeviceId,
@@ -535,24 +571,26 @@ impl DeviceCache {
                 left = blocks;
                 return Err(e);
             }
-            // Every use of every block was queued before its stream-ordered
-            // free, and all of that work has finished: any stream may free
-            // them now; `private` is the backend's, never destroyed.
-            let freed = self
-                .give_back(
+            // SAFETY: every use of every block was queued before its
+            // stream-ordered free, and all of that work has finished: any
+            // stream may free them now; `private` is live (this function's
+            // contract) and its primary context is current.
+            let freed = unsafe {
+                self.give_back(
                     blocks.iter().map(|&(_, size, addr)| (size, addr)).collect(),
                     private,
                     frees,
                 )
-                .map_err(|(e, rest)| {
-                    left = blocks
-                        .iter()
-                        .filter(|b| rest.iter().any(|r| r.1 == b.2))
-                        .copied()
-                        .collect();
-                    e
-                })?;
-            // SAFETY: the backend's private stream, never destroyed; lets a
+            }
+            .map_err(|(e, rest)| {
+                left = blocks
+                    .iter()
+                    .filter(|b| rest.iter().any(|r| r.1 == b.2))
+                    .copied()
+                    .collect();
+                e
+            })?;
+            // SAFETY: `private` is live (this function's contract); lets a
             // following pool trim see the frees.
             check(unsafe { sys::cuStreamSynchronize(raw_stream(private)) })?;
             Ok(freed)
@@ -571,7 +609,13 @@ impl DeviceCache {
     /// Frees `blocks` (size, address) on `stream`, counting them in
     /// `frees`. Returns how many and their bytes; on a failure, the error
     /// and the blocks not freed (the failed one first).
-    fn give_back(
+    ///
+    /// # Safety
+    /// Called with a context current; `stream` is a live stream of the
+    /// cache's device; every block is one of the device's default pool, given
+    /// up by the cache, and every use of it is ordered before the work queued
+    /// on `stream` so far.
+    unsafe fn give_back(
         &self,
         blocks: Vec<(usize, usize)>,
         stream: StreamHandle,
@@ -581,7 +625,7 @@ impl DeviceCache {
         let mut rest = blocks.into_iter();
         let mut failed = None;
         for (size, addr) in rest.by_ref() {
-            // SAFETY: the callers' contract: every use of the block is
+            // SAFETY: this function's contract: every use of the block is
             // ordered before the work queued on `stream` so far (it was freed
             // in the order of `stream` itself, or all work has finished),
             // and `stream` is live.
@@ -649,15 +693,23 @@ impl CudaBackend {
     /// at the next [`trim_memory`](Self::trim_memory). Not calling it is
     /// safe: the blocks stay cached, and are never handed to another stream.
     ///
-    /// `stream` must be a live stream of `device` (a special stream has
-    /// nothing cached); it must not be capturing a graph
-    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
-    pub fn forget_stream(
+    /// A stream capturing a graph is refused
+    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); a special stream has
+    /// nothing cached (`Ok(0)`).
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` in the sense of
+    /// [`CudaBackend`]'s "Raw handles" (the core traits' contract): a live
+    /// stream created on `device` (on its primary context; by a
+    /// `CudaBackend`, the CUDA runtime, or cudarc on that context), not
+    /// destroyed before this call returns; or a special stream.
+    pub unsafe fn forget_stream(
         &self,
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<usize, CudaError> {
-        crate::memory::forget_stream_blocks(stream, device)
+        // SAFETY: this function's contract.
+        unsafe { crate::memory::forget_stream_blocks(stream, device) }
     }
 
     /// Turns the device cache ([`device_cache`](self)) on or off for the

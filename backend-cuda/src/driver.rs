@@ -29,7 +29,9 @@
 //!    context's") makes the device's primary context current for the call only
 //!    (`cuCtxSetCurrent`, skipped when it already is) and restores the
 //!    previous one afterwards, like DALI's `DeviceGuard`; a thread that had no
-//!    context keeps the new one, as in rule 1.
+//!    context keeps the new one, as in rule 1. The restore is a scope guard's
+//!    (`Restore`): it happens even when the call panics, so a panic never
+//!    leaves the caller's thread on another context.
 
 use std::sync::{Arc, OnceLock};
 
@@ -139,7 +141,14 @@ impl Driver {
     /// The device a context belongs to. A retained primary context is
     /// recognised by its handle; any other context (one the application
     /// created) is pushed, asked with `cuCtxGetDevice`, and popped.
-    pub(crate) fn device_of_context(&self, ctx: sys::CUcontext) -> Result<DeviceId, CudaError> {
+    ///
+    /// # Safety
+    /// `ctx` is a live context: the calling thread's current one, or the
+    /// context of a live stream, just returned by the driver.
+    pub(crate) unsafe fn device_of_context(
+        &self,
+        ctx: sys::CUcontext,
+    ) -> Result<DeviceId, CudaError> {
         let known = self
             .devices
             .iter()
@@ -148,9 +157,8 @@ impl Driver {
             return Ok(DeviceId(d.ordinal));
         }
         let mut cu_device: sys::CUdevice = 0;
-        // SAFETY: `ctx` was just returned by the driver for a live stream or as
-        // the current context; pushing it and popping it right after leaves the
-        // thread's context stack as it was.
+        // SAFETY: `ctx` is live (this function's contract); pushing it and
+        // popping it right after leaves the thread's context stack as it was.
         check(unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
         // SAFETY: `cu_device` is a valid place for the driver to write to.
         let asked = check(unsafe { sys::cuCtxGetDevice(&mut cu_device) });
@@ -170,7 +178,8 @@ impl Driver {
     pub(crate) fn current_device(&self) -> Result<DeviceId, CudaError> {
         match result::ctx::get_current()? {
             None => Ok(DeviceId(0)),
-            Some(ctx) => self.device_of_context(ctx),
+            // SAFETY: the thread's current context, just returned.
+            Some(ctx) => unsafe { self.device_of_context(ctx) },
         }
     }
 
@@ -187,7 +196,8 @@ impl Driver {
     }
 
     /// Rule 2 of the [module documentation](self): runs `op` with `device`'s
-    /// primary context current, then restores the previous one.
+    /// primary context current, then restores the previous one, also when
+    /// `op` panics (the scope guard's drop does it then).
     pub(crate) fn with_context<T>(
         &self,
         device: DeviceId,
@@ -195,11 +205,7 @@ impl Driver {
     ) -> Result<T, CudaError> {
         let primary = self.device(device)?.primary()?;
         let scope = ContextScope::enter(primary.ctx.cu_ctx())?;
-        let out = op(primary);
-        let restored = scope.exit();
-        let out = out?;
-        restored?;
-        Ok(out)
+        scoped(scope, || op(primary))
     }
 }
 
@@ -215,8 +221,10 @@ impl Device {
     #[cold]
     fn retain_primary(&self) -> Result<&Primary, CudaError> {
         // `CudaContext::new` makes the context current (and so would dropping
-        // a copy that lost the race below); put the caller's context back.
+        // a copy that lost the race below); put the caller's context back,
+        // whatever happens (the guard's drop does it on a panic).
         let previous = result::ctx::get_current()?;
+        let guard = Restore::new(previous, set_current_back);
         let made = CudaContext::new(self.ordinal as usize).and_then(|ctx| {
             let (least, greatest) = result::stream::get_priority_range()?;
             Ok(Primary {
@@ -226,11 +234,7 @@ impl Device {
             })
         });
         let out = made.map(|p| self.primary.get_or_init(|| p));
-        if let Some(prev) = previous {
-            // SAFETY: `prev` was current on this thread a moment ago and the
-            // caller still holds it.
-            unsafe { result::ctx::set_current(prev) }?;
-        }
+        guard.finish()?;
         Ok(out?)
     }
 }
@@ -247,31 +251,143 @@ impl Primary {
     }
 }
 
-/// A context made current for one call (rule 2), to be put back by
-/// [`exit`](ContextScope::exit).
-struct ContextScope {
-    /// The context to restore: `None` when nothing changed, or when the thread
-    /// had no context before (rule 1 keeps the new one).
-    restore: Option<sys::CUcontext>,
+/// Puts something back when dropped: `put(value)` runs once, from
+/// [`finish`](Restore::finish) (which reports its error) or, if the guard is
+/// dropped without it (an early return, a panic unwinding through the
+/// scope), from `Drop` (which cannot report it). Nothing to put back
+/// (`None`): nothing runs.
+///
+/// Generic so that the logic can be tested without a driver.
+struct Restore<T, F: FnMut(T) -> Result<(), CudaError>> {
+    pending: Option<T>,
+    put: F,
 }
 
+impl<T, F: FnMut(T) -> Result<(), CudaError>> Restore<T, F> {
+    fn new(pending: Option<T>, put: F) -> Self {
+        Restore { pending, put }
+    }
+
+    /// Puts the value back now, reporting a failure.
+    fn finish(mut self) -> Result<(), CudaError> {
+        match self.pending.take() {
+            Some(v) => (self.put)(v),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<T, F: FnMut(T) -> Result<(), CudaError>> Drop for Restore<T, F> {
+    fn drop(&mut self) {
+        if let Some(v) = self.pending.take() {
+            // Unwinding or an early exit: nobody to report a failure to (the
+            // next driver call on this thread meets the same broken state).
+            let _ = (self.put)(v);
+        }
+    }
+}
+
+/// Runs `op` inside `scope`, then ends the scope: `op`'s error first, else
+/// the restore's. A panic in `op` unwinds through `scope`, whose drop
+/// restores.
+fn scoped<T, C, F: FnMut(C) -> Result<(), CudaError>>(
+    scope: Restore<C, F>,
+    op: impl FnOnce() -> Result<T, CudaError>,
+) -> Result<T, CudaError> {
+    let out = op();
+    let restored = scope.finish();
+    let out = out?;
+    restored?;
+    Ok(out)
+}
+
+/// Makes `prev` current again on the calling thread.
+///
+/// Only ever called by a [`Restore`] guard with the context that was current
+/// on this thread when the guard was made (`ContextScope::enter`,
+/// `Device::retain_primary`): the caller keeps its own context alive across
+/// a backend call, and primary contexts are never released.
+fn set_current_back(prev: sys::CUcontext) -> Result<(), CudaError> {
+    // SAFETY: `prev` was current on this thread before the guarded scope and
+    // is still alive (see above); setting it current again is what the thread
+    // had.
+    unsafe { result::ctx::set_current(prev) }?;
+    Ok(())
+}
+
+/// A context made current for one call (rule 2): the guard that puts the
+/// previous one back ([`Restore::finish`] on the normal path, its drop on a
+/// panic).
+type ContextScope = Restore<sys::CUcontext, fn(sys::CUcontext) -> Result<(), CudaError>>;
+
 impl ContextScope {
+    /// Makes `ctx` current, remembering what to restore: nothing when it
+    /// already was current, or when the thread had no context before (rule
+    /// 1 keeps the new one).
     fn enter(ctx: sys::CUcontext) -> Result<Self, CudaError> {
         let current = result::ctx::get_current()?;
         if current == Some(ctx) {
-            return Ok(ContextScope { restore: None });
+            return Ok(Self::new(None, set_current_back));
         }
         // SAFETY: `ctx` is a retained primary context, never released.
         unsafe { result::ctx::set_current(ctx) }?;
-        Ok(ContextScope { restore: current })
+        Ok(Self::new(current, set_current_back))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    fn invalid() -> CudaError {
+        CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_INVALID_CONTEXT))
     }
 
-    fn exit(self) -> Result<(), CudaError> {
-        if let Some(prev) = self.restore {
-            // SAFETY: `prev` was current on this thread before `enter`; the
-            // caller keeps its own context alive across a backend call.
-            unsafe { result::ctx::set_current(prev) }?;
-        }
-        Ok(())
+    #[test]
+    fn a_panic_in_the_scope_still_restores() {
+        let restored = RefCell::new(Vec::new());
+        let put = |v: u32| {
+            restored.borrow_mut().push(v);
+            Ok(())
+        };
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            scoped(Restore::new(Some(7), put), || -> Result<(), CudaError> {
+                panic!("the call panics")
+            })
+        }));
+        assert!(caught.is_err());
+        assert_eq!(*restored.borrow(), [7], "restored once, by the drop");
+    }
+
+    #[test]
+    fn the_normal_path_restores_once_and_reports() {
+        let calls = RefCell::new(0);
+        let put = |_: u32| {
+            *calls.borrow_mut() += 1;
+            Err(invalid())
+        };
+        assert_eq!(scoped(Restore::new(Some(1), put), || Ok(5)), Err(invalid()));
+        assert_eq!(*calls.borrow(), 1, "finish, not the drop again");
+        // The call's own error comes first.
+        let other = CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
+        let r: Result<(), _> = scoped(Restore::new(Some(1), put), || Err(other));
+        assert_eq!(r, Err(other));
+        assert_eq!(*calls.borrow(), 2);
+        // Nothing to restore: nothing called.
+        assert_eq!(scoped(Restore::new(None, put), || Ok(3)), Ok(3));
+        assert_eq!(*calls.borrow(), 2);
+    }
+
+    #[test]
+    fn an_early_drop_restores() {
+        let restored = RefCell::new(Vec::new());
+        let guard = Restore::new(Some(2), |v: u32| {
+            restored.borrow_mut().push(v);
+            Ok(())
+        });
+        drop(guard);
+        assert_eq!(*restored.borrow(), [2]);
     }
 }

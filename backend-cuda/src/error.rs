@@ -112,7 +112,7 @@ impl fmt::Display for CudaError {
             CudaError::SpecialStream(s) => write!(
                 f,
                 "stream handle {:#x} is one of CUDA's special streams, not a created one",
-                s.0
+                s.as_raw()
             ),
         }
     }

@@ -120,12 +120,12 @@ pub fn events() -> &'static EventPool<CudaBackend> {
 /// 1. The returned `Arc<CudaStream>`, every clone of it, and everything cudarc
 ///    made that keeps one (a `CudaSlice` allocated on it keeps it, and frees
 ///    its memory *on this stream* when dropped) are gone before the lease ends
-///    (drop, [`reset`](StreamLease::reset)). After that the stream belongs to
-///    the pool again: it may be leased to another thread, whose work a late
-///    call would interleave with, or destroyed by a purge, after which the
-///    handle is dangling. (After [`release`](StreamLease::release), the
-///    caller owns the stream and the same holds until it destroys or
-///    returns it.)
+///    (drop, [`return_to_pool`](StreamLease::return_to_pool)). After that the
+///    stream belongs to the pool again: it may be leased to another thread,
+///    whose work a late call would interleave with, or destroyed by a purge,
+///    after which the handle is dangling. (After
+///    [`detach`](StreamLease::detach), the caller owns the stream and the
+///    same holds until it destroys or returns it.)
 /// 2. Work issued through cudarc is ordered with the lease's other work by
 ///    stream order only: cudarc's own cross-stream tracking does not know
 ///    about gpupool's streams.
@@ -150,8 +150,10 @@ pub unsafe fn cudarc_stream(
 ) -> Result<Arc<CudaStream>, CudaError> {
     let ctx = CudaBackend::new().context(lease.device())?;
     // SAFETY: the lease's stream is a live stream created by `CudaBackend` on
-    // `lease.device()`'s primary context, which is `ctx`; the caller keeps the
-    // wrapper within the lease (this function's contract), and cudarc does not
-    // destroy a borrowed stream.
-    Ok(unsafe { ctx.wrap_borrowed_stream(lease.get().0 as sys::CUstream) })
+    // `lease.device()`'s primary context, which is `ctx` (a `StreamPool` of
+    // `CudaBackend` holds only streams of a backend with `CudaBackend`'s id,
+    // which every `CudaBackend` shares); the caller keeps the wrapper within
+    // the lease (this function's contract), and cudarc does not destroy a
+    // borrowed stream.
+    Ok(unsafe { ctx.wrap_borrowed_stream(lease.handle().as_raw() as sys::CUstream) })
 }

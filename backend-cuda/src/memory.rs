@@ -124,7 +124,7 @@
 //! fn run() -> Result<(), Error<CudaError>> {
 //!     let gpu = CudaBackend::new();
 //!     let stream = gpupool_cuda::streams().get(0)?;
-//!     let mut scratch = Scratchpad::new(&gpu, stream.order());
+//!     let mut scratch = Scratchpad::new(&gpu, stream.order())?;
 //!     for _round in 0..3 {
 //!         let staging = scratch.pinned::<f32>(1024)?; // written by the host now
 //!         staging.iter_mut().for_each(|x| { x.write(1.0); });
@@ -198,8 +198,9 @@ fn direct_align(kind: MemoryKind) -> usize {
 struct DeviceMemory {
     /// The default memory pool (`CUmemoryPool`), its threshold raised.
     mempool: OnceLock<usize>,
-    /// The private stream (`CUstream`) for host-order device memory calls.
-    sync_stream: OnceLock<usize>,
+    /// The private stream for host-order device memory calls: created by
+    /// this backend on the device, never destroyed.
+    sync_stream: OnceLock<StreamHandle>,
     host: KindCounters,
     device: KindCounters,
     pinned: BlockPool,
@@ -233,7 +234,11 @@ fn state(device: DeviceId) -> Result<(&'static Driver, &'static DeviceMemory), C
 /// ([`CudaBackend::forget_stream`], and [`StreamBackend::destroy_stream`]
 /// before it destroys the stream). Nothing to do, and no driver call, when no
 /// memory call has touched `device` yet.
-pub(crate) fn forget_stream_blocks(
+///
+/// # Safety
+/// `stream` is a live stream of `device`'s primary context (or a special
+/// stream, which has nothing cached).
+pub(crate) unsafe fn forget_stream_blocks(
     stream: StreamHandle,
     device: DeviceId,
 ) -> Result<usize, CudaError> {
@@ -243,7 +248,8 @@ pub(crate) fn forget_stream_blocks(
         return Ok(0);
     };
     drv.ensure_context(device)?;
-    mem.cache.forget(stream, &mem.device.upstream_frees)
+    // SAFETY: this function's contract.
+    unsafe { mem.cache.forget(stream, &mem.device.upstream_frees) }
 }
 
 /// A size and alignment every kind accepts: nonzero size, power-of-two
@@ -257,7 +263,7 @@ fn check_layout(size: usize, align: usize) -> Result<(), CudaError> {
 
 #[inline]
 fn raw_stream(s: StreamHandle) -> sys::CUstream {
-    s.0 as sys::CUstream
+    s.as_raw() as sys::CUstream
 }
 
 /// Runs `op` in the right context for `stream`, as the stream calls of the
@@ -317,7 +323,12 @@ impl DeviceMemory {
     }
 
     /// A block of `kind` (not host) with the kind's own alignment.
-    fn raw_allocate(
+    ///
+    /// # Safety
+    /// `stream`, if any, is a usable stream of `device` (the contract of
+    /// [`MemoryBackend::allocate_async`]; see [`CudaBackend`], "Raw
+    /// handles").
+    unsafe fn raw_allocate(
         &self,
         drv: &Driver,
         kind: MemoryKind,
@@ -326,7 +337,8 @@ impl DeviceMemory {
         stream: Option<StreamHandle>,
     ) -> Result<usize, CudaError> {
         match kind {
-            MemoryKind::Device => self.device_allocate(drv, device, size, stream),
+            // SAFETY: this function's contract.
+            MemoryKind::Device => unsafe { self.device_allocate(drv, device, size, stream) },
             MemoryKind::Pinned => self.pinned.take(device, size),
             MemoryKind::Managed => self.managed.take(device, size),
             MemoryKind::Host => Err(invalid_value()),
@@ -396,7 +408,10 @@ impl DeviceMemory {
         Ok(())
     }
 
-    fn allocate(
+    /// # Safety
+    /// `stream`, if any, is a usable stream of `device` (the contract of
+    /// [`MemoryBackend::allocate_async`]).
+    unsafe fn allocate(
         &self,
         drv: &Driver,
         kind: MemoryKind,
@@ -409,9 +424,13 @@ impl DeviceMemory {
             MemoryKind::Host => self.host_allocate(size, align),
             // Host-visible: allocated in host order, whatever the stream.
             MemoryKind::Pinned | MemoryKind::Managed => {
-                self.allocate_aligned(drv, kind, device, size, align, None)
+                // SAFETY: no stream.
+                unsafe { self.allocate_aligned(drv, kind, device, size, align, None) }
             }
-            MemoryKind::Device => self.allocate_aligned(drv, kind, device, size, align, stream),
+            // SAFETY: this function's contract.
+            MemoryKind::Device => unsafe {
+                self.allocate_aligned(drv, kind, device, size, align, stream)
+            },
         }
     }
 
@@ -431,7 +450,9 @@ impl DeviceMemory {
     ) -> Result<(), CudaError> {
         if kind == MemoryKind::Host {
             if let Some(s) = stream {
-                CudaBackend::new().synchronize_stream(s, device)?;
+                // SAFETY: a usable stream of `device` (the contract of
+                // `deallocate_async`).
+                unsafe { CudaBackend::new().synchronize_stream(s, device) }?;
             }
             // SAFETY: the caller's contract; work issued on `stream` before
             // the free has finished.
@@ -455,9 +476,21 @@ impl DeviceMemory {
 /// Memory of the four kinds; see the [module documentation](self).
 ///
 /// Sizes must be nonzero and alignments powers of two
-/// (`CUDA_ERROR_INVALID_VALUE` otherwise). `device` must exist; for a
-/// stream-ordered call, `stream` is a live stream of `device` or one of the
-/// special streams 0, 1, 2 (meaning `device`'s), as for the stream calls.
+/// (`CUDA_ERROR_INVALID_VALUE` otherwise); a device that does not exist is
+/// [`CudaError::DeviceOutOfRange`]. Those are checked. What the driver cannot
+/// check is the contract of the `unsafe fn`s (the trait's `# Safety` lists,
+/// in the terms of [`CudaBackend`]'s "Raw handles"):
+///
+/// - a **stream** passed in is a stream created by a `CudaBackend`
+///   (non-blocking, on the device's primary context) and still alive, or one
+///   of the special streams 0, 1, 2, meaning `device`'s default streams;
+/// - the **device** named is that stream's device;
+/// - an **address** freed came from this backend's
+///   [`allocate`](MemoryBackend::allocate) or
+///   [`allocate_async`](MemoryBackend::allocate_async) for the same kind,
+///   device, size and alignment, and is freed once; an address copied is
+///   such a block or host memory the caller owns, valid for the copy's
+///   bytes until the copy has run.
 ///
 /// Device memory allocated in the order of a stream counts as in use by that
 /// stream until the stream has reached the allocation: free it in the same
@@ -485,9 +518,16 @@ impl MemoryBackend for CudaBackend {
     ) -> Result<NonNull<u8>, CudaError> {
         check_layout(size, align)?;
         let (drv, mem) = state(device)?;
-        mem.allocate(drv, kind, device, size, align, None)
+        // SAFETY: no stream.
+        unsafe { mem.allocate(drv, kind, device, size, align, None) }
     }
 
+    /// Device memory: `cuMemFreeAsync` on the backend's private stream (no
+    /// wait). Pinned and managed: back to the pool's free list.
+    ///
+    /// # Safety
+    /// The contract of [`MemoryBackend::deallocate`] (see the impl's
+    /// documentation for what it means here).
     unsafe fn deallocate(
         &self,
         kind: MemoryKind,
@@ -506,7 +546,11 @@ impl MemoryBackend for CudaBackend {
     /// with the same size, else `cuMemAllocFromPoolAsync` on `stream`. The other kinds
     /// are allocated as by [`allocate`](Self::allocate): the host may use
     /// them at once.
-    fn allocate_async(
+    ///
+    /// # Safety
+    /// The contract of [`MemoryBackend::allocate_async`]: `stream` is a
+    /// usable stream of `device` (see the impl's documentation).
+    unsafe fn allocate_async(
         &self,
         kind: MemoryKind,
         device: DeviceId,
@@ -516,7 +560,8 @@ impl MemoryBackend for CudaBackend {
     ) -> Result<NonNull<u8>, CudaError> {
         check_layout(size, align)?;
         let (drv, mem) = state(device)?;
-        mem.allocate(drv, kind, device, size, align, Some(stream))
+        // SAFETY: this call's contract.
+        unsafe { mem.allocate(drv, kind, device, size, align, Some(stream)) }
     }
 
     /// Device memory: kept by the device cache for `stream` (a created
@@ -525,6 +570,10 @@ impl MemoryBackend for CudaBackend {
     /// block is parked behind an event recorded on `stream` and reused only
     /// once the event has completed. Host: `stream` is synchronized, then the
     /// memory freed.
+    ///
+    /// # Safety
+    /// The contract of [`MemoryBackend::deallocate_async`] (see the impl's
+    /// documentation for what it means here).
     unsafe fn deallocate_async(
         &self,
         kind: MemoryKind,
@@ -544,6 +593,10 @@ impl MemoryBackend for CudaBackend {
     /// kind each side is. From pageable host memory the driver stages the
     /// data before returning; into pageable host memory it returns after the
     /// copy.
+    ///
+    /// # Safety
+    /// The contract of [`MemoryBackend::copy_async`] (see the impl's
+    /// documentation for what it means here).
     unsafe fn copy_async(
         &self,
         dst: NonNull<u8>,
@@ -592,11 +645,10 @@ mod tests {
                 gpu.allocate(kind, DeviceId(0), 0, 8).map(drop),
                 Err(invalid_value())
             );
-            assert_eq!(
-                gpu.allocate_async(kind, DeviceId(0), 8, 12, StreamHandle::NULL)
-                    .map(drop),
-                Err(invalid_value())
-            );
+            // SAFETY: the null stream is a usable stream of every device
+            // (and the layout is refused before the driver is asked).
+            let r = unsafe { gpu.allocate_async(kind, DeviceId(0), 8, 12, StreamHandle::NULL) };
+            assert_eq!(r.map(drop), Err(invalid_value()));
         }
     }
 

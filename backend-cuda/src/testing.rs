@@ -9,9 +9,23 @@
 //!   instead of racing a timer.
 //!
 //! The kernels are PTX text (one thread each, `sm_70` and later), loaded into
-//! every device's primary context on first use. As with the backend's own
-//! calls, the stream handles given here must be live streams of the device (or
-//! a special stream): the driver cannot check a made-up handle.
+//! every device's primary context on first use. Both take the stream as an
+//! [`AccessOrder`]: a lease's or owned stream's order borrows the stream, so
+//! it is alive for the call, and an order of another backend (not a CUDA
+//! stream) is refused, so no unsafe code is needed to call them. A host
+//! order has no stream to keep busy: `CUDA_ERROR_INVALID_VALUE`.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use gpupool_cuda::testing::{spin, Gate};
+//!
+//! let lease = gpupool_cuda::streams().get(0)?;
+//! spin(lease.order(), Duration::from_millis(5))?; // busy for ~5 ms
+//! let gate = Gate::hold(lease.order(), Duration::from_secs(10))?;
+//! // ... the stream is busy until the gate opens ...
+//! gate.open();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use core::ffi::c_void;
 use core::ptr::NonNull;
@@ -21,7 +35,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{sys, DriverError};
-use gpupool_core::{DeviceId, StreamHandle};
+use gpupool_core::{AccessOrder, DeviceId, StreamHandle};
 
 use crate::driver::driver;
 use crate::error::{check, CudaError};
@@ -133,16 +147,44 @@ fn load_kernels() -> Result<Kernels, CudaError> {
     })
 }
 
+/// The stream and device of a stream order of a CUDA backend:
+/// `CUDA_ERROR_INVALID_VALUE` for host order, `CUDA_ERROR_INVALID_HANDLE` for
+/// an order of another backend (a mock's, say), whose stream is no CUDA
+/// stream.
+///
+/// The order borrows its stream (or names a special stream, or was made by
+/// [`AccessOrder::from_raw`], whose caller vouched for it), so the stream is
+/// a usable stream of the device for as long as the order lives.
+fn stream_of(order: AccessOrder<'_>) -> Result<(StreamHandle, DeviceId), CudaError> {
+    let (Some(stream), Some(device)) = (order.stream_handle(), order.device()) else {
+        return Err(CudaError::Driver(DriverError(
+            sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+        )));
+    };
+    if !order.is_usable_with(&crate::CudaBackend::new()) {
+        return Err(CudaError::Driver(DriverError(
+            sys::CUresult::CUDA_ERROR_INVALID_HANDLE,
+        )));
+    }
+    Ok((stream, device))
+}
+
 /// Launches a one-thread kernel. `params` point at the kernel's arguments.
-fn launch(
+///
+/// # Safety
+/// `function` is one of [`Kernels`] loaded into the current context, and
+/// `params` match its parameters; `stream` is a usable stream of that
+/// context's device (see [`CudaBackend`](crate::CudaBackend), "Raw
+/// handles").
+unsafe fn launch(
     function: usize,
     stream: StreamHandle,
     params: &mut [*mut c_void],
 ) -> Result<(), CudaError> {
     // SAFETY: `function` is a kernel of the current context whose parameters
-    // match `params` (both are fixed in this module); `stream` is a live
-    // stream of that context or a special one; the driver copies the
-    // arguments before returning.
+    // match `params`, and `stream` a live stream of that context or a special
+    // one (this function's contract); the driver copies the arguments before
+    // returning.
     check(unsafe {
         sys::cuLaunchKernel(
             function as sys::CUfunction,
@@ -153,7 +195,7 @@ fn launch(
             1,
             1,
             0,
-            stream.0 as sys::CUstream,
+            stream.as_raw() as sys::CUstream,
             params.as_mut_ptr(),
             core::ptr::null_mut(),
         )
@@ -164,16 +206,24 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Queues on `stream` (of `device`; a special stream means that device's)
-/// a kernel that runs for `duration`, then returns at once.
+/// Queues on the stream of `order` (a stream order of a CUDA backend; a
+/// special stream means its device's) a kernel that runs for `duration`,
+/// then returns at once.
 ///
 /// The stream stays busy for about `duration` from when the kernel starts, so
 /// a test that must see it pending should use a [`Gate`] instead.
-pub fn spin(stream: StreamHandle, device: DeviceId, duration: Duration) -> Result<(), CudaError> {
+///
+/// Errors: `CUDA_ERROR_INVALID_VALUE` for host order,
+/// `CUDA_ERROR_INVALID_HANDLE` for an order of another backend.
+pub fn spin(order: AccessOrder<'_>, duration: Duration) -> Result<(), CudaError> {
+    let (stream, device) = stream_of(order)?;
     let k = kernels(device)?;
     driver()?.with_context(device, |_| {
         let mut ns = nanos(duration);
-        launch(k.spin, stream, &mut [(&raw mut ns).cast()])
+        // SAFETY: `k.spin` was loaded into `device`'s primary context, current
+        // now, and takes one `u64`; `stream` is a usable stream of `device`
+        // (`stream_of`: the order borrows it).
+        unsafe { launch(k.spin, stream, &mut [(&raw mut ns).cast()]) }
     })
 }
 
@@ -265,14 +315,19 @@ impl core::fmt::Debug for Gate {
 }
 
 impl Gate {
-    /// Queues a gate kernel on `stream` (of `device`; a special stream means
-    /// that device's). It keeps the stream busy until [`open`](Self::open) or
-    /// until `timeout` has passed on the GPU, whichever comes first.
-    pub fn hold(
-        stream: StreamHandle,
-        device: DeviceId,
-        timeout: Duration,
-    ) -> Result<Gate, CudaError> {
+    /// Queues a gate kernel on the stream of `order` (a stream order of a
+    /// CUDA backend; a special stream means its device's). It keeps the
+    /// stream busy until [`open`](Self::open) or until `timeout` has passed
+    /// on the GPU, whichever comes first.
+    ///
+    /// The gate does not borrow the stream: the kernel only touches the
+    /// gate's own flags (never freed), and a stream destroyed with the kernel
+    /// queued still runs it.
+    ///
+    /// Errors: `CUDA_ERROR_INVALID_VALUE` for host order,
+    /// `CUDA_ERROR_INVALID_HANDLE` for an order of another backend.
+    pub fn hold(order: AccessOrder<'_>, timeout: Duration) -> Result<Gate, CudaError> {
+        let (stream, device) = stream_of(order)?;
         let k = kernels(device)?;
         driver()?.with_context(device, |_| {
             let (slot, flags) = take_slot()?;
@@ -293,11 +348,16 @@ impl Gate {
             });
             let mut ns = nanos(timeout);
             let launched = mapped.and_then(|()| {
-                launch(
-                    k.gate,
-                    stream,
-                    &mut [(&raw mut dptr).cast(), (&raw mut ns).cast()],
-                )
+                // SAFETY: `k.gate` was loaded into `device`'s primary context,
+                // current now, and takes two `u64`s; `stream` is a usable
+                // stream of `device` (`stream_of`: the order borrows it).
+                unsafe {
+                    launch(
+                        k.gate,
+                        stream,
+                        &mut [(&raw mut dptr).cast(), (&raw mut ns).cast()],
+                    )
+                }
             });
             if let Err(e) = launched {
                 gate.done_flag().store(1, Ordering::SeqCst);

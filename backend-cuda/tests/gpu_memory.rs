@@ -38,10 +38,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{device_count, make_current, wait_gate, GATE_TIMEOUT};
+use common::{device_count, make_current, stream_of, wait_gate, GATE_TIMEOUT};
 use gpupool_core::{
-    DeviceId, EventBackend, EventLease, EventPool, MemoryBackend, MemoryKind, Scratchpad,
-    StreamBackend, StreamHandle, StreamLease, StreamPool,
+    AccessOrder, DeviceId, EventBackend, EventLease, EventPool, MemoryBackend, MemoryKind,
+    Scratchpad, StreamBackend, StreamHandle, StreamLease, StreamPool,
 };
 use gpupool_cuda::cudarc::driver::sys;
 use gpupool_cuda::testing::Gate;
@@ -149,9 +149,11 @@ fn consume_kernel() -> sys::CUfunction {
 /// Threads in the consume kernel's block.
 const CONSUME_THREADS: u32 = 256;
 
-/// Queues `*result += sum(a[i] + b[i] + c[i])` on `stream` after a spin of
-/// `spin`.
-fn consume(stream: StreamHandle, a: u64, b: u64, c: u64, n: usize, spin: Duration, result: u64) {
+/// Queues `*result += sum(a[i] + b[i] + c[i])` on the stream of `order` (of
+/// device 0) after a spin of `spin`.
+fn consume(order: AccessOrder<'_>, a: u64, b: u64, c: u64, n: usize, spin: Duration, result: u64) {
+    let (stream, device) = stream_of(order);
+    assert_eq!(device, D0, "the consume kernel is loaded on device 0");
     let (mut a, mut b, mut c, mut result) = (a, b, c, result);
     let mut n = u32::try_from(n).unwrap();
     let mut ns = u64::try_from(spin.as_nanos()).unwrap();
@@ -165,8 +167,9 @@ fn consume(stream: StreamHandle, a: u64, b: u64, c: u64, n: usize, spin: Duratio
     ];
     // SAFETY: the kernel's parameters are (u64, u64, u64, u32, u64, u64),
     // which `params` points at; the addresses are valid for `n` elements (the
-    // callers' buffers) until the kernel has run; the driver copies the
-    // arguments before returning.
+    // callers' buffers) until the kernel has run; `stream` is a live stream
+    // of device 0 (`stream_of`), whose primary context holds the kernel; the
+    // driver copies the arguments before returning.
     ok(
         unsafe {
             sys::cuLaunchKernel(
@@ -178,7 +181,7 @@ fn consume(stream: StreamHandle, a: u64, b: u64, c: u64, n: usize, spin: Duratio
                 1,
                 1,
                 0,
-                stream.0 as sys::CUstream,
+                stream.as_raw() as sys::CUstream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
@@ -187,14 +190,31 @@ fn consume(stream: StreamHandle, a: u64, b: u64, c: u64, n: usize, spin: Duratio
     );
 }
 
-/// Queues `n` copies of `value` (`u32`) at device address `dptr` on `stream`.
-fn memset32(dptr: u64, value: u32, n: usize, stream: StreamHandle) {
+/// Queues `n` copies of `value` (`u32`) at device address `dptr` on the
+/// stream of `order`.
+fn memset32(dptr: u64, value: u32, n: usize, order: AccessOrder<'_>) {
+    let (stream, _) = stream_of(order);
     // SAFETY: `dptr` is device memory of at least `n` `u32`s that stays
-    // allocated until the memset has run (the callers' contract).
+    // allocated until the memset has run (the callers' contract); `stream`
+    // is a live stream (`stream_of`).
     ok(
-        unsafe { sys::cuMemsetD32Async(dptr, value, n, stream.0 as sys::CUstream) },
+        unsafe { sys::cuMemsetD32Async(dptr, value, n, stream.as_raw() as sys::CUstream) },
         "cuMemsetD32Async",
     );
+}
+
+/// `query_stream` on the stream of `order`.
+fn query(order: AccessOrder<'_>) -> gpupool_core::Completion {
+    let (stream, device) = stream_of(order);
+    // SAFETY: a usable stream of `device` (`stream_of`).
+    unsafe { CudaBackend::new().query_stream(stream, device) }.expect("query")
+}
+
+/// `synchronize_stream` on the stream of `order`.
+fn synchronize(order: AccessOrder<'_>) {
+    let (stream, device) = stream_of(order);
+    // SAFETY: a usable stream of `device` (`stream_of`).
+    unsafe { CudaBackend::new().synchronize_stream(stream, device) }.expect("synchronize");
 }
 
 /// Whether the host may touch managed memory while kernels run.
@@ -244,13 +264,17 @@ impl DeviceBuffer {
         addr(self.ptr.as_ptr())
     }
 
-    /// The contents, after everything queued on `stream` (which must
-    /// include every writer).
-    fn read(&self, stream: StreamHandle) -> Vec<u32> {
+    /// The contents, after everything queued on the stream of `order` (of
+    /// device 0; it must include every writer).
+    fn read(&self, order: AccessOrder<'_>) -> Vec<u32> {
         let gpu = CudaBackend::new();
+        let (stream, device) = stream_of(order);
+        assert_eq!(device, D0);
         let mut out = vec![0u32; self.bytes / 4];
-        // SAFETY: `out` is `bytes` of host memory, the buffer `bytes` of
-        // device memory; the stream is synchronized before either goes away.
+        // SAFETY: `stream` is a usable stream of device 0 (`stream_of`);
+        // `out` is `bytes` of host memory, the buffer `bytes` of device
+        // memory of device 0; the stream is synchronized before either goes
+        // away.
         unsafe {
             gpu.copy_async(
                 NonNull::from(out.as_mut_slice()).cast(),
@@ -261,7 +285,7 @@ impl DeviceBuffer {
             )
         }
         .expect("copy to the host");
-        gpu.synchronize_stream(stream, D0).expect("synchronize");
+        synchronize(order);
         out
     }
 }
@@ -304,7 +328,7 @@ fn every_kind_allocates_and_frees_in_both_orders_aligned_as_asked() {
     let gpu = CudaBackend::new();
     let streams = StreamPool::new(gpu);
     let lease = streams.get(0).unwrap();
-    let s = lease.get();
+    let s = lease.handle();
     let managed_ok = concurrent_managed_access(D0);
     for kind in MemoryKind::ALL {
         for align in [1usize, 16, 256, 4096, 65536] {
@@ -315,8 +339,8 @@ fn every_kind_allocates_and_frees_in_both_orders_aligned_as_asked() {
                 assert_eq!(p.as_ptr() as usize % align, 0, "{what}");
                 match kind {
                     MemoryKind::Device => {
-                        memset_bytes(p, size, s);
-                        gpu.synchronize_stream(s, D0).unwrap();
+                        memset_bytes(p, size, lease.order());
+                        synchronize(lease.order());
                     }
                     MemoryKind::Managed if !managed_ok => {}
                     _ => touch(p, size, 0xab),
@@ -326,19 +350,20 @@ fn every_kind_allocates_and_frees_in_both_orders_aligned_as_asked() {
                 unsafe { gpu.deallocate(kind, D0, p, size, align) }.expect(&what);
 
                 // Stream order.
-                let p = gpu.allocate_async(kind, D0, size, align, s).expect(&what);
+                // SAFETY: `s` is the lease's live stream of device 0.
+                let p = unsafe { gpu.allocate_async(kind, D0, size, align, s) }.expect(&what);
                 assert_eq!(p.as_ptr() as usize % align, 0, "{what} (stream order)");
                 match kind {
-                    MemoryKind::Device => memset_bytes(p, size, s),
+                    MemoryKind::Device => memset_bytes(p, size, lease.order()),
                     MemoryKind::Managed if !managed_ok => {}
                     _ => touch(p, size, 0xcd),
                 }
                 // SAFETY: allocated above with these arguments; only work on
-                // `s` uses it.
+                // `s` (the lease's live stream of device 0) uses it.
                 unsafe { gpu.deallocate_async(kind, D0, p, size, align, s) }.expect(&what);
             }
         }
-        gpu.synchronize_stream(s, D0).unwrap();
+        synchronize(lease.order());
     }
 
     // The special streams, from a thread without a current context.
@@ -349,13 +374,15 @@ fn every_kind_allocates_and_frees_in_both_orders_aligned_as_asked() {
                 StreamHandle::LEGACY,
                 StreamHandle::PER_THREAD,
             ] {
-                let p = gpu
-                    .allocate_async(MemoryKind::Device, D0, 4096, 256, special)
+                // SAFETY: a special stream is usable on every device.
+                let p = unsafe { gpu.allocate_async(MemoryKind::Device, D0, 4096, 256, special) }
                     .expect("device memory on a special stream");
-                // SAFETY: freed on the stream it was allocated on; unused.
+                // SAFETY: freed on the (special) stream it was allocated on;
+                // unused.
                 unsafe { gpu.deallocate_async(MemoryKind::Device, D0, p, 4096, 256, special) }
                     .unwrap();
-                gpu.synchronize_stream(special, D0).unwrap();
+                // SAFETY: a special stream.
+                unsafe { gpu.synchronize_stream(special, D0) }.unwrap();
             }
         });
     });
@@ -366,7 +393,9 @@ fn every_kind_allocates_and_frees_in_both_orders_aligned_as_asked() {
         let invalid = Err(Some(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
         assert_eq!(code(gpu.allocate(kind, D0, 0, 8)), invalid);
         assert_eq!(code(gpu.allocate(kind, D0, 8, 3)), invalid);
-        assert_eq!(code(gpu.allocate_async(kind, D0, 8, 0, s)), invalid);
+        // SAFETY: `s` is the lease's live stream of device 0.
+        let r = unsafe { gpu.allocate_async(kind, D0, 8, 0, s) };
+        assert_eq!(code(r), invalid);
     }
     let count = device_count();
     assert!(matches!(
@@ -375,11 +404,13 @@ fn every_kind_allocates_and_frees_in_both_orders_aligned_as_asked() {
     ));
 }
 
-/// `cuMemsetD8Async` over `size` bytes at `p` on `s`.
-fn memset_bytes(p: NonNull<u8>, size: usize, s: StreamHandle) {
-    // SAFETY: `size` bytes of live device memory, freed in the order of `s`.
+/// `cuMemsetD8Async` over `size` bytes at `p` on the stream of `order`.
+fn memset_bytes(p: NonNull<u8>, size: usize, order: AccessOrder<'_>) {
+    let (s, _) = stream_of(order);
+    // SAFETY: `size` bytes of live device memory, freed in the order of `s`
+    // (the callers' contract); `s` is a live stream (`stream_of`).
     ok(
-        unsafe { sys::cuMemsetD8Async(addr(p.as_ptr()), 0xcd, size, s.0 as sys::CUstream) },
+        unsafe { sys::cuMemsetD8Async(addr(p.as_ptr()), 0xcd, size, s.as_raw() as sys::CUstream) },
         "cuMemsetD8Async",
     );
 }
@@ -393,21 +424,21 @@ fn copies_round_trip_host_device_pinned_managed_host() {
     let gpu = CudaBackend::new();
     let streams = StreamPool::new(gpu);
     let lease = streams.get(0).unwrap();
-    let s = lease.get();
+    let s = lease.handle();
     let n = 1 << 18;
     let bytes = n * 4;
     let src: Vec<u32> = (0..n as u32)
         .map(|i| i.wrapping_mul(2_654_435_761) ^ 7)
         .collect();
-    let d = gpu
-        .allocate_async(MemoryKind::Device, D0, bytes, 256, s)
-        .unwrap();
+    // SAFETY: `s` is the lease's live stream of device 0.
+    let d = unsafe { gpu.allocate_async(MemoryKind::Device, D0, bytes, 256, s) }.unwrap();
     let p = gpu.allocate(MemoryKind::Pinned, D0, bytes, 256).unwrap();
     let m = gpu.allocate(MemoryKind::Managed, D0, bytes, 256).unwrap();
     let h = gpu.allocate(MemoryKind::Host, D0, bytes, 64).unwrap();
-    // SAFETY: every block is `bytes` long and live until the stream is
-    // synchronized below; `src` outlives the call (pageable: staged before
-    // it returns); no two ranges overlap.
+    // SAFETY: `s` is the lease's live stream of device 0; every block is
+    // `bytes` long and live until the stream is synchronized below; `src`
+    // outlives the call (pageable: staged before it returns); no two ranges
+    // overlap.
     unsafe {
         gpu.copy_async(d, NonNull::from(src.as_slice()).cast(), bytes, s, D0)
             .unwrap();
@@ -415,14 +446,15 @@ fn copies_round_trip_host_device_pinned_managed_host() {
         gpu.copy_async(m, p, bytes, s, D0).unwrap();
         gpu.copy_async(h, m, bytes, s, D0).unwrap();
     }
-    gpu.synchronize_stream(s, D0).unwrap();
+    synchronize(lease.order());
     for (name, block) in [("pinned", p), ("managed", m), ("host", h)] {
         // SAFETY: `n` initialised u32s (the copies have run), aligned.
         let got = unsafe { std::slice::from_raw_parts(block.as_ptr().cast::<u32>(), n) };
         let wrong = got.iter().zip(&src).filter(|(a, b)| a != b).count();
         assert_eq!(wrong, 0, "{wrong} of {n} words differ in the {name} copy");
     }
-    // SAFETY: the stream is idle; each block is freed once with its layout.
+    // SAFETY: the stream (the lease's, live) is idle; each block is freed
+    // once with its layout.
     unsafe {
         gpu.deallocate_async(MemoryKind::Device, D0, d, bytes, 256, s)
             .unwrap();
@@ -432,7 +464,7 @@ fn copies_round_trip_host_device_pinned_managed_host() {
             .unwrap();
         gpu.deallocate(MemoryKind::Host, D0, h, bytes, 64).unwrap();
     }
-    gpu.synchronize_stream(s, D0).unwrap();
+    synchronize(lease.order());
 
     // Trim gives the cached pinned and managed blocks back.
     let before = stats();
@@ -471,7 +503,7 @@ fn managed_value(round: usize, i: usize) -> u32 {
 /// pinned address used.
 fn round(
     scratch: &Scratchpad<'_, CudaBackend>,
-    stream: StreamHandle,
+    stream: AccessOrder<'_>,
     r: usize,
     managed_stand_in: Option<u64>,
     result: u64,
@@ -543,12 +575,12 @@ fn stream_order_proof(reset: bool) {
     let mut expected = Vec::with_capacity(ROUNDS);
     let mut pinned_addrs = Vec::with_capacity(ROUNDS);
     let mut in_flight: VecDeque<EventLease<'_, CudaBackend>> = VecDeque::new();
-    let mut kept = reset.then(|| Scratchpad::new(&gpu, a.order()));
+    let mut kept = reset.then(|| Scratchpad::new(&gpu, a.order()).unwrap());
     for r in 0..ROUNDS {
         // Dropping: rounds alternate between A and B, so the memory freed on
         // one stream is allocated and written on the other. Resetting: A.
         let lease: &StreamLease<'_, CudaBackend> = if reset || r % 2 == 0 { &a } else { &b };
-        let stream = lease.get();
+        let stream = lease.order();
         let result = results.addr() + 4 * r as u64;
         let (sum, pinned_at) = match kept.as_mut() {
             Some(scratch) => {
@@ -557,7 +589,7 @@ fn stream_order_proof(reset: bool) {
                 out
             }
             None => {
-                let scratch = Scratchpad::new(&gpu, lease.order());
+                let scratch = Scratchpad::new(&gpu, lease.order()).unwrap();
                 let out = round(&scratch, stream, r, managed, result);
                 scratch.release().expect("release in stream order");
                 out
@@ -567,19 +599,22 @@ fn stream_order_proof(reset: bool) {
         pinned_addrs.push(pinned_at);
 
         let done = events.get(0).unwrap();
-        gpu.record_event(done.get(), stream, D0).unwrap();
+        // SAFETY: the lease `done` holds this live event of device 0, and
+        // `lease` this live stream of device 0.
+        unsafe { gpu.record_event(done.handle(), lease.handle(), D0) }.unwrap();
         in_flight.push_back(done);
         while in_flight.len() > lag(r) {
             let e = in_flight.pop_front().unwrap();
-            gpu.synchronize_event(e.get(), D0).unwrap();
+            // SAFETY: the lease `e` holds this live event of device 0.
+            unsafe { gpu.synchronize_event(e.handle(), D0) }.unwrap();
         }
     }
     drop(kept);
     let host_time = started.elapsed();
-    gpu.synchronize_stream(a.get(), D0).unwrap();
-    gpu.synchronize_stream(b.get(), D0).unwrap();
+    synchronize(a.order());
+    synchronize(b.order());
     drop(in_flight);
-    let got = results.read(a.get());
+    let got = results.read(a.order());
     let after = stats();
 
     let wrong: Vec<usize> = (0..ROUNDS).filter(|&r| got[r] != expected[r]).collect();
@@ -654,7 +689,7 @@ fn pool_never_hands_out_a_parked_block(kind: MemoryKind) {
     let gpu = CudaBackend::new();
     let streams = StreamPool::new(gpu);
     let gated = streams.get(0).unwrap();
-    let g = gated.get();
+    let g = gated.handle();
     let align = 256;
 
     // Some free blocks to start with, so the threads find some at once.
@@ -669,14 +704,15 @@ fn pool_never_hands_out_a_parked_block(kind: MemoryKind) {
     // Nothing cached from earlier tests: what the pool holds from here on is
     // this test's.
     gpu.trim_memory(D0).unwrap();
-    let gate = Gate::hold(g, D0, GATE_TIMEOUT).unwrap();
+    let gate = Gate::hold(gated.order(), GATE_TIMEOUT).unwrap();
     let parked: Mutex<HashSet<usize>> = Mutex::new(HashSet::new());
     let park = |p: NonNull<u8>| {
         // Recorded as parked *before* the free, so any later hand-out of it
         // while the gate is closed is caught.
         parked.lock().unwrap().insert(p.as_ptr() as usize);
         // SAFETY: allocated with these arguments; nothing uses it; the free
-        // is ordered after the gate kernel on `g`.
+        // is ordered after the gate kernel on `g`, the lease `gated`'s live
+        // stream of device 0.
         unsafe { gpu.deallocate_async(kind, D0, p, BLOCK, align, g) }.unwrap();
     };
     for _ in 0..32 {
@@ -730,9 +766,12 @@ fn pool_never_hands_out_a_parked_block(kind: MemoryKind) {
                             // done, nothing else uses it.
                             unsafe { gpu.deallocate(kind, D0, p, BLOCK, align) }.unwrap();
                         } else {
-                            // SAFETY: as above; nothing on `idle` uses it.
-                            unsafe { gpu.deallocate_async(kind, D0, p, BLOCK, align, idle.get()) }
-                                .unwrap();
+                            // SAFETY: as above; nothing on `idle` (the
+                            // lease's live stream of device 0) uses it.
+                            unsafe {
+                                gpu.deallocate_async(kind, D0, p, BLOCK, align, idle.handle())
+                            }
+                            .unwrap();
                         }
                     }
                 }
@@ -771,7 +810,7 @@ fn pool_never_hands_out_a_parked_block(kind: MemoryKind) {
     // Open the gate: the parked blocks become reusable, and are reused.
     gate.open();
     wait_gate(&gate);
-    gpu.synchronize_stream(g, D0).unwrap();
+    synchronize(gated.order());
     let parked = parked.into_inner().unwrap();
     // Taking every cached and parked block (free ones come first) must reach
     // the parked ones, now that their events have completed.
@@ -823,13 +862,13 @@ fn a_reset_loop_makes_no_upstream_allocation_after_warm_up() {
     let streams = StreamPool::new(gpu);
     let events = EventPool::new(gpu);
     let a = streams.get(0).unwrap();
-    let s = a.get();
+    let s = a.order();
     consume_kernel();
     let results = DeviceBuffer::zeroed(WARM_UP + MEASURED);
     let zeros = DeviceBuffer::zeroed(WORDS);
     let managed = (!concurrent_managed_access(D0)).then(|| zeros.addr());
 
-    let mut scratch = Scratchpad::new(&gpu, a.order());
+    let mut scratch = Scratchpad::new(&gpu, a.order()).unwrap();
     let mut in_flight = VecDeque::new();
     let mut expected = Vec::new();
     let mut before = None;
@@ -848,20 +887,23 @@ fn a_reset_loop_makes_no_upstream_allocation_after_warm_up() {
         expected.push(sum);
         scratch.reset().unwrap();
         let done = events.get(0).unwrap();
-        gpu.record_event(done.get(), s, D0).unwrap();
+        // SAFETY: the leases `done` and `a` hold this live event and stream,
+        // both of device 0.
+        unsafe { gpu.record_event(done.handle(), a.handle(), D0) }.unwrap();
         in_flight.push_back(done);
         while in_flight.len() > LAG {
             let e = in_flight.pop_front().unwrap();
-            gpu.synchronize_event(e.get(), D0).unwrap();
+            // SAFETY: the lease `e` holds this live event of device 0.
+            unsafe { gpu.synchronize_event(e.handle(), D0) }.unwrap();
         }
     }
     let after = stats();
     let scratch_after = scratch.stats();
-    gpu.synchronize_stream(s, D0).unwrap();
+    synchronize(s);
     drop(in_flight);
     let got = results.read(s);
     drop(scratch);
-    gpu.synchronize_stream(s, D0).unwrap();
+    synchronize(s);
 
     let (before, scratch_before) = (before.unwrap(), scratch_before.unwrap());
     eprintln!("before the measured rounds: {before:?}");
@@ -916,16 +958,24 @@ fn ctx_sync() {
     ok(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize");
 }
 
-fn alloc_on(size: usize, s: StreamHandle) -> NonNull<u8> {
-    CudaBackend::new()
-        .allocate_async(MemoryKind::Device, D0, size, 256, s)
+/// Device memory of device 0 in the order of the stream of `order` (of
+/// device 0).
+fn alloc_on(size: usize, order: AccessOrder<'_>) -> NonNull<u8> {
+    let (s, device) = stream_of(order);
+    assert_eq!(device, D0);
+    // SAFETY: a usable stream of device 0 (`stream_of`).
+    unsafe { CudaBackend::new().allocate_async(MemoryKind::Device, D0, size, 256, s) }
         .expect("stream-ordered device allocation")
 }
 
 /// # Safety
-/// `p` came from [`alloc_on`] with `size`; only work queued on `s` uses it.
-unsafe fn free_on(p: NonNull<u8>, size: usize, s: StreamHandle) {
-    // SAFETY: the caller's contract.
+/// `p` came from [`alloc_on`] with `size`; only work queued on the stream of
+/// `order` uses it.
+unsafe fn free_on(p: NonNull<u8>, size: usize, order: AccessOrder<'_>) {
+    let (s, device) = stream_of(order);
+    assert_eq!(device, D0);
+    // SAFETY: the caller's contract; `s` is a usable stream of device 0
+    // (`stream_of`).
     unsafe { CudaBackend::new().deallocate_async(MemoryKind::Device, D0, p, size, 256, s) }
         .expect("stream-ordered device free");
 }
@@ -954,7 +1004,7 @@ fn the_device_cache_hands_a_block_back_on_the_same_stream_without_the_driver() {
     let gpu = CudaBackend::new();
     let streams = StreamPool::new(gpu);
     let a = streams.get(0).unwrap();
-    let s = a.get();
+    let s = a.order();
 
     let p1 = alloc_on(SIZE, s);
     let p2 = alloc_on(SIZE, s);
@@ -1004,7 +1054,7 @@ fn the_device_cache_hands_a_block_back_on_the_same_stream_without_the_driver() {
         free_on(q1, SIZE, s);
         free_on(q2, SIZE, s);
     }
-    gpu.synchronize_stream(s, D0).unwrap();
+    synchronize(s);
 }
 
 #[test]
@@ -1016,7 +1066,7 @@ fn the_device_cache_never_hands_a_block_to_another_stream_or_the_host() {
     let streams = StreamPool::new(gpu);
     let a = streams.get(0).unwrap();
     let b = streams.get(0).unwrap();
-    let (sa, sb) = (a.get(), b.get());
+    let (sa, sb) = (a.order(), b.order());
     assert_ne!(sa, sb);
 
     let p = alloc_on(SIZE, sa);
@@ -1033,7 +1083,8 @@ fn the_device_cache_never_hands_a_block_to_another_stream_or_the_host() {
         .allocate(MemoryKind::Device, D0, SIZE, 256)
         .expect("host-order device allocation");
     // A special stream: the driver, another block.
-    let on_legacy = alloc_on(SIZE, StreamHandle::LEGACY);
+    let legacy = AccessOrder::legacy_stream(D0);
+    let on_legacy = alloc_on(SIZE, legacy);
     let after = stats();
     for (what, q) in [("B", on_b), ("host order", on_host), ("legacy", on_legacy)] {
         assert_ne!(q, p, "{what} got the block cached for A");
@@ -1052,7 +1103,7 @@ fn the_device_cache_never_hands_a_block_to_another_stream_or_the_host() {
     unsafe {
         free_on(p, SIZE, sa);
         free_on(on_b, SIZE, sb);
-        free_on(on_legacy, SIZE, StreamHandle::LEGACY);
+        free_on(on_legacy, SIZE, legacy);
         gpu.deallocate(MemoryKind::Device, D0, on_host, SIZE, 256)
             .unwrap();
     }
@@ -1074,7 +1125,7 @@ fn a_block_cached_while_a_kernel_on_its_stream_still_reads_it_stays_intact() {
     let streams = StreamPool::new(gpu);
     let a = streams.get(0).unwrap();
     let b = streams.get(0).unwrap();
-    let (sa, sb) = (a.get(), b.get());
+    let (sa, sb) = (a.order(), b.order());
     consume_kernel();
     let result = DeviceBuffer::zeroed(2);
     let zeros = DeviceBuffer::zeroed(N);
@@ -1083,7 +1134,7 @@ fn a_block_cached_while_a_kernel_on_its_stream_still_reads_it_stays_intact() {
     // in A's order while all of that is still queued.
     let x = alloc_on(SIZE, sa);
     memset32(addr(x.as_ptr()), A_VALUE, N, sa);
-    let gate = Gate::hold(sa, D0, GATE_TIMEOUT).unwrap();
+    let gate = Gate::hold(sa, GATE_TIMEOUT).unwrap();
     consume(
         sa,
         addr(x.as_ptr()),
@@ -1114,13 +1165,10 @@ fn a_block_cached_while_a_kernel_on_its_stream_still_reads_it_stays_intact() {
     // Let B finish while A is still held (B does not wait for A unless the
     // driver's pool made it; then it finishes after the gate opens).
     let deadline = Instant::now() + Duration::from_secs(2);
-    while gpu.query_stream(sb, D0).unwrap() == gpupool_core::Completion::Pending
-        && Instant::now() < deadline
-    {
+    while query(sb) == gpupool_core::Completion::Pending && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
     }
-    let b_done_while_held =
-        gpu.query_stream(sb, D0).unwrap() == gpupool_core::Completion::Complete && !gate.is_done();
+    let b_done_while_held = query(sb) == gpupool_core::Completion::Complete && !gate.is_done();
 
     // On A again: the same block, in A's order after the kernel, overwritten
     // at once (queued behind the gate, so it must not reach the kernel).
@@ -1133,7 +1181,7 @@ fn a_block_cached_while_a_kernel_on_its_stream_still_reads_it_stays_intact() {
 
     gate.open();
     wait_gate(&gate);
-    gpu.synchronize_stream(sb, D0).unwrap();
+    synchronize(sb);
     let got = result.read(sa);
     eprintln!(
         "B finished while A was held: {b_done_while_held}; gate still closed after A's \
@@ -1175,15 +1223,18 @@ fn destroying_a_stream_through_the_backend_returns_its_cached_blocks() {
         let s = gpu
             .create_stream(D0, Default::default())
             .expect("create a stream");
+        // SAFETY: created just now by this backend on device 0; destroyed
+        // only at the end of the round, after the order's last use.
+        let order = unsafe { AccessOrder::from_raw(&gpu, s, D0) };
         // Two "scratchpads" a round: the second takes the first's blocks.
         for _ in 0..2 {
-            let blocks: Vec<_> = SIZES.iter().map(|&n| (alloc_on(n, s), n)).collect();
+            let blocks: Vec<_> = SIZES.iter().map(|&n| (alloc_on(n, order), n)).collect();
             for &(p, n) in &blocks {
-                memset_bytes(p, n, s);
+                memset_bytes(p, n, order);
             }
             for &(p, n) in blocks.iter().rev() {
                 // SAFETY: allocated above; only the memsets on `s` use it.
-                unsafe { free_on(p, n, s) };
+                unsafe { free_on(p, n, order) };
             }
         }
         let held = stats();
@@ -1193,7 +1244,9 @@ fn destroying_a_stream_through_the_backend_returns_its_cached_blocks() {
             "round {round}: the stream's blocks are cached"
         );
         let frees = held.upstream_frees[DI];
-        gpu.destroy_stream(s, D0).expect("destroy");
+        // SAFETY: created above by this backend on device 0 and owned by this
+        // test; neither `s` nor `order` is used after this.
+        unsafe { gpu.destroy_stream(s, D0) }.expect("destroy");
         let gone = stats();
         assert_eq!(gone.cached_blocks[DI], 0, "round {round}: returned");
         assert_eq!(gone.upstream_frees[DI] - frees, SIZES.len() as u64);
@@ -1233,21 +1286,25 @@ fn a_stream_destroyed_elsewhere_keeps_its_blocks_from_every_other_stream_until_a
             .create_stream(D0, Default::default())
             .expect("create a stream");
         handle_reused += usize::from(previous == Some(s));
+        // SAFETY: created just now by this backend on device 0; destroyed
+        // below, after the order's last use.
+        let order = unsafe { AccessOrder::from_raw(&gpu, s, D0) };
         // A block freed on an earlier, destroyed stream (perhaps with this
         // very handle value) must not come back here.
-        let p = alloc_on(SIZE, s);
+        let p = alloc_on(SIZE, order);
         assert!(
             !cached.contains(&(p.as_ptr() as usize)),
             "a block cached for a destroyed stream went to a new stream"
         );
-        memset_bytes(p, SIZE, s);
+        memset_bytes(p, SIZE, order);
         // SAFETY: allocated above; only the memset on `s` uses it.
-        unsafe { free_on(p, SIZE, s) };
+        unsafe { free_on(p, SIZE, order) };
         cached.insert(p.as_ptr() as usize);
         // Destroyed behind the backend's back: the cache is not told.
-        // SAFETY: created above, not used after this.
+        // SAFETY: created above, not used after this (the handle value is
+        // only compared).
         ok(
-            unsafe { sys::cuStreamDestroy_v2(s.0 as sys::CUstream) },
+            unsafe { sys::cuStreamDestroy_v2(s.as_raw() as sys::CUstream) },
             "cuStreamDestroy",
         );
         previous = Some(s);
@@ -1269,12 +1326,13 @@ fn forget_stream_returns_a_streams_blocks_and_the_cache_can_be_switched_off() {
     let gpu = CudaBackend::new();
     let streams = StreamPool::new(gpu);
     let a = streams.get(0).unwrap();
-    let s = a.get();
+    let s = a.order();
     let p = alloc_on(SIZE, s);
     // SAFETY: allocated above, unused.
     unsafe { free_on(p, SIZE, s) };
     assert_eq!(stats().cached_blocks[DI], 1);
-    assert_eq!(gpu.forget_stream(s, D0).unwrap(), 1);
+    // SAFETY: the lease `a` holds this live stream of device 0.
+    assert_eq!(unsafe { gpu.forget_stream(a.handle(), D0) }.unwrap(), 1);
     assert_eq!(stats().cached_blocks[DI], 0);
 
     gpu.set_device_cache(false);
@@ -1290,5 +1348,5 @@ fn forget_stream_returns_a_streams_blocks_and_the_cache_can_be_switched_off() {
         1
     );
     assert_eq!(after.upstream_frees[DI] - before.upstream_frees[DI], 1);
-    gpu.synchronize_stream(s, D0).unwrap();
+    synchronize(s);
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::{device_count, has_devices, make_current, wait_gate, Kernels, GATE_TIMEOUT};
 use gpupool_core::{
-    AccessOrder, Backend, Completion, DeviceId, EventBackend, EventFlags, EventPool, StreamBackend,
-    StreamHandle, StreamPool,
+    AccessOrder, Backend, Completion, DeviceId, EventBackend, EventFlags, EventLease, EventPool,
+    StreamBackend, StreamPool,
 };
 use gpupool_cuda::cudarc::driver::{result, sys, DriverError};
 use gpupool_cuda::testing::{spin, Gate};
@@ -49,7 +49,7 @@ fn wait_orders_a_kernel_after_a_kernel_on_another_pooled_stream() {
         c.synchronize().unwrap();
 
         // The producer is held behind a gate, then fills x = i + 1.
-        let gate = Gate::hold(producer.get(), D0, GATE_TIMEOUT).unwrap();
+        let gate = Gate::hold(producer.order(), GATE_TIMEOUT).unwrap();
         kernels.fill(&p, &mut x);
         // The consumer computes y = 2x + 1 after the producer's work so far.
         // Unordered, it would read the zeros and write 1 everywhere.
@@ -57,7 +57,8 @@ fn wait_orders_a_kernel_after_a_kernel_on_another_pooled_stream() {
         kernels.twice_plus_one(&c, &mut y, &x);
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(
-            gpu.query_stream(consumer.get(), D0).unwrap(),
+            // SAFETY: the lease `consumer` holds this live stream of device 0.
+            unsafe { gpu.query_stream(consumer.handle(), D0) }.unwrap(),
             Completion::Pending,
             "the consumer waits for the gated producer"
         );
@@ -81,10 +82,16 @@ fn wait_orders_a_kernel_after_a_kernel_on_another_pooled_stream() {
     assert!(streams.take_error().is_none() && events.take_error().is_none());
 }
 
-/// `cuEventElapsedTime` between two events.
-fn elapsed(a: gpupool_core::EventHandle, b: gpupool_core::EventHandle) -> Result<f32, DriverError> {
-    // SAFETY: two live, recorded and completed events of one device.
-    unsafe { result::event::elapsed(a.0 as sys::CUevent, b.0 as sys::CUevent) }
+/// `cuEventElapsedTime` between two leased events (recorded and completed,
+/// of one device).
+fn elapsed(
+    a: &EventLease<'_, CudaBackend>,
+    b: &EventLease<'_, CudaBackend>,
+) -> Result<f32, DriverError> {
+    let (a, b) = (a.handle().as_raw(), b.handle().as_raw());
+    // SAFETY: two live events (held by the leases) of one device; the driver
+    // reports an event not recorded or not complete as an error.
+    unsafe { result::event::elapsed(a as sys::CUevent, b as sys::CUevent) }
 }
 
 #[test]
@@ -98,26 +105,43 @@ fn pooled_events_have_timing_disabled_unless_asked() {
     let events = EventPool::new(gpu);
     assert_eq!(events.flags(), EventFlags::DISABLE_TIMING);
     let (a, b) = (events.get(0).unwrap(), events.get(0).unwrap());
-    let gate = Gate::hold(s.get(), D0, GATE_TIMEOUT).unwrap();
-    gpu.record_event(a.get(), s.get(), D0).unwrap();
-    gpu.record_event(b.get(), s.get(), D0).unwrap();
-    assert_eq!(gpu.query_event(a.get(), D0).unwrap(), Completion::Pending);
+    let gate = Gate::hold(s.order(), GATE_TIMEOUT).unwrap();
+    // SAFETY: (every backend call of this test) the leases `s`, `a` and `b`
+    // hold these live streams and events, all of device 0.
+    unsafe {
+        gpu.record_event(a.handle(), s.handle(), D0).unwrap();
+        gpu.record_event(b.handle(), s.handle(), D0).unwrap();
+        assert_eq!(
+            gpu.query_event(a.handle(), D0).unwrap(),
+            Completion::Pending
+        );
+    }
     gate.open();
-    gpu.synchronize_event(b.get(), D0).unwrap();
-    assert_eq!(gpu.query_event(a.get(), D0).unwrap(), Completion::Complete);
+    // SAFETY: as above.
+    unsafe {
+        gpu.synchronize_event(b.handle(), D0).unwrap();
+        assert_eq!(
+            gpu.query_event(a.handle(), D0).unwrap(),
+            Completion::Complete
+        );
+    }
     assert_eq!(
-        elapsed(a.get(), b.get()).map_err(|e| e.0),
+        elapsed(&a, &b).map_err(|e| e.0),
         Err(sys::CUresult::CUDA_ERROR_INVALID_HANDLE),
         "no timing data on a DISABLE_TIMING event"
     );
 
     let timed = EventPool::with_flags(gpu, EventFlags::DEFAULT);
     let (a, b) = (timed.get(0).unwrap(), timed.get(0).unwrap());
-    gpu.record_event(a.get(), s.get(), D0).unwrap();
-    spin(s.get(), D0, Duration::from_millis(5)).unwrap();
-    gpu.record_event(b.get(), s.get(), D0).unwrap();
-    gpu.synchronize_event(b.get(), D0).unwrap();
-    let ms = elapsed(a.get(), b.get()).unwrap();
+    // SAFETY: as above.
+    unsafe { gpu.record_event(a.handle(), s.handle(), D0) }.unwrap();
+    spin(s.order(), Duration::from_millis(5)).unwrap();
+    // SAFETY: as above.
+    unsafe {
+        gpu.record_event(b.handle(), s.handle(), D0).unwrap();
+        gpu.synchronize_event(b.handle(), D0).unwrap();
+    }
+    let ms = elapsed(&a, &b).unwrap();
     assert!(ms >= 4.0, "timed events measured {ms} ms over a 5 ms spin");
 }
 
@@ -130,25 +154,33 @@ fn the_default_streams_work_from_a_thread_without_a_context() {
     let events = EventPool::new(gpu);
     std::thread::scope(|scope| {
         scope.spawn(|| {
-            for special in [
-                StreamHandle::NULL,
-                StreamHandle::LEGACY,
-                StreamHandle::PER_THREAD,
+            for default in [
+                AccessOrder::null_stream(D0),
+                AccessOrder::legacy_stream(D0),
+                AccessOrder::per_thread_stream(D0),
             ] {
-                let default = AccessOrder::stream(special, D0);
-                let gate = Gate::hold(special, D0, GATE_TIMEOUT).unwrap();
+                let special = default.stream_handle().unwrap();
+                let gate = Gate::hold(default, GATE_TIMEOUT).unwrap();
                 let lease = streams.get(0).unwrap();
                 lease.order().wait(&default, &events).unwrap();
-                spin(lease.get(), D0, Duration::ZERO).unwrap();
-                assert_eq!(gpu.query_stream(special, D0).unwrap(), Completion::Pending);
-                assert_eq!(
-                    gpu.query_stream(lease.get(), D0).unwrap(),
-                    Completion::Pending
-                );
+                spin(lease.order(), Duration::ZERO).unwrap();
+                // SAFETY: (every backend call of this loop) `special` is a
+                // special stream, usable on every device; the lease holds its
+                // live stream of device 0.
+                unsafe {
+                    assert_eq!(gpu.query_stream(special, D0).unwrap(), Completion::Pending);
+                    assert_eq!(
+                        gpu.query_stream(lease.handle(), D0).unwrap(),
+                        Completion::Pending
+                    );
+                }
                 gate.open();
                 AccessOrder::host().wait(&default, &events).unwrap();
-                gpu.synchronize_stream(lease.get(), D0).unwrap();
-                assert_eq!(gpu.stream_device(special).unwrap(), D0);
+                // SAFETY: as above.
+                unsafe {
+                    gpu.synchronize_stream(lease.handle(), D0).unwrap();
+                    assert_eq!(gpu.stream_device(special).unwrap(), D0);
+                }
             }
         });
     });
@@ -166,21 +198,27 @@ fn leases_of_device_1_hold_streams_of_device_1() {
     let streams = StreamPool::new(gpu);
     let one = streams.get(1).unwrap();
     assert_eq!(one.device(), D1);
-    assert_eq!(gpu.stream_device(one.get()).unwrap(), D1);
+    // SAFETY: the lease `one` holds this live stream.
+    assert_eq!(unsafe { gpu.stream_device(one.handle()) }.unwrap(), D1);
     assert_eq!(
         gpu.current_device().unwrap(),
         D0,
         "creating on device 1 leaves the thread's device alone"
     );
     let zero = streams.get(0).unwrap();
-    assert_eq!(gpu.stream_device(zero.get()).unwrap(), D0);
-    assert_ne!(zero.get(), one.get());
+    // SAFETY: the lease `zero` holds this live stream.
+    assert_eq!(unsafe { gpu.stream_device(zero.handle()) }.unwrap(), D0);
+    assert_ne!(zero.handle(), one.handle());
 
     // An event of device 1, recorded on device 1's stream, from device 0.
     let events = EventPool::new(gpu);
     let e = events.get(1).unwrap();
-    gpu.record_event(e.get(), one.get(), D1).unwrap();
-    gpu.synchronize_event(e.get(), D1).unwrap();
+    // SAFETY: the leases `e` and `one` hold this live event and stream, both
+    // of device 1.
+    unsafe {
+        gpu.record_event(e.handle(), one.handle(), D1).unwrap();
+        gpu.synchronize_event(e.handle(), D1).unwrap();
+    }
     assert_eq!(gpu.current_device().unwrap(), D0);
     drop((one, zero, e));
     assert_eq!(streams.stats(D1).unwrap().created, 1);
@@ -199,17 +237,19 @@ fn wait_orders_streams_of_two_devices() {
     for (from, to) in [(D0, D1), (D1, D0)] {
         let producer = streams.get(from).unwrap();
         let consumer = streams.get(to).unwrap();
-        let gate = Gate::hold(producer.get(), from, GATE_TIMEOUT).unwrap();
+        let gate = Gate::hold(producer.order(), GATE_TIMEOUT).unwrap();
         consumer.order().wait(&producer.order(), &events).unwrap();
-        spin(consumer.get(), to, Duration::ZERO).unwrap();
+        spin(consumer.order(), Duration::ZERO).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(
-            gpu.query_stream(consumer.get(), to).unwrap(),
+            // SAFETY: the lease `consumer` holds this live stream of `to`.
+            unsafe { gpu.query_stream(consumer.handle(), to) }.unwrap(),
             Completion::Pending,
             "{to:?} waits for {from:?}"
         );
         gate.open();
-        gpu.synchronize_stream(consumer.get(), to).unwrap();
+        // SAFETY: as above.
+        unsafe { gpu.synchronize_stream(consumer.handle(), to) }.unwrap();
         assert!(gate.is_done(), "the consumer finished after the producer");
     }
     assert_eq!(events.live_leases(), 0);
@@ -229,29 +269,37 @@ fn wait_on_the_default_stream_of_a_device_that_is_not_current() {
     let streams = StreamPool::new(gpu);
     let events = EventPool::new(gpu);
     make_current(D0);
-    for special in [StreamHandle::NULL, StreamHandle::LEGACY] {
+    for default1 in [AccessOrder::null_stream(D1), AccessOrder::legacy_stream(D1)] {
         // Device 1's default stream, seen from a thread whose device is 0.
-        let default1 = AccessOrder::stream(special, D1);
-        let gate = Gate::hold(special, D1, GATE_TIMEOUT).unwrap();
+        let special = default1.stream_handle().unwrap();
+        let gate = Gate::hold(default1, GATE_TIMEOUT).unwrap();
         let lease = streams.get(0).unwrap();
         lease.order().wait(&default1, &events).unwrap();
-        spin(lease.get(), D0, Duration::ZERO).unwrap();
+        spin(lease.order(), Duration::ZERO).unwrap();
         std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(
-            gpu.query_stream(lease.get(), D0).unwrap(),
-            Completion::Pending
-        );
-        assert_eq!(gpu.query_stream(special, D1).unwrap(), Completion::Pending);
+        // SAFETY: (every backend call of this loop) the lease holds its live
+        // stream of device 0; `special` is a special stream, usable on every
+        // device.
+        unsafe {
+            assert_eq!(
+                gpu.query_stream(lease.handle(), D0).unwrap(),
+                Completion::Pending
+            );
+            assert_eq!(gpu.query_stream(special, D1).unwrap(), Completion::Pending);
+        }
         gate.open();
-        gpu.synchronize_stream(lease.get(), D0).unwrap();
+        // SAFETY: as above.
+        unsafe { gpu.synchronize_stream(lease.handle(), D0) }.unwrap();
         wait_gate(&gate);
 
         // And the other way round: device 1's default stream waits for a
         // pooled stream of device 0, then the host waits for it.
-        let gate = Gate::hold(lease.get(), D0, GATE_TIMEOUT).unwrap();
+        let gate = Gate::hold(lease.order(), GATE_TIMEOUT).unwrap();
         default1.wait(&lease.order(), &events).unwrap();
-        spin(special, D1, Duration::ZERO).unwrap();
-        assert_eq!(gpu.query_stream(special, D1).unwrap(), Completion::Pending);
+        spin(default1, Duration::ZERO).unwrap();
+        // SAFETY: as above.
+        let state = unsafe { gpu.query_stream(special, D1) }.unwrap();
+        assert_eq!(state, Completion::Pending);
         gate.open();
         AccessOrder::host().wait(&default1, &events).unwrap();
         assert!(gate.is_done());

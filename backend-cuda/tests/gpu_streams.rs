@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use common::{device_count, wait_gate, wait_idle, GATE_TIMEOUT};
 use gpupool_core::{
-    Backend, Completion, DeviceId, DeviceSelector, Error, EventBackend, EventPool, StreamBackend,
-    StreamOptions, StreamPool, StreamPoolConfig,
+    AccessOrder, Backend, Completion, DeviceId, DeviceSelector, Error, EventBackend, EventPool,
+    StreamBackend, StreamLease, StreamOptions, StreamPool, StreamPoolConfig,
 };
 use gpupool_cuda::cudarc::driver::{result, sys};
 use gpupool_cuda::testing::{spin, Gate};
@@ -29,21 +29,24 @@ fn a_returned_stream_is_reused_on_device_0() {
     let gpu = CudaBackend::new();
     let pool = StreamPool::new(gpu);
     let a = pool.get(0).unwrap();
-    let s = a.get();
+    let s = a.handle();
     assert_eq!(a.device(), D0);
-    assert_eq!(gpu.stream_device(s).unwrap(), D0);
-    assert_eq!(gpu.query_stream(s, D0).unwrap(), Completion::Complete);
+    // SAFETY: the lease `a` holds this live stream of device 0.
+    assert_eq!(unsafe { gpu.stream_device(s) }.unwrap(), D0);
+    // SAFETY: as above.
+    let state = unsafe { gpu.query_stream(s, D0) }.unwrap();
+    assert_eq!(state, Completion::Complete);
     drop(a);
 
     let b = pool.get(0).unwrap();
-    assert_eq!(b.get(), s, "an idle stream comes back first");
+    assert_eq!(b.handle(), s, "an idle stream comes back first");
     let stats = pool.stats(D0).unwrap();
     assert_eq!((stats.created, stats.reused), (1, 1));
 
-    // Released, put back, leased again.
-    let owned = b.release();
+    // Detached, put back, leased again.
+    let owned = b.detach();
     pool.put(owned, None).unwrap();
-    assert_eq!(pool.get(0).unwrap().get(), s);
+    assert_eq!(pool.get(0).unwrap().handle(), s);
     assert_eq!(pool.get(DeviceSelector::Current).unwrap().device(), D0);
 
     let count = device_count();
@@ -62,22 +65,27 @@ fn a_busy_stream_is_reused_only_after_its_work_is_done() {
     let gpu = CudaBackend::new();
     let pool = StreamPool::new(gpu);
     let a = pool.get(0).unwrap();
-    let busy = a.get();
-    let gate = Gate::hold(busy, D0, GATE_TIMEOUT).unwrap();
-    assert_eq!(gpu.query_stream(busy, D0).unwrap(), Completion::Pending);
+    let busy = a.handle();
+    let gate = Gate::hold(a.order(), GATE_TIMEOUT).unwrap();
+    // SAFETY: the lease `a` holds this live stream of device 0.
+    let state = unsafe { gpu.query_stream(busy, D0) }.unwrap();
+    assert_eq!(state, Completion::Pending);
     drop(a); // pending: to the busy list
 
     let b = pool.get(0).unwrap();
-    assert_ne!(b.get(), busy, "a pending stream is not leased");
+    assert_ne!(b.handle(), busy, "a pending stream is not leased");
     let c = pool.get(0).unwrap();
-    assert_ne!(c.get(), busy, "still pending: a scan does not take it");
+    assert_ne!(c.handle(), busy, "still pending: a scan does not take it");
     assert_eq!(pool.stats(D0).unwrap().created, 3);
 
     gate.open();
     wait_gate(&gate);
-    wait_idle(busy, D0);
+    // SAFETY: the pool keeps the stream in its busy list (nothing purges it
+    // in this test), so it is a live stream of device 0 of this backend for
+    // as long as the order is used (the next line).
+    wait_idle(unsafe { AccessOrder::from_raw(&gpu, busy, D0) });
     let d = pool.get(0).unwrap();
-    assert_eq!(d.get(), busy, "finished now: the scan takes it");
+    assert_eq!(d.handle(), busy, "finished now: the scan takes it");
     let stats = pool.stats(D0).unwrap();
     assert_eq!((stats.created, stats.busy_hits), (3, 1));
     drop((b, c, d));
@@ -91,23 +99,26 @@ fn a_spin_kernel_keeps_its_stream_busy_for_about_its_duration() {
     let gpu = CudaBackend::new();
     let pool = StreamPool::new(gpu);
     let a = pool.get(0).unwrap();
-    let s = a.get();
-    spin(s, D0, Duration::from_millis(50)).unwrap();
-    assert_eq!(gpu.query_stream(s, D0).unwrap(), Completion::Pending);
+    let s = a.handle();
+    spin(a.order(), Duration::from_millis(50)).unwrap();
+    // SAFETY: the lease `a` holds this live stream of device 0.
+    let state = unsafe { gpu.query_stream(s, D0) }.unwrap();
+    assert_eq!(state, Completion::Pending);
     drop(a); // to the busy list
 
     let b = pool.get(0).unwrap();
-    assert_ne!(b.get(), s);
+    assert_ne!(b.handle(), s);
     std::thread::sleep(Duration::from_millis(150));
     let c = pool.get(0).unwrap();
-    assert_eq!(c.get(), s, "done after 50 ms: reused from the busy list");
+    assert_eq!(c.handle(), s, "done after 50 ms: reused from the busy list");
     drop((b, c));
 
     // Synchronizing waits for the whole spin.
     let a = pool.get(0).unwrap();
-    spin(a.get(), D0, Duration::from_millis(50)).unwrap();
+    spin(a.order(), Duration::from_millis(50)).unwrap();
     let t0 = Instant::now();
-    gpu.synchronize_stream(a.get(), D0).unwrap();
+    // SAFETY: the lease `a` holds this live stream of device 0.
+    unsafe { gpu.synchronize_stream(a.handle(), D0) }.unwrap();
     let waited = t0.elapsed();
     assert!(
         waited >= Duration::from_millis(40),
@@ -115,11 +126,11 @@ fn a_spin_kernel_keeps_its_stream_busy_for_about_its_duration() {
     );
 }
 
-/// `cuStreamGetPriority` of a stream.
-fn priority_of(s: gpupool_core::StreamHandle) -> i32 {
+/// `cuStreamGetPriority` of a leased stream.
+fn priority_of(lease: &StreamLease<'_, CudaBackend>) -> i32 {
     let mut p = 0;
-    // SAFETY: a live stream leased from a pool; `p` is a valid place.
-    let r = unsafe { sys::cuStreamGetPriority(s.0 as sys::CUstream, &mut p) };
+    // SAFETY: a live stream, held by the lease; `p` is a valid place.
+    let r = unsafe { sys::cuStreamGetPriority(lease.handle().as_raw() as sys::CUstream, &mut p) };
     assert_eq!(r, sys::CUresult::CUDA_SUCCESS);
     p
 }
@@ -139,14 +150,10 @@ fn priorities_are_clamped_to_the_device_range() {
         };
         let pool = StreamPool::with_config(CudaBackend::new(), config);
         let lease = pool.get(0).unwrap();
-        assert_eq!(priority_of(lease.get()), expected, "asked for {asked}");
+        assert_eq!(priority_of(&lease), expected, "asked for {asked}");
     }
     let pool = StreamPool::new(CudaBackend::new());
-    assert_eq!(
-        priority_of(pool.get(0).unwrap().get()),
-        0,
-        "default priority"
-    );
+    assert_eq!(priority_of(&pool.get(0).unwrap()), 0, "default priority");
 }
 
 #[test]
@@ -157,7 +164,7 @@ fn purge_and_drop_destroy_everything_in_the_pools() {
     let leases: Vec<_> = (0..4).map(|_| pool.get(0).unwrap()).collect();
     let gates: Vec<_> = leases[..2]
         .iter()
-        .map(|l| Gate::hold(l.get(), D0, GATE_TIMEOUT).unwrap())
+        .map(|l| Gate::hold(l.order(), GATE_TIMEOUT).unwrap())
         .collect();
     let kept = pool.get(0).unwrap();
     drop(leases); // two busy, two ready
@@ -182,7 +189,8 @@ fn purge_and_drop_destroy_everything_in_the_pools() {
     assert!(events.take_error().is_none());
     let e = events.get(0).unwrap();
     assert_eq!(
-        CudaBackend::new().query_event(e.get(), D0).unwrap(),
+        // SAFETY: the lease `e` holds this live event of device 0.
+        unsafe { CudaBackend::new().query_event(e.handle(), D0) }.unwrap(),
         Completion::Complete,
         "an event never recorded is complete"
     );
@@ -200,7 +208,7 @@ fn a_thread_without_a_current_context_can_use_the_pools() {
             assert_eq!(gpu.current_device().unwrap(), D0, "no context: device 0");
             let lease = pool.get(DeviceSelector::Current).unwrap();
             assert_eq!(lease.device(), D0);
-            spin(lease.get(), D0, Duration::from_millis(1)).unwrap();
+            spin(lease.order(), Duration::from_millis(1)).unwrap();
             drop(lease);
             // The thread had no context: it keeps device 0's primary one.
             assert!(result::ctx::get_current().unwrap().is_some());
@@ -219,8 +227,10 @@ fn the_process_wide_pools_serve_device_0() {
     let s = streams.get(0).unwrap();
     let e = events.get(0).unwrap();
     let gpu = CudaBackend::new();
-    gpu.record_event(e.get(), s.get(), D0).unwrap();
-    gpu.synchronize_event(e.get(), D0).unwrap();
+    // SAFETY: the leases hold this live event and stream, both of device 0.
+    unsafe { gpu.record_event(e.handle(), s.handle(), D0) }.unwrap();
+    // SAFETY: as above.
+    unsafe { gpu.synchronize_event(e.handle(), D0) }.unwrap();
     drop((s, e));
     assert_eq!(streams.live_leases(), 0);
     assert_eq!(events.live_leases(), 0);
@@ -248,11 +258,11 @@ fn sixteen_threads_never_share_a_stream() {
                             return;
                         }
                     };
-                    let s = lease.get().0;
+                    let s = lease.handle().as_raw();
                     assert!(held.lock().unwrap().insert(s), "stream {s:#x} leased twice");
                     if i % 500 == 0 {
                         // Some returns find work pending: the busy list is used too.
-                        spin(lease.get(), D0, Duration::from_micros(20)).unwrap();
+                        spin(lease.order(), Duration::from_micros(20)).unwrap();
                     }
                     assert!(held.lock().unwrap().remove(&s));
                     drop(lease);

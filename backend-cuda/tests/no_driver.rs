@@ -5,13 +5,20 @@
 //! pools.
 //!
 //! On a machine where `libcuda` can be loaded these tests skip themselves
-//! (printing why); the GPU tests in `gpu.rs` cover that case.
+//! (printing why); the GPU tests in `gpu_*.rs` cover that case.
+//!
+//! The tests below hand made-up stream and event handles to the backend's
+//! `unsafe fn`s. That breaks their contract on a machine with a driver, but
+//! each such test first checks that `libcuda` cannot be loaded here: then
+//! every call fails with `NoDriver` before any handle is used (which is what
+//! these tests check), and no handle ever reaches a driver.
 
 use std::time::Duration;
 
 use gpupool_core::{
-    AccessOrder, Backend, BackendOp, DeviceId, Error, EventBackend, EventFlags, EventHandle,
-    EventPool, MemoryBackend, MemoryKind, Scratchpad, StreamBackend, StreamHandle, StreamPool,
+    AccessOrder, Backend, BackendId, BackendOp, DeviceId, Error, EventBackend, EventFlags,
+    EventHandle, EventPool, MemoryBackend, MemoryKind, Scratchpad, StreamBackend, StreamHandle,
+    StreamPool,
 };
 use gpupool_cuda::{testing, CudaBackend, CudaError};
 
@@ -62,8 +69,22 @@ fn the_event_pool_and_access_order_report_no_driver() {
     assert!(is_no_driver(&events.get(0), BackendOp::DeviceCount));
     assert!(is_no_driver(&events.get_shared(0), BackendOp::DeviceCount));
 
-    let a = AccessOrder::stream(StreamHandle(0x1000), DeviceId(0));
-    let b = AccessOrder::stream(StreamHandle(0x2000), DeviceId(0));
+    // SAFETY: no driver here (checked above): the handles never reach one
+    // (see the module documentation).
+    let (a, b) = unsafe {
+        (
+            AccessOrder::from_raw(
+                events.backend(),
+                StreamHandle::from_raw(0x1000),
+                DeviceId(0),
+            ),
+            AccessOrder::from_raw(
+                events.backend(),
+                StreamHandle::from_raw(0x2000),
+                DeviceId(0),
+            ),
+        )
+    };
     assert!(is_no_driver(&a.wait(&b, &events), BackendOp::DeviceCount));
     let host_wait = AccessOrder::host().wait(&a, &events);
     assert!(is_no_driver(&host_wait, BackendOp::SynchronizeStream));
@@ -92,32 +113,50 @@ fn every_backend_call_reports_no_driver() {
     }
     let gpu = CudaBackend::new();
     let d = DeviceId(0);
-    let s = StreamHandle(0x1000);
-    let e = EventHandle(0x2000);
+    // SAFETY: no driver here (checked above): the handles never reach one
+    // (see the module documentation).
+    let (s, e) = unsafe {
+        (
+            StreamHandle::from_raw(0x1000),
+            EventHandle::from_raw(0x2000),
+        )
+    };
     let no = Err::<(), _>(CudaError::NoDriver);
     assert_eq!(gpu.device_count().map(drop), no);
     assert_eq!(gpu.current_device().map(drop), no);
     assert_eq!(gpu.create_stream(d, Default::default()).map(drop), no);
-    assert_eq!(gpu.destroy_stream(s, d), no);
-    assert_eq!(gpu.query_stream(s, d).map(drop), no);
-    assert_eq!(gpu.query_stream(StreamHandle::LEGACY, d).map(drop), no);
-    assert_eq!(gpu.synchronize_stream(s, d), no);
-    assert_eq!(gpu.stream_wait_event(s, d, e), no);
-    assert_eq!(gpu.stream_device(s).map(drop), no);
+    // SAFETY: (every call of this block) no driver here, as above.
+    unsafe {
+        assert_eq!(gpu.destroy_stream(s, d), no);
+        assert_eq!(gpu.query_stream(s, d).map(drop), no);
+        assert_eq!(gpu.query_stream(StreamHandle::LEGACY, d).map(drop), no);
+        assert_eq!(gpu.synchronize_stream(s, d), no);
+        assert_eq!(gpu.stream_wait_event(s, d, e), no);
+        assert_eq!(gpu.stream_device(s).map(drop), no);
+    }
     assert_eq!(
         gpu.create_event(d, EventFlags::DISABLE_TIMING).map(drop),
         no
     );
-    assert_eq!(gpu.destroy_event(e, d), no);
-    assert_eq!(gpu.record_event(e, s, d), no);
-    assert_eq!(gpu.query_event(e, d).map(drop), no);
-    assert_eq!(gpu.synchronize_event(e, d), no);
+    // SAFETY: (every call of this block) no driver here, as above.
+    unsafe {
+        assert_eq!(gpu.destroy_event(e, d), no);
+        assert_eq!(gpu.record_event(e, s, d), no);
+        assert_eq!(gpu.query_event(e, d).map(drop), no);
+        assert_eq!(gpu.synchronize_event(e, d), no);
+        assert_eq!(gpu.forget_stream(s, d), Err(CudaError::NoDriver));
+    }
     assert_eq!(gpu.context(d).map(drop), no);
-    assert_eq!(testing::spin(s, d, Duration::from_millis(1)), no);
+    // SAFETY: no driver here, as above.
+    let order = unsafe { AccessOrder::from_raw(&gpu, s, d) };
+    assert_eq!(testing::spin(order, Duration::from_millis(1)), no);
     assert_eq!(
-        testing::Gate::hold(s, d, Duration::from_millis(1)).map(drop),
+        testing::Gate::hold(order, Duration::from_millis(1)).map(drop),
         no
     );
+    // A special stream's order: the same.
+    let legacy = AccessOrder::legacy_stream(d);
+    assert_eq!(testing::spin(legacy, Duration::from_millis(1)), no);
 }
 
 #[test]
@@ -127,12 +166,16 @@ fn every_memory_call_reports_no_driver() {
     }
     let gpu = CudaBackend::new();
     let d = DeviceId(0);
-    let s = StreamHandle(0x1000);
+    // SAFETY: no driver here (checked above): the handle never reaches one
+    // (see the module documentation).
+    let s = unsafe { StreamHandle::from_raw(0x1000) };
     let no = Err::<(), _>(CudaError::NoDriver);
     let p = std::ptr::NonNull::<u8>::dangling();
     for kind in MemoryKind::ALL {
         assert_eq!(gpu.allocate(kind, d, 64, 8).map(drop), no);
-        assert_eq!(gpu.allocate_async(kind, d, 64, 8, s).map(drop), no);
+        // SAFETY: no driver here, as above.
+        let r = unsafe { gpu.allocate_async(kind, d, 64, 8, s) };
+        assert_eq!(r.map(drop), no);
         // SAFETY: the driver is missing, so nothing is freed: the call fails
         // before it looks at the pointer.
         assert_eq!(unsafe { gpu.deallocate(kind, d, p, 64, 8) }, no);
@@ -145,7 +188,9 @@ fn every_memory_call_reports_no_driver() {
     assert_eq!(gpu.trim_memory(d).map(drop), no);
 
     // A scratchpad over the CUDA backend passes the error on and drops cleanly.
-    let scratch = Scratchpad::new(&gpu, AccessOrder::stream(s, d));
+    // SAFETY: no driver here, as above.
+    let order = unsafe { AccessOrder::from_raw(&gpu, s, d) };
+    let scratch = Scratchpad::new(&gpu, order).unwrap();
     let r = scratch.pinned::<u32>(16);
     assert!(
         is_no_driver(&r, BackendOp::Allocate),
@@ -169,10 +214,68 @@ fn a_special_stream_is_never_destroyed() {
         StreamHandle::PER_THREAD,
     ] {
         assert_eq!(
-            CudaBackend::new().destroy_stream(s, DeviceId(0)),
+            // SAFETY: a special stream is usable on every device (and is
+            // refused here before the driver is asked).
+            unsafe { CudaBackend::new().destroy_stream(s, DeviceId(0)) },
             Err(CudaError::SpecialStream(s))
         );
     }
+}
+
+#[test]
+fn every_cuda_backend_shares_one_id_without_a_driver_call() {
+    // Works with or without a driver: asking for the id calls nothing.
+    let (a, b) = (CudaBackend::new(), CudaBackend::default());
+    assert_eq!(a.id(), b.id());
+    assert_eq!(a.id(), a.id());
+    assert_ne!(a.id(), BackendId::unique());
+    // The pools know their backend by this id: nothing was asked of the
+    // driver.
+    let pool = StreamPool::new(a);
+    assert_eq!(pool.device_count(), None);
+    assert_eq!(pool.backend().id(), b.id());
+}
+
+/// A backend that is not CUDA's, for the testing helpers to refuse.
+struct Elsewhere(BackendId);
+
+impl Backend for Elsewhere {
+    type Error = CudaError;
+    fn id(&self) -> BackendId {
+        self.0
+    }
+    fn device_count(&self) -> Result<u32, CudaError> {
+        Ok(1)
+    }
+    fn current_device(&self) -> Result<DeviceId, CudaError> {
+        Ok(DeviceId(0))
+    }
+}
+
+#[test]
+fn the_testing_kernels_refuse_host_order_and_another_backends_stream() {
+    // Refused before the driver is asked, so this holds with or without one.
+    use gpupool_cuda::cudarc::driver::sys::CUresult;
+    let code = |r: Result<(), CudaError>| r.map_err(|e| e.code());
+    let host = AccessOrder::host();
+    let invalid_value = Err(Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+    assert_eq!(code(testing::spin(host, Duration::ZERO)), invalid_value);
+    assert_eq!(
+        code(testing::Gate::hold(host, Duration::ZERO).map(drop)),
+        invalid_value
+    );
+    let other = Elsewhere(BackendId::unique());
+    // SAFETY: the order names a "stream" of `other`, which has none; it is
+    // handed only to the testing helpers, which must refuse it because it is
+    // not a CUDA backend's (no driver ever sees the handle).
+    let foreign =
+        unsafe { AccessOrder::from_raw(&other, StreamHandle::from_raw(0x1000), DeviceId(0)) };
+    let invalid_handle = Err(Some(CUresult::CUDA_ERROR_INVALID_HANDLE));
+    assert_eq!(code(testing::spin(foreign, Duration::ZERO)), invalid_handle);
+    assert_eq!(
+        code(testing::Gate::hold(foreign, Duration::ZERO).map(drop)),
+        invalid_handle
+    );
 }
 
 #[test]

@@ -163,6 +163,15 @@ impl<'s> AccessOrder<'s> {
         }
     }
 
+    /// Whether `backend` may be handed this order's stream: host order and
+    /// CUDA's special streams with any backend, any other stream only with a
+    /// backend of the [`BackendId`] it came from. Every gpupool call that takes
+    /// an order and a backend checks this and refuses with
+    /// [`Error::ForeignHandle`] otherwise.
+    pub fn is_usable_with<B: Backend + ?Sized>(&self, backend: &B) -> bool {
+        self.usable_with(backend.id())
+    }
+
     /// The stream and its device, for a stream order.
     pub(crate) const fn stream_and_device(&self) -> Option<(StreamHandle, DeviceId)> {
         match self.order {

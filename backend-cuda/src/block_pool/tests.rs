@@ -139,7 +139,9 @@ impl Upstream for Fake {
 }
 
 const D: DeviceId = DeviceId(0);
-const S: StreamHandle = StreamHandle(0x1000);
+// SAFETY: a fake stream, only ever given to the fake upstream (which never
+// reaches a driver).
+const S: StreamHandle = unsafe { StreamHandle::from_raw(0x1000) };
 
 #[test]
 fn a_parked_block_is_reused_only_after_its_fence_completes() {

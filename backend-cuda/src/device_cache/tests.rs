@@ -123,7 +123,10 @@ fn special_streams_are_never_cached() {
     ] {
         assert!(!cacheable(s));
     }
-    assert!(cacheable(StreamHandle(0x7f00_1234_5000)));
+    // SAFETY: only looked at, never passed to a backend or the driver.
+    assert!(cacheable(unsafe {
+        StreamHandle::from_raw(0x7f00_1234_5000)
+    }));
     // And the driver-side entry points refuse them before any driver
     // call (none is loaded here).
     let cache = DeviceCache::new();
@@ -133,11 +136,14 @@ fn special_streams_are_never_cached() {
         StreamHandle::LEGACY,
         StreamHandle::PER_THREAD,
     ] {
-        assert_eq!(cache.take(s, 256), None);
+        // SAFETY: a special stream is usable on every device, and refused
+        // before any driver call.
+        assert_eq!(unsafe { cache.take(s, 256) }, None);
         // SAFETY: a special stream is refused before the block is looked
         // at; nothing is freed.
         assert!(!unsafe { cache.put(s, 0x1000, 256, &frees) });
-        assert_eq!(cache.forget(s, &frees), Ok(0));
+        // SAFETY: as for `take`.
+        assert_eq!(unsafe { cache.forget(s, &frees) }, Ok(0));
     }
     let c = cache.counts();
     assert_eq!((c.blocks, c.hits, c.misses, c.evictions), (0, 0, 0, 0));

@@ -58,22 +58,28 @@ impl DeviceMemory {
     /// first use (non-blocking, never destroyed).
     pub(super) fn sync_stream(&self, device: DeviceId) -> Result<StreamHandle, CudaError> {
         if let Some(&s) = self.sync_stream.get() {
-            return Ok(StreamHandle(s));
+            return Ok(s);
         }
         let gpu = CudaBackend::new();
         let made = gpu.create_stream(device, StreamOptions::default())?;
-        let kept = *self.sync_stream.get_or_init(|| made.0);
-        if kept != made.0 {
+        let kept = *self.sync_stream.get_or_init(|| made);
+        if kept != made {
             // Another thread's stream won the race; ours was never used.
-            let _ = gpu.destroy_stream(made, device);
+            // SAFETY: created just now on `device` by this backend, never
+            // handed out: ours to destroy.
+            let _ = unsafe { gpu.destroy_stream(made, device) };
         }
-        Ok(StreamHandle(kept))
+        Ok(kept)
     }
 
     /// Device memory from the default pool: in the order of `stream` (from
     /// the device cache when it has a block of this size freed on the same
     /// stream), or (`None`) usable by every stream when this returns.
-    pub(super) fn device_allocate(
+    ///
+    /// # Safety
+    /// `stream`, if any, is a usable stream of `device` (the contract of
+    /// [`MemoryBackend::allocate_async`](gpupool_core::MemoryBackend::allocate_async)).
+    pub(super) unsafe fn device_allocate(
         &self,
         drv: &Driver,
         device: DeviceId,
@@ -88,11 +94,17 @@ impl DeviceMemory {
         let attempt = || {
             drv.with_context(device, |_| {
                 if !wait {
-                    if let Some(addr) = self.cache.take(s, size) {
+                    // SAFETY: `s` is the caller's stream, usable on `device`
+                    // (this function's contract); `device`'s primary context
+                    // is current.
+                    if let Some(addr) = unsafe { self.cache.take(s, size) } {
                         return Ok((addr, true));
                     }
                 }
-                Self::driver_allocate(pool, s, wait, size).map(|a| (a, false))
+                // SAFETY: `s` is the caller's stream (as above) or the private
+                // stream, live for the whole process; the context is
+                // `device`'s primary one.
+                unsafe { Self::driver_allocate(pool, s, wait, size) }.map(|a| (a, false))
             })
         };
         let (addr, cached) = match attempt() {
@@ -100,9 +112,11 @@ impl DeviceMemory {
                 // The cache's blocks are invisible to the driver's pool: give
                 // them back, then try once more.
                 let private = self.sync_stream(device)?;
-                let (n, _) = self
-                    .cache
-                    .trim(drv, device, private, &self.device.upstream_frees)?;
+                // SAFETY: the private stream of `device`, never destroyed.
+                let (n, _) = unsafe {
+                    self.cache
+                        .trim(drv, device, private, &self.device.upstream_frees)
+                }?;
                 if n == 0 {
                     return Err(e);
                 }
@@ -121,8 +135,11 @@ impl DeviceMemory {
     }
 
     /// `cuMemAllocFromPoolAsync` on `s`, then (`wait`) synchronizing `s`.
-    /// Call with `device`'s primary context current.
-    fn driver_allocate(
+    ///
+    /// # Safety
+    /// Called with `device`'s primary context current; `pool` is `device`'s
+    /// default pool; `s` is a usable stream of `device`.
+    unsafe fn driver_allocate(
         pool: sys::CUmemoryPool,
         s: StreamHandle,
         wait: bool,
@@ -130,12 +147,13 @@ impl DeviceMemory {
     ) -> Result<usize, CudaError> {
         let mut dptr: sys::CUdeviceptr = 0;
         // SAFETY: `dptr` is a valid place for the address; `pool` is the
-        // device's default pool; `s` is a live stream of `device` (the
-        // caller's contract, or the private stream) or a special stream,
-        // which means the context current: `device`'s.
+        // device's default pool; `s` is a live stream of `device` or a
+        // special stream, which means the context current: `device`'s (this
+        // function's contract).
         check(unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, size, pool, raw_stream(s)) })?;
         if wait {
-            // SAFETY: the private stream, live for the whole process.
+            // SAFETY: `s` is usable (this function's contract); with `wait`,
+            // it is the private stream, live for the whole process.
             if let Err(e) = check(unsafe { sys::cuStreamSynchronize(raw_stream(s)) }) {
                 // SAFETY: allocated just now on `s` and never handed out.
                 let _ = unsafe { sys::cuMemFreeAsync(dptr, raw_stream(s)) };

@@ -21,7 +21,11 @@ impl DeviceMemory {
     }
 
     /// A block of `kind` (not host) aligned to `align` (layout checked).
-    pub(super) fn allocate_aligned(
+    ///
+    /// # Safety
+    /// `stream`, if any, is a usable stream of `device` (the contract of
+    /// [`MemoryBackend::allocate_async`](gpupool_core::MemoryBackend::allocate_async)).
+    pub(super) unsafe fn allocate_aligned(
         &self,
         drv: &Driver,
         kind: MemoryKind,
@@ -31,7 +35,8 @@ impl DeviceMemory {
         stream: Option<StreamHandle>,
     ) -> Result<NonNull<u8>, CudaError> {
         if align <= direct_align(kind) {
-            let addr = self.raw_allocate(drv, kind, device, size, stream)?;
+            // SAFETY: this function's contract.
+            let addr = unsafe { self.raw_allocate(drv, kind, device, size, stream) }?;
             if addr % align == 0 {
                 return non_null(addr);
             }
@@ -41,7 +46,8 @@ impl DeviceMemory {
             unsafe { self.raw_free(drv, kind, device, addr, size, stream) }?;
         }
         let total = size.checked_add(align).ok_or_else(invalid_value)?;
-        let raw = self.raw_allocate(drv, kind, device, total, stream)?;
+        // SAFETY: this function's contract.
+        let raw = unsafe { self.raw_allocate(drv, kind, device, total, stream) }?;
         let Some(aligned) = raw.checked_add(align - 1).map(|a| a & !(align - 1)) else {
             // SAFETY: as above.
             unsafe { self.raw_free(drv, kind, device, raw, total, stream) }?;

@@ -154,8 +154,11 @@ impl CudaBackend {
         }
         if mem.cache.counts().blocks > 0 {
             let cache_trim = mem.sync_stream(device).and_then(|private| {
-                mem.cache
-                    .trim(drv, device, private, &mem.device.upstream_frees)
+                // SAFETY: the private stream of `device`, never destroyed.
+                unsafe {
+                    mem.cache
+                        .trim(drv, device, private, &mem.device.upstream_frees)
+                }
             });
             match cache_trim {
                 Ok((_, bytes)) => freed += bytes,

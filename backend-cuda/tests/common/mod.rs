@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpupool_core::{Backend, Completion, DeviceId, StreamBackend, StreamHandle};
+use gpupool_core::{AccessOrder, Backend, Completion, DeviceId, StreamBackend, StreamHandle};
 use gpupool_cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use gpupool_cuda::cudarc::nvrtc::Ptx;
 use gpupool_cuda::testing::Gate;
@@ -48,11 +48,33 @@ pub fn make_current(device: DeviceId) {
         .expect("bind the primary context");
 }
 
-/// Polls `stream` until it is idle, failing the test after `GATE_TIMEOUT`.
-pub fn wait_idle(stream: StreamHandle, device: DeviceId) {
+/// The stream and device of `order`, checked to be a stream order of a CUDA
+/// backend, for the helpers that hand it to the backend or to a raw driver
+/// call. (`wait` refuses an order of another backend with `ForeignHandle`
+/// and, waiting for host order, calls nothing else.)
+///
+/// The order borrows its stream (a lease's or an owned stream's order), names
+/// a special stream, or came from `AccessOrder::from_raw`, whose caller
+/// vouched for it: either way the stream is a usable stream of the device
+/// while the order lives.
+pub fn stream_of(order: AccessOrder<'_>) -> (StreamHandle, DeviceId) {
+    order
+        .wait(&AccessOrder::host(), gpupool_cuda::events())
+        .expect("a stream order of a CUDA backend");
+    let stream = order
+        .stream_handle()
+        .expect("a stream order, not host order");
+    (stream, order.device().expect("a stream order has a device"))
+}
+
+/// Polls the stream of `order` until it is idle, failing the test after
+/// `GATE_TIMEOUT`.
+pub fn wait_idle(order: AccessOrder<'_>) {
     let gpu = CudaBackend::new();
+    let (stream, device) = stream_of(order);
     let deadline = Instant::now() + GATE_TIMEOUT;
-    while gpu.query_stream(stream, device).expect("query") == Completion::Pending {
+    // SAFETY: a usable stream of `device` (`stream_of`).
+    while unsafe { gpu.query_stream(stream, device) }.expect("query") == Completion::Pending {
         assert!(
             Instant::now() < deadline,
             "stream still busy after {GATE_TIMEOUT:?}"
