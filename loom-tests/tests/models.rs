@@ -123,10 +123,10 @@ fn stream_pool_two_threads_one_device() {
         let work = || {
             let lease = pool.get(0).unwrap();
             assert!(
-                in_use.lock().unwrap().insert(lease.get()),
+                in_use.lock().unwrap().insert(lease.handle()),
                 "stream leased twice"
             );
-            in_use.lock().unwrap().remove(&lease.get());
+            in_use.lock().unwrap().remove(&lease.handle());
         };
         let t = spawn_scoped(work);
         work();
@@ -164,15 +164,15 @@ fn stream_put_to_busy_races_scan() {
         let pool = StreamPool::new(mock.clone());
         let a = pool.get(0).unwrap();
         let b = pool.get(0).unwrap();
-        let (sa, sb) = (a.get(), b.get());
+        let (sa, sb) = (a.handle(), b.handle());
         mock.enqueue_work(sa).unwrap();
         drop(a); // pending: busy list
         mock.complete_all(sa).unwrap(); // finished, still in the busy list
         mock.enqueue_work(sb).unwrap();
-        let owned_b = b.release();
+        let owned_b = b.detach();
         let t = spawn_scoped(|| pool.put(owned_b, None).unwrap()); // busy push
         let got = pool.get(0).unwrap(); // scans the busy list
-        assert_eq!(got.get(), sa, "the finished busy stream was not found");
+        assert_eq!(got.handle(), sa, "the finished busy stream was not found");
         drop(got);
         t.join();
         assert_eq!(pool.total_stats().busy_hits, 1);
@@ -205,7 +205,7 @@ fn shared_event_last_two_clones() {
         let mock = idle_mock(1);
         let pool = EventPool::new(mock.clone());
         let shared = pool.get_shared(0).unwrap();
-        let event = shared.get();
+        let event = shared.handle();
         let other = shared.clone();
         let t = spawn_scoped(move || drop(other));
         drop(shared);
@@ -214,8 +214,8 @@ fn shared_event_last_two_clones() {
         // Returned exactly once: the next lease reuses it, the one after is new.
         let first = pool.get(0).unwrap();
         let second = pool.get(0).unwrap();
-        assert_eq!(first.get(), event);
-        assert_ne!(second.get(), event);
+        assert_eq!(first.handle(), event);
+        assert_ne!(second.handle(), event);
         drop((first, second));
         assert_eq!(pool.purge().unwrap(), 2);
         assert_eq!(mock.live_events(), 0);
@@ -228,7 +228,7 @@ fn event_pool_two_threads_get_put() {
         let mock = idle_mock(1);
         let pool = EventPool::new(mock.clone());
         drop(pool.get(0).unwrap());
-        let work = || pool.get(0).unwrap().get();
+        let work = || pool.get(0).unwrap().handle();
         let t = spawn_scoped(work);
         let mine = work();
         let theirs = t.join();

@@ -77,15 +77,17 @@ fn event_get_put(c: &mut Criterion) {
     let dali = DaliEventPool::new(gpu.clone(), flags).expect("a DALI-style event pool");
     let mutex_vec = MutexVecEventPool::new(gpu.clone(), flags, 1);
     let ours = || {
-        black_box(pool.get(D).expect("get").get());
+        black_box(pool.get(D).expect("get").handle());
     };
     let dali_op = || {
         let e = dali.get(D).expect("get");
-        dali.put(black_box(e), D);
+        // SAFETY: an event this pool just gave out on `D`, handed back.
+        unsafe { dali.put(black_box(e), D) };
     };
     let mutex_vec_op = || {
         let e = mutex_vec.get(D).expect("get");
-        mutex_vec.put(black_box(e), D);
+        // SAFETY: an event this pool just gave out on `D`, handed back.
+        unsafe { mutex_vec.put(black_box(e), D) };
     };
     let create = || event_create_destroy(&gpu, D, flags).expect("create+destroy");
     bench_all(
@@ -118,17 +120,18 @@ fn stream_lease_return(c: &mut Criterion) {
     let dali = DaliStreamPool::new(gpu.clone());
     let mutex_vec = MutexVecStreamPool::new(gpu.clone(), 1);
     let ours = || {
-        black_box(pool.get(D).expect("get").get());
+        black_box(pool.get(D).expect("get").handle());
     };
     let sticky_op = || {
-        black_box(sticky.get(D).expect("get").get());
+        black_box(sticky.get(D).expect("get").handle());
     };
     let dali_op = || {
-        black_box(dali.get(D).expect("get").get());
+        black_box(dali.get(D).expect("get").handle());
     };
     let mutex_vec_op = || {
         let s = mutex_vec.get(D).expect("get");
-        mutex_vec.put(black_box(s), D);
+        // SAFETY: a stream this pool just gave out on `D`, handed back.
+        unsafe { mutex_vec.put(black_box(s), D) };
     };
     let create = || stream_create_destroy(&gpu, D).expect("create+destroy");
     bench_all(

@@ -33,7 +33,7 @@ const SIZES: [usize; 16] = [
 
 fn scratch_rounds(c: &mut Criterion) {
     let gpu = MockBackend::new(1);
-    let mut scratch = Scratchpad::new(&gpu, AccessOrder::host());
+    let mut scratch = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
     let mut bump = bumpalo::Bump::new();
     for _ in 0..3 {
         for &s in &SIZES {
@@ -63,7 +63,7 @@ fn scratch_rounds(c: &mut Criterion) {
     });
     g.bench_function("scratchpad_new", |b| {
         b.iter(|| {
-            let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+            let scratch = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
             for &s in &SIZES {
                 black_box(scratch.alloc(MemoryKind::Host, black_box(s), 8).unwrap());
             }

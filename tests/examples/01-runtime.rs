@@ -41,7 +41,7 @@ fn main() {
                     let upload = streams.get(device).expect("upload stream");
                     let mut in_pool = Duration::ZERO;
                     for i in 0..iterations {
-                        gpu.enqueue_work(upload.get()).expect("upload");
+                        gpu.enqueue_work(upload.handle()).expect("upload");
                         let t = Instant::now();
                         let kernel = streams.get(device).expect("kernel stream");
                         in_pool += t.elapsed();
@@ -49,7 +49,7 @@ fn main() {
                             .order()
                             .wait(&upload.order(), events)
                             .expect("order the kernel after the upload");
-                        gpu.enqueue_work(kernel.get()).expect("kernel");
+                        gpu.enqueue_work(kernel.handle()).expect("kernel");
                         let t = Instant::now();
                         drop(kernel); // back to the pool, maybe still busy
                         in_pool += t.elapsed();

@@ -24,6 +24,13 @@
 //! DALI has undefined behaviour. Backend errors are returned as DALI throws
 //! them; a failure in a lease's drop panics, where DALI calls
 //! `std::terminate`.
+//!
+//! The baselines check nothing a benchmark round would pay for: what DALI
+//! leaves to its caller (a handle handed back is one the pool gave out; a
+//! scratchpad's order is a stream of its backend and device) is the `# Safety`
+//! contract of the `unsafe fn`s here ([`DaliStreamPool::put`],
+//! [`DaliEventPool::put`], the `Mutex<Vec>` pools' `put`,
+//! [`DaliScratchpad::new`], [`raw_round`]).
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
@@ -188,13 +195,22 @@ impl<B: StreamBackend> DaliStreamPool<B> {
             let node = match lists.ready[d].pop() {
                 Some(node) => Some(node),
                 None => lists.busy[d].unlink_first(|h| {
-                    Ok(self.backend.query_stream(StreamHandle(h), device)? == Completion::Complete)
+                    // SAFETY: the pool owns every stream in its lists: each is a
+                    // live stream of the list's device (`device`), created by
+                    // this backend (`put`'s contract, or `create_stream` here).
+                    let state = unsafe {
+                        self.backend
+                            .query_stream(StreamHandle::from_raw(h), device)?
+                    };
+                    Ok(state == Completion::Complete)
                 })?,
             };
             node.map(|mut node| {
                 let handle = std::mem::take(&mut node.handle);
                 lists.unused.push(node);
-                StreamHandle(handle)
+                // SAFETY: a stream the pool owned (see above); the lease takes
+                // it over.
+                unsafe { StreamHandle::from_raw(handle) }
             })
         };
         let stream = match found {
@@ -215,13 +231,21 @@ impl<B: StreamBackend> DaliStreamPool<B> {
     ///
     /// # Panics
     /// On a null stream (DALI throws `std::invalid_argument`).
-    pub fn put(&self, stream: StreamHandle, device: DeviceId) -> Result<(), B::Error> {
+    ///
+    /// # Safety
+    /// `stream` is a live, non-special stream of `device`, created by this
+    /// pool's backend (or one with its [`id`](gpupool_core::Backend::id)), and
+    /// the caller hands it over: nothing else owns or uses it from now on
+    /// (unless the query fails, when it stays the caller's).
+    pub unsafe fn put(&self, stream: StreamHandle, device: DeviceId) -> Result<(), B::Error> {
         assert!(!stream.is_null(), "Cannot put a null stream in the pool.");
-        let state = self.backend.query_stream(stream, device)?;
+        // SAFETY: the caller's contract: a live stream of `device` of this
+        // backend.
+        let state = unsafe { self.backend.query_stream(stream, device)? };
         let mut guard = lock_yielding(&self.lists);
         self.init(&mut guard)?;
         let (mut guard, mut node) = take_node(&self.lists, guard, |l| &mut l.unused);
-        node.handle = stream.0;
+        node.handle = stream.as_raw();
         let lists = &mut *guard;
         match state {
             Completion::Complete => lists.ready[device.index()].push(node),
@@ -247,8 +271,13 @@ impl<B: StreamBackend> DaliStreamPool<B> {
             for list in [ready, busy] {
                 while let Some(node) = list.pop() {
                     let device = DeviceId(d as u32);
-                    self.backend
-                        .destroy_stream(StreamHandle(node.handle), device)?;
+                    // SAFETY: the pool owns every stream in its lists, a live
+                    // stream of the list's device created by this backend;
+                    // the node is dropped, so nothing uses it after this.
+                    unsafe {
+                        self.backend
+                            .destroy_stream(StreamHandle::from_raw(node.handle), device)?;
+                    }
                     destroyed += 1;
                 }
             }
@@ -273,7 +302,7 @@ pub struct DaliStreamLease<'p, B: StreamBackend> {
 
 impl<B: StreamBackend> DaliStreamLease<'_, B> {
     /// The leased stream.
-    pub fn get(&self) -> StreamHandle {
+    pub fn handle(&self) -> StreamHandle {
         self.stream
     }
 
@@ -290,7 +319,10 @@ impl<B: StreamBackend> Drop for DaliStreamLease<'_, B> {
     /// # Panics
     /// When the put fails (DALI's lease destructor calls `std::terminate`).
     fn drop(&mut self) {
-        if let Err(e) = self.pool.put(self.stream, self.device) {
+        // SAFETY: the lease holds the stream its pool gave out (from its lists
+        // or created by its backend on `device`) and hands it back here; the
+        // lease ends with this drop.
+        if let Err(e) = unsafe { self.pool.put(self.stream, self.device) } {
             panic!("returning a stream to the DALI-style pool failed: {e}");
         }
         self.pool.lease_count.fetch_sub(1, Ordering::SeqCst);
@@ -336,17 +368,25 @@ impl<B: EventBackend> DaliEventPool<B> {
             if let Some(mut node) = lists.events[device.index()].pop() {
                 let handle = std::mem::take(&mut node.handle);
                 lists.unused.push(node);
-                return Ok(EventHandle(handle));
+                // SAFETY: the pool owned this event (a live event of `device`
+                // made by this backend, `put`'s contract); the caller takes it
+                // over.
+                return Ok(unsafe { EventHandle::from_raw(handle) });
             }
         }
         self.backend.create_event(device, self.flags)
     }
 
     /// Pushes `event` onto the head of `device`'s list.
-    pub fn put(&self, event: EventHandle, device: DeviceId) {
+    ///
+    /// # Safety
+    /// `event` is a live event of `device`, created by this pool's backend (or
+    /// one with its [`id`](gpupool_core::Backend::id)), and the caller hands it
+    /// over: nothing else owns or uses it from now on.
+    pub unsafe fn put(&self, event: EventHandle, device: DeviceId) {
         let guard = lock_yielding(&self.lists);
         let (mut guard, mut node) = take_node(&self.lists, guard, |l| &mut l.unused);
-        node.handle = event.0;
+        node.handle = event.as_raw();
         guard.events[device.index()].push(node);
     }
 
@@ -359,8 +399,13 @@ impl<B: EventBackend> DaliEventPool<B> {
         let mut destroyed = 0;
         for (d, list) in lists.events.iter_mut().enumerate() {
             while let Some(node) = list.pop() {
-                self.backend
-                    .destroy_event(EventHandle(node.handle), DeviceId(d as u32))?;
+                // SAFETY: the pool owns every event in its lists, a live event
+                // of the list's device created by this backend; the node is
+                // dropped, so nothing uses it after this.
+                unsafe {
+                    self.backend
+                        .destroy_event(EventHandle::from_raw(node.handle), DeviceId(d as u32))?;
+                }
                 destroyed += 1;
             }
         }
@@ -405,7 +450,12 @@ impl<B: StreamBackend> MutexVecStreamPool<B> {
     }
 
     /// Returns `stream` to `device`'s list.
-    pub fn put(&self, stream: StreamHandle, device: DeviceId) {
+    ///
+    /// # Safety
+    /// `stream` is a live, non-special stream of `device`, created by this
+    /// pool's backend (or one with its [`id`](gpupool_core::Backend::id)), and
+    /// the caller hands it over: nothing else owns or uses it from now on.
+    pub unsafe fn put(&self, stream: StreamHandle, device: DeviceId) {
         lock_vec(&self.lists[device.index()]).push(stream);
     }
 
@@ -414,7 +464,10 @@ impl<B: StreamBackend> MutexVecStreamPool<B> {
         let mut destroyed = 0;
         for (d, list) in self.lists.iter().enumerate() {
             for s in std::mem::take(&mut *lock_vec(list)) {
-                self.backend.destroy_stream(s, DeviceId(d as u32))?;
+                // SAFETY: the pool owns every stream in its lists, a live
+                // stream of the list's device created by this backend; it was
+                // taken out of the list, so nothing uses it after this.
+                unsafe { self.backend.destroy_stream(s, DeviceId(d as u32))? };
                 destroyed += 1;
             }
         }
@@ -448,7 +501,12 @@ impl<B: EventBackend> MutexVecEventPool<B> {
     }
 
     /// Returns `event` to `device`'s list.
-    pub fn put(&self, event: EventHandle, device: DeviceId) {
+    ///
+    /// # Safety
+    /// `event` is a live event of `device`, created by this pool's backend (or
+    /// one with its [`id`](gpupool_core::Backend::id)), and the caller hands it
+    /// over: nothing else owns or uses it from now on.
+    pub unsafe fn put(&self, event: EventHandle, device: DeviceId) {
         lock_vec(&self.lists[device.index()]).push(event);
     }
 
@@ -457,7 +515,10 @@ impl<B: EventBackend> MutexVecEventPool<B> {
         let mut destroyed = 0;
         for (d, list) in self.lists.iter().enumerate() {
             for e in std::mem::take(&mut *lock_vec(list)) {
-                self.backend.destroy_event(e, DeviceId(d as u32))?;
+                // SAFETY: the pool owns every event in its lists, a live event
+                // of the list's device created by this backend; it was taken
+                // out of the list, so nothing uses it after this.
+                unsafe { self.backend.destroy_event(e, DeviceId(d as u32))? };
                 destroyed += 1;
             }
         }
@@ -471,7 +532,9 @@ pub fn stream_create_destroy<B: StreamBackend>(
     device: DeviceId,
 ) -> Result<(), B::Error> {
     let s = backend.create_stream(device, StreamOptions::default())?;
-    backend.destroy_stream(s, device)
+    // SAFETY: created just above on `device` by this backend, used by nothing
+    // else.
+    unsafe { backend.destroy_stream(s, device) }
 }
 
 /// No pool: creates an event with `flags` on `device` and destroys it.
@@ -481,7 +544,9 @@ pub fn event_create_destroy<B: EventBackend>(
     flags: EventFlags,
 ) -> Result<(), B::Error> {
     let e = backend.create_event(device, flags)?;
-    backend.destroy_event(e, device)
+    // SAFETY: created just above on `device` by this backend, used by nothing
+    // else.
+    unsafe { backend.destroy_event(e, device) }
 }
 
 /// DALI's first block size for every kind of a `DynamicScratchpad` (an
@@ -584,14 +649,21 @@ impl Monotonic {
 pub struct DaliScratchpad<'b, B: MemoryBackend> {
     backend: &'b B,
     device: DeviceId,
-    device_order: AccessOrder,
+    /// A stream of `backend` on `device`, or host order (`new`'s contract).
+    device_order: AccessOrder<'b>,
     kinds: [Monotonic; 4],
 }
 
 impl<'b, B: MemoryBackend> DaliScratchpad<'b, B> {
     /// A scratchpad whose device, pinned and managed memory follows
     /// `device_order`, for `device`. Allocates nothing.
-    pub fn new(backend: &'b B, device: DeviceId, device_order: AccessOrder) -> Self {
+    ///
+    /// # Safety
+    /// `device_order` is host order or a stream of `device` made by `backend`
+    /// (or a backend with its [`id`](gpupool_core::Backend::id)), or one of
+    /// `device`'s special streams. (The order keeps the stream alive; DALI
+    /// does not check whose it is, and neither does this baseline.)
+    pub unsafe fn new(backend: &'b B, device: DeviceId, device_order: AccessOrder<'b>) -> Self {
         DaliScratchpad {
             backend,
             device,
@@ -641,7 +713,9 @@ impl<'b, B: MemoryBackend> DaliScratchpad<'b, B> {
         }
         let size = m.next;
         let block_align = align.max(if host { 8 } else { 16 });
-        let base = upstream_alloc(backend, kind, device, order, size, block_align)?;
+        // SAFETY: `order` is host order or a usable stream of `backend` on
+        // `device` (`new`'s contract; the order borrows its stream for `'b`).
+        let base = unsafe { upstream_alloc(backend, kind, device, order, size, block_align)? };
         m.records.push(Record {
             base,
             size,
@@ -680,7 +754,8 @@ impl<'b, B: MemoryBackend> DaliScratchpad<'b, B> {
             // upstream with this size and alignment and has not released; the
             // borrows handed out of it ended with `&mut self`; device work
             // that may still use it is ordered before the release by the
-            // device order it is released in.
+            // device order it is released in, a usable stream of `backend` on
+            // `device` or host order (`new`'s contract).
             let _ = unsafe { upstream_release(backend, kind, device, order, r) };
         }
         m.curr = 0;
@@ -708,11 +783,15 @@ impl<B: MemoryBackend> Drop for DaliScratchpad<'_, B> {
 /// A block from `kind`'s upstream: host from the system allocator; device in
 /// `order` (synchronously when it is the host order); pinned and managed
 /// synchronously.
-fn upstream_alloc<B: MemoryBackend>(
+///
+/// # Safety
+/// `order` is host order or a usable stream of `device` for `backend` (see
+/// [`Backend`](gpupool_core::Backend)'s handle contracts).
+unsafe fn upstream_alloc<B: MemoryBackend>(
     backend: &B,
     kind: MemoryKind,
     device: DeviceId,
-    order: AccessOrder,
+    order: AccessOrder<'_>,
     size: usize,
     align: usize,
 ) -> Result<NonNull<u8>, B::Error> {
@@ -724,7 +803,9 @@ fn upstream_alloc<B: MemoryBackend>(
             Ok(NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout)))
         }
         (MemoryKind::Device, Some(stream)) => {
-            backend.allocate_async(kind, device, size, align, stream)
+            // SAFETY: a usable stream of `device` for `backend` (the caller's
+            // contract).
+            unsafe { backend.allocate_async(kind, device, size, align, stream) }
         }
         _ => backend.allocate(kind, device, size, align),
     }
@@ -735,12 +816,14 @@ fn upstream_alloc<B: MemoryBackend>(
 ///
 /// # Safety
 /// `r` came from `upstream_alloc` with the same `kind`, `device` and `order`
-/// and is not released yet; nothing uses it after this point of `order`.
+/// and is not released yet; nothing uses it after this point of `order`;
+/// `order` is still host order or a usable stream of `device` for `backend`
+/// (`upstream_alloc`'s contract).
 unsafe fn upstream_release<B: MemoryBackend>(
     backend: &B,
     kind: MemoryKind,
     device: DeviceId,
-    order: AccessOrder,
+    order: AccessOrder<'_>,
     r: Record,
 ) -> Result<(), B::Error> {
     match (kind, order.stream_handle()) {
@@ -766,18 +849,24 @@ unsafe fn upstream_release<B: MemoryBackend>(
 /// stream-ordered when it is a stream, synchronous when it is the host order),
 /// all of them live together, then all freed the same way. `blocks` is working
 /// space, left empty.
-pub fn raw_round<B: MemoryBackend>(
+///
+/// # Safety
+/// As for [`DaliScratchpad::new`]: `order` is host order or a stream of
+/// `device` made by `backend` (or a backend with its
+/// [`id`](gpupool_core::Backend::id)), or one of `device`'s special streams.
+pub unsafe fn raw_round<B: MemoryBackend>(
     backend: &B,
     kind: MemoryKind,
     device: DeviceId,
-    order: AccessOrder,
+    order: AccessOrder<'_>,
     sizes: &[usize],
     align: usize,
     blocks: &mut Vec<NonNull<u8>>,
 ) -> Result<(), B::Error> {
     let mut result = Ok(());
     for &size in sizes {
-        match upstream_alloc(backend, kind, device, order, size, align) {
+        // SAFETY: the caller's contract on `order`.
+        match unsafe { upstream_alloc(backend, kind, device, order, size, align) } {
             Ok(p) => blocks.push(std::hint::black_box(p)),
             Err(e) => {
                 result = Err(e);
@@ -788,7 +877,7 @@ pub fn raw_round<B: MemoryBackend>(
     for (base, &size) in blocks.drain(..).zip(sizes) {
         let r = Record { base, size, align };
         // SAFETY: allocated just above with this kind, device, order, size and
-        // alignment; nothing used it.
+        // alignment; nothing used it; `order` as the caller's contract says.
         let freed = unsafe { upstream_release(backend, kind, device, order, r) };
         if let (Err(e), Ok(())) = (freed, &result) {
             result = Err(e);
@@ -818,7 +907,7 @@ mod tests {
         let d = DeviceId(0);
         let a = pool.get(d).unwrap();
         let b = pool.get(d).unwrap();
-        let (sa, sb) = (a.get(), b.get());
+        let (sa, sb) = (a.handle(), b.handle());
         assert_eq!(pool.live_leases(), 2);
         gpu.enqueue_work(sa).unwrap();
         gpu.enqueue_work(sb).unwrap();
@@ -828,14 +917,14 @@ mod tests {
         gpu.complete_all(sa).unwrap();
         // Ready list empty: the busy scan finds `sa` (`sb` is still pending).
         let c = pool.get(d).unwrap();
-        assert_eq!(c.get(), sa);
+        assert_eq!(c.handle(), sa);
         // Nothing ready, `sb` pending: a new stream.
         let e = pool.get(d).unwrap();
-        assert_ne!(e.get(), sb);
+        assert_ne!(e.handle(), sb);
         assert_eq!(gpu.live_streams(), 3);
         drop(c); // idle: ready
         let f = pool.get(d).unwrap();
-        assert_eq!(f.get(), sa);
+        assert_eq!(f.handle(), sa);
         drop((e, f));
         assert_eq!(pool.live_leases(), 0);
         gpu.complete_all(sb).unwrap();
@@ -849,10 +938,15 @@ mod tests {
         let pool = DaliEventPool::new(gpu.clone(), EventFlags::DISABLE_TIMING).unwrap();
         let e1 = pool.get(DeviceId(1)).unwrap();
         let e2 = pool.get(DeviceId(1)).unwrap();
-        pool.put(e1, DeviceId(1));
-        pool.put(e2, DeviceId(1));
+        // SAFETY: (each put) events this pool gave out on device 1, handed
+        // back once and not used again.
+        unsafe {
+            pool.put(e1, DeviceId(1));
+            pool.put(e2, DeviceId(1));
+        }
         assert_eq!(pool.get(DeviceId(1)).unwrap(), e2);
-        pool.put(e2, DeviceId(1));
+        // SAFETY: as above.
+        unsafe { pool.put(e2, DeviceId(1)) };
         assert_eq!(gpu.live_events(), 2);
         drop(pool);
         assert_eq!(gpu.live_events(), 0);
@@ -865,13 +959,18 @@ mod tests {
         let streams = MutexVecStreamPool::new(gpu.clone(), 1);
         let events = MutexVecEventPool::new(gpu.clone(), EventFlags::DISABLE_TIMING, 1);
         let s = streams.get(d).unwrap();
-        streams.put(s, d);
+        // SAFETY: (each put) a stream or event its pool gave out on `d`,
+        // handed back once before it is taken again.
+        unsafe { streams.put(s, d) };
         assert_eq!(streams.get(d).unwrap(), s);
-        streams.put(s, d);
+        // SAFETY: as above.
+        unsafe { streams.put(s, d) };
         let e = events.get(d).unwrap();
-        events.put(e, d);
+        // SAFETY: as above.
+        unsafe { events.put(e, d) };
         assert_eq!(events.get(d).unwrap(), e);
-        events.put(e, d);
+        // SAFETY: as above.
+        unsafe { events.put(e, d) };
         stream_create_destroy(&gpu, d).unwrap();
         event_create_destroy(&gpu, d, EventFlags::DISABLE_TIMING).unwrap();
         assert_eq!(streams.purge().unwrap(), 1);
@@ -885,10 +984,13 @@ mod tests {
         let gpu = MockBackend::new(1);
         let d = DeviceId(0);
         let s = gpu.create_stream(d, StreamOptions::default()).unwrap();
-        let order = AccessOrder::stream(s, d);
+        // SAFETY: a stream of `gpu` on `d`, destroyed only at the end of the
+        // test, after the last use of the order.
+        let order = unsafe { AccessOrder::from_raw(&gpu, s, d) };
         let sizes = [1, 24, 100, 512, 4096, 65536, 17, 3000, 8192, 40000];
         for kind in [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Device] {
-            let mut pad = DaliScratchpad::new(&gpu, d, order);
+            // SAFETY: `order` is a stream of `gpu` on `d`.
+            let mut pad = unsafe { DaliScratchpad::new(&gpu, d, order) };
             let mut last_end = 0;
             for &n in &sizes {
                 let p = pad.alloc(kind, n, 8).unwrap().unwrap();
@@ -901,11 +1003,14 @@ mod tests {
             assert_eq!(pad.kinds[kind.index()].records.len, 2, "{kind:?}");
             drop(pad);
             let mut blocks = Vec::new();
-            raw_round(&gpu, kind, d, order, &sizes, 8, &mut blocks).unwrap();
+            // SAFETY: as above.
+            unsafe { raw_round(&gpu, kind, d, order, &sizes, 8, &mut blocks) }.unwrap();
         }
-        gpu.synchronize_stream(s, d).unwrap();
+        // SAFETY: the test owns `s`, a live stream of `gpu` on `d`.
+        unsafe { gpu.synchronize_stream(s, d) }.unwrap();
         assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
-        gpu.destroy_stream(s, d).unwrap();
+        // SAFETY: as above; nothing uses `s` after this.
+        unsafe { gpu.destroy_stream(s, d) }.unwrap();
         let mut bump = bumpalo::Bump::new();
         bumpalo_round(&mut bump, &sizes, 8);
     }

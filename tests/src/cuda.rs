@@ -26,8 +26,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use gpupool_core::{
-    Backend, Completion, DeviceId, EventBackend, EventHandle, StreamBackend, StreamHandle,
-    StreamOptions,
+    AccessOrder, Backend, Completion, DeviceId, EventBackend, EventHandle, StreamBackend,
+    StreamHandle, StreamOptions,
 };
 use gpupool_cuda::cudarc::driver::{result, sys, DriverError};
 use gpupool_cuda::testing::{spin, Gate};
@@ -114,7 +114,11 @@ impl TestGpu for CudaGpu {
     }
 
     fn make_busy(&self, stream: StreamHandle, device: DeviceId) {
-        let gate = Gate::hold(stream, device, GATE_TIMEOUT).expect("launch a gate kernel");
+        // SAFETY: `stream` is a live stream of `device` of this machine's
+        // backend (the harness's handle contract, see `TestGpu`), and the
+        // order ends with this call (the gate does not keep it).
+        let order = unsafe { AccessOrder::from_raw(&CudaBackend::new(), stream, device) };
+        let gate = Gate::hold(order, GATE_TIMEOUT).expect("launch a gate kernel");
         self.gates().push((stream, gate));
     }
 
@@ -128,9 +132,9 @@ impl TestGpu for CudaGpu {
         };
         mine.iter().for_each(Gate::open);
         let deadline = Instant::now() + GRACE;
-        while gpu
-            .query_stream(stream, device)
-            .expect("query a live stream")
+        // SAFETY: (both calls) `stream` is a live stream of `device` of this
+        // machine's backend (the harness's handle contract, see `TestGpu`).
+        while unsafe { gpu.query_stream(stream, device) }.expect("query a live stream")
             == Completion::Pending
         {
             if Instant::now() > deadline {
@@ -140,22 +144,24 @@ impl TestGpu for CudaGpu {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
-        gpu.synchronize_stream(stream, device)
-            .expect("synchronize a live stream");
+        // SAFETY: as above.
+        unsafe { gpu.synchronize_stream(stream, device) }.expect("synchronize a live stream");
         drop(mine); // done: their slots are free again
     }
 
     fn submit(&self, stream: StreamHandle, device: DeviceId) {
-        spin(stream, device, SUBMITTED_WORK).expect("launch a spin kernel");
+        // SAFETY: as in `make_busy`.
+        let order = unsafe { AccessOrder::from_raw(&CudaBackend::new(), stream, device) };
+        spin(order, SUBMITTED_WORK).expect("launch a spin kernel");
     }
 
     fn is_held(&self, stream: StreamHandle, device: DeviceId) -> bool {
         let gpu = CudaBackend::new();
         let deadline = Instant::now() + PATIENCE;
         loop {
-            let state = gpu
-                .query_stream(stream, device)
-                .expect("query a live stream");
+            // SAFETY: `stream` is a live stream of `device` of this machine's
+            // backend (the harness's handle contract, see `TestGpu`).
+            let state = unsafe { gpu.query_stream(stream, device) }.expect("query a live stream");
             if state == Completion::Complete {
                 return false;
             }
@@ -195,11 +201,13 @@ impl TestGpu for CudaGpu {
         let s = gpu
             .create_stream(device, StreamOptions::default())
             .expect("create a stream");
-        gpu.record_event(event, s, device)
-            .expect("record the event");
-        gpu.synchronize_event(event, device)
-            .expect("synchronize the event");
-        let raw = event.0 as sys::CUevent;
+        // SAFETY: `event` is a live event of `device` of this machine's backend
+        // (the harness's handle contract, see `TestGpu`); `s` was created just
+        // above on `device` and is destroyed only at the end.
+        unsafe { gpu.record_event(event, s, device) }.expect("record the event");
+        // SAFETY: as above.
+        unsafe { gpu.synchronize_event(event, device) }.expect("synchronize the event");
+        let raw = event.as_raw() as sys::CUevent;
         // SAFETY: a live event of `device`, recorded and complete, whose
         // context is current for the call.
         let timed = match with_device(device, || unsafe { result::event::elapsed(raw, raw) }) {
@@ -207,7 +215,9 @@ impl TestGpu for CudaGpu {
             Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_HANDLE)) => false,
             Err(DriverError(other)) => panic!("cuEventElapsedTime failed: {other:?}"),
         };
-        gpu.destroy_stream(s, device).expect("destroy the stream");
+        // SAFETY: `s` was created above on `device` by this backend and nothing
+        // else has it.
+        unsafe { gpu.destroy_stream(s, device) }.expect("destroy the stream");
         Some(timed)
     }
 }

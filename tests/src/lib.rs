@@ -62,6 +62,14 @@ pub const SKIP_WITHOUT_GPU: &str = "GPUPOOL_SKIP_WITHOUT_GPU";
 /// The harness calls take pooled (created) streams; CUDA's special streams 0,
 /// 1 and 2 may be used with the backend traits and `AccessOrder`, but not
 /// here (the mock resolves them through its machine-wide current device).
+///
+/// # Handles
+/// The calls that take a stream or an event are safe to keep the tests short,
+/// but on a GPU they hand the handle to the driver: a test passes only live
+/// handles of this machine's backend (a lease's, or one it created and has not
+/// destroyed), on the device named. That is the suite's duty, as with the
+/// backend traits' `unsafe fn`s; the mock checks every handle and reports a
+/// bad one as a misuse (or an error), the GPU machine does not.
 pub trait TestGpu: Clone + Send + Sync + 'static {
     /// The backend the pools are built over.
     type Backend: StreamBackend + EventBackend + Clone + Send + Sync + 'static;
@@ -391,27 +399,37 @@ pub fn mock(devices: u32) -> MockBackend {
 /// A stream made directly on the mock's device 0, not leased from a pool: the
 /// scratch tests use it to stay clear of the pools' crossbeam-epoch, so Miri
 /// can run them under `-Zmiri-strict-provenance` too. Not destroyed on drop
-/// (the mock is dropped with the test).
+/// (the mock is dropped with the test). It borrows the mock it was made on, so
+/// its [`order`](Self::order) can name that backend.
 #[derive(Clone, Copy, Debug)]
-pub struct MockStream(StreamHandle);
+pub struct MockStream<'g> {
+    gpu: &'g MockBackend,
+    stream: StreamHandle,
+}
 
-impl MockStream {
+impl<'g> MockStream<'g> {
     /// Creates a stream on device 0 of `gpu`.
-    pub fn new(gpu: &MockBackend) -> Self {
-        MockStream(
-            gpu.create_stream(DeviceId(0), gpupool_core::StreamOptions::default())
+    pub fn new(gpu: &'g MockBackend) -> Self {
+        MockStream {
+            gpu,
+            stream: gpu
+                .create_stream(DeviceId(0), gpupool_core::StreamOptions::default())
                 .expect("the mock creates a stream"),
-        )
+        }
     }
 
     /// The raw handle.
     pub fn get(&self) -> StreamHandle {
-        self.0
+        self.stream
     }
 
     /// The stream as an order on device 0.
-    pub fn order(&self) -> gpupool_core::AccessOrder {
-        gpupool_core::AccessOrder::stream(self.0, DeviceId(0))
+    pub fn order(&self) -> gpupool_core::AccessOrder<'g> {
+        // SAFETY: the stream was created on device 0 by `self.gpu` and is never
+        // destroyed by this type; the mock's trait methods are sound for any
+        // handle, so even a stream a test destroys by hand is only reported as
+        // a misuse, never undefined behaviour.
+        unsafe { gpupool_core::AccessOrder::from_raw(self.gpu, self.stream, DeviceId(0)) }
     }
 }
 

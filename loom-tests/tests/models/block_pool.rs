@@ -28,11 +28,13 @@ const PAGE: usize = 4096;
 const STREAMS: usize = 2;
 
 fn stream(i: usize) -> StreamHandle {
-    StreamHandle(0x1000 + i)
+    // SAFETY: the handle goes only to the fake upstream below, which takes it
+    // for an index into its counters, never to a backend.
+    unsafe { StreamHandle::from_raw(0x1000 + i) }
 }
 
 fn index(s: StreamHandle) -> usize {
-    s.0 - 0x1000
+    s.as_raw() - 0x1000
 }
 
 /// One simulated stream: work items queued and completed, in order.

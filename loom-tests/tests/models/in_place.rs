@@ -1,7 +1,7 @@
 //! Models of the event pool's in-place leases (`Cell::lease`): the owner's
 //! CAS marks the handle's slot leased, and the lease, moved to another
 //! thread, ends it with one plain store: of the handle back (`unlease`, a
-//! lease dropped) or of 0 (`vacate`, a lease released or discarded). Meanwhile
+//! lease dropped) or of 0 (`vacate`, a lease detached or destroyed). Meanwhile
 //! the owner keeps and takes handles in the same cell (`give` claims only
 //! empty slots), purges drain it (they take only handles, never a slot marked
 //! leased), and the owner may exit and its cell be adopted.
@@ -154,7 +154,7 @@ fn lease_ends_on_another_thread_racing_a_drain() {
 }
 
 /// The owner keeps two handles and leases the second in place; the lease
-/// goes to another thread, which releases it (`vacate`: the handle leaves the
+/// goes to another thread, which detaches it (`vacate`: the handle leaves the
 /// pool), while a third thread drains the cache and the owner keeps two new
 /// handles, which may land in the vacated slot. No handle is lost (a `give`
 /// never claims the slot while it is marked leased, so the vacating store

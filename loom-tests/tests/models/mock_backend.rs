@@ -58,29 +58,44 @@ fn one_thread(mock: &MockBackend, shared: StreamHandle, i: usize) -> Done {
     let p: NonNull<u8> = mock.allocate(MemoryKind::Device, D, SIZE, SIZE).unwrap();
     mock.use_memory(s, p.as_ptr(), SIZE).unwrap();
     mock.use_memory(s, foreign(i), 8).unwrap(); // a hazard, on purpose
-    assert_eq!(mock.query_stream(s, D).unwrap(), Completion::Pending);
+
+    // SAFETY: `s` was made above on `D` by this mock and is destroyed only at
+    // the end of this function (every call below on it likewise); `shared` is
+    // the model's stream of `D`, destroyed after both threads are joined.
+    let state = unsafe { mock.query_stream(s, D) };
+    assert_eq!(state.unwrap(), Completion::Pending);
     let injected = match mock.create_event(D, EventFlags::DISABLE_TIMING) {
         Ok(e) => {
-            mock.record_event(e, s, D).unwrap();
-            mock.stream_wait_event(shared, D, e).unwrap();
+            // SAFETY: `e` was just made on `D` by this mock and is destroyed
+            // below; `s` and `shared` as above.
+            unsafe { mock.record_event(e, s, D) }.unwrap();
+            // SAFETY: as above.
+            unsafe { mock.stream_wait_event(shared, D, e) }.unwrap();
             // SAFETY: `shared` waits for the event recorded after the only
             // use of `p`; the mock checks exactly that ordering.
             unsafe { mock.deallocate_async(MemoryKind::Device, D, p, SIZE, SIZE, shared) }.unwrap();
             mock.complete_all(s).unwrap();
-            assert_eq!(mock.query_event(e, D).unwrap(), Completion::Complete);
-            mock.destroy_event(e, D).unwrap();
+            // SAFETY: as above.
+            let state = unsafe { mock.query_event(e, D) };
+            assert_eq!(state.unwrap(), Completion::Complete);
+            // SAFETY: as above; nothing uses `e` after this.
+            unsafe { mock.destroy_event(e, D) }.unwrap();
             false
         }
         Err(e) => {
             assert!(e.is_injected(), "{e}");
             // SAFETY: `p` is used only by work on `s`.
             unsafe { mock.deallocate_async(MemoryKind::Device, D, p, SIZE, SIZE, s) }.unwrap();
-            mock.synchronize_stream(s, D).unwrap();
+            // SAFETY: `s` as above.
+            unsafe { mock.synchronize_stream(s, D) }.unwrap();
             true
         }
     };
-    assert_eq!(mock.query_stream(s, D).unwrap(), Completion::Complete);
-    mock.destroy_stream(s, D).unwrap();
+    // SAFETY: `s` as above.
+    let state = unsafe { mock.query_stream(s, D) };
+    assert_eq!(state.unwrap(), Completion::Complete);
+    // SAFETY: `s` as above; nothing uses it after this.
+    unsafe { mock.destroy_stream(s, D) }.unwrap();
     Done {
         stream: s,
         injected,
@@ -128,8 +143,12 @@ fn two_threads_every_call() {
         assert_eq!(mock.pending_free_bytes(MemoryKind::Device), 0);
         let peak = mock.peak_live_bytes(MemoryKind::Device);
         assert!(peak == SIZE || peak == 2 * SIZE, "peak {peak}");
-        assert_eq!(mock.query_stream(shared, D).unwrap(), Completion::Complete);
-        mock.destroy_stream(shared, D).unwrap();
+        // SAFETY: `shared` was made on `D` by this mock at the start of the
+        // model; the threads that used it are joined.
+        let state = unsafe { mock.query_stream(shared, D) };
+        assert_eq!(state.unwrap(), Completion::Complete);
+        // SAFETY: as above; nothing uses `shared` after this.
+        unsafe { mock.destroy_stream(shared, D) }.unwrap();
         assert_eq!(mock.live_streams(), 0);
     });
 }
@@ -149,11 +168,16 @@ fn completion_races_a_stream_ordered_free() {
         let user = spawn_scoped(|| {
             let p = p.get();
             mock.use_memory(s, p.as_ptr(), SIZE).unwrap();
-            mock.record_event(e, s, D).unwrap();
+            // SAFETY: `s` and `e` were made on `D` by this mock at the start
+            // of the model and are destroyed only after this thread is joined.
+            unsafe { mock.record_event(e, s, D) }.unwrap();
             // SAFETY: only the kernel on `s` uses `p`; the free is after it.
             unsafe { mock.deallocate_async(MemoryKind::Pinned, D, p, SIZE, SIZE, s) }.unwrap();
-            mock.synchronize_event(e, D).unwrap();
-            assert_eq!(mock.query_event(e, D).unwrap(), Completion::Complete);
+            // SAFETY: `e` as above.
+            unsafe { mock.synchronize_event(e, D) }.unwrap();
+            // SAFETY: as above.
+            let state = unsafe { mock.query_event(e, D) };
+            assert_eq!(state.unwrap(), Completion::Complete);
         });
         let gpu = spawn_scoped(|| {
             let one = mock.complete_one(s).unwrap();
@@ -170,8 +194,11 @@ fn completion_races_a_stream_ordered_free() {
         assert_eq!(mock.pending_work(s).unwrap(), 0);
         assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
         assert!(mock.misuses().is_empty(), "{:?}", mock.misuses());
-        mock.destroy_event(e, D).unwrap();
-        mock.destroy_stream(s, D).unwrap();
+        // SAFETY: `e` and `s` were made on `D` by this mock; the threads that
+        // used them are joined, and nothing uses them after this.
+        unsafe { mock.destroy_event(e, D) }.unwrap();
+        // SAFETY: as above.
+        unsafe { mock.destroy_stream(s, D) }.unwrap();
         assert_eq!((mock.live_streams(), mock.live_events()), (0, 0));
     });
 }
@@ -192,19 +219,27 @@ fn queries_race_destroy_and_record() {
         let e = mock.create_event(D, EventFlags::DISABLE_TIMING).unwrap();
         mock.enqueue_work(s).unwrap();
         mock.fail_stream(CallKind::QueryStream, s);
-        let a = spawn_scoped(|| {
+        // SAFETY: (every call on `s` and `e` in this model) both were made on
+        // `D` by this mock. The queries race the destroy of `s` on purpose, so
+        // `s` may be gone when they run: the mock's trait methods are sound
+        // for any handle, and a destroyed stream is an error and a logged
+        // misuse (what this model checks), never undefined behaviour.
+        let a = spawn_scoped(|| unsafe {
             let stream = [mock.query_stream(s, D), mock.query_stream(s, D)];
             let event = mock.query_event(e, D);
             (stream, event)
         });
-        let b = spawn_scoped(|| {
+        // SAFETY: as above.
+        let b = spawn_scoped(|| unsafe {
             let stream = [mock.query_stream(s, D), mock.query_stream(s, D)];
             let device = mock.stream_device(s);
             assert_eq!(mock.current_device(), Ok(D));
             (stream, device)
         });
-        mock.record_event(e, s, D).unwrap();
-        mock.destroy_stream(s, D).unwrap();
+        // SAFETY: as above.
+        unsafe { mock.record_event(e, s, D) }.unwrap();
+        // SAFETY: as above; only the racing queries use `s` after this.
+        unsafe { mock.destroy_stream(s, D) }.unwrap();
         let (queries_a, event) = a.join();
         let (queries_b, device) = b.join();
 
@@ -245,8 +280,11 @@ fn queries_race_destroy_and_record() {
         assert_eq!(mock.calls(CallKind::RecordEvent), 1);
         assert_eq!(mock.calls(CallKind::DestroyStream), 1);
         assert_eq!(mock.total_calls(), 2 + 9);
-        assert_eq!(mock.query_event(e, D), Ok(Completion::Complete));
-        mock.destroy_event(e, D).unwrap();
+        // SAFETY: as above; the threads are joined.
+        let state = unsafe { mock.query_event(e, D) };
+        assert_eq!(state, Ok(Completion::Complete));
+        // SAFETY: as above; nothing uses `e` after this.
+        unsafe { mock.destroy_event(e, D) }.unwrap();
         assert_eq!((mock.live_streams(), mock.live_events()), (0, 0));
         assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
     });

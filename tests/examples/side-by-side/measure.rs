@@ -284,29 +284,32 @@ pub(crate) fn measure_pools<B: Machine>(backend: &B, s: &Settings, results: &mut
     let mv_streams = MutexVecStreamPool::new(backend.clone(), devices);
 
     let ev_ours = || {
-        black_box(events.get(d).expect("gpupool event get").get());
+        black_box(events.get(d).expect("gpupool event get").handle());
     };
     let ev_dali = || {
         let e = dali_events.get(d).expect("DALI-style event get");
-        dali_events.put(black_box(e), d);
+        // SAFETY: an event this pool just gave out on `d`, handed back.
+        unsafe { dali_events.put(black_box(e), d) };
     };
     let ev_mv = || {
         let e = mv_events.get(d).expect("Mutex<Vec> event get");
-        mv_events.put(black_box(e), d);
+        // SAFETY: an event this pool just gave out on `d`, handed back.
+        unsafe { mv_events.put(black_box(e), d) };
     };
     let ev_raw = || event_create_destroy(backend, d, flags).expect("event create+destroy");
     let st_ours = || {
-        black_box(streams.get(d).expect("gpupool stream get").get());
+        black_box(streams.get(d).expect("gpupool stream get").handle());
     };
     let st_sticky = || {
-        black_box(sticky.get(d).expect("gpupool stream get").get());
+        black_box(sticky.get(d).expect("gpupool stream get").handle());
     };
     let st_dali = || {
-        black_box(dali_streams.get(d).expect("DALI-style stream get").get());
+        black_box(dali_streams.get(d).expect("DALI-style stream get").handle());
     };
     let st_mv = || {
         let st = mv_streams.get(d).expect("Mutex<Vec> stream get");
-        mv_streams.put(black_box(st), d);
+        // SAFETY: a stream this pool just gave out on `d`, handed back.
+        unsafe { mv_streams.put(black_box(st), d) };
     };
     let st_raw = || stream_create_destroy(backend, d).expect("stream create+destroy");
     let ops = pool_ops(
@@ -428,7 +431,10 @@ pub(crate) fn measure_scratch<B: Machine>(
     let stream = backend
         .create_stream(d, StreamOptions::default())
         .expect("a stream for the scratch rounds");
-    let order = AccessOrder::stream(stream, d);
+    // SAFETY: `stream` was created just above on `d` by `backend` and is
+    // destroyed only at the end of this function, after every scratchpad and
+    // round that uses the order (and its copies) is gone.
+    let order = unsafe { AccessOrder::from_raw(backend, stream, d) };
     for kind in [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Device] {
         // Plain calls: pinned synchronously, device in stream order.
         let raw_order = if kind == MemoryKind::Device {
@@ -436,7 +442,7 @@ pub(crate) fn measure_scratch<B: Machine>(
         } else {
             AccessOrder::host()
         };
-        let mut kept = Scratchpad::new(backend, order);
+        let mut kept = Scratchpad::new(backend, order).expect("a gpupool scratchpad");
         let sizes = ScratchSizes::new();
         let mut bump = bumpalo::Bump::new();
         let mut blocks = Vec::with_capacity(SIZES.len());
@@ -449,7 +455,7 @@ pub(crate) fn measure_scratch<B: Machine>(
                 SCRATCH_NEW,
                 Box::new(|| {
                     let k = kind;
-                    let pad = Scratchpad::new(backend, order);
+                    let pad = Scratchpad::new(backend, order).expect("gpupool scratchpad");
                     for &n in &SIZES {
                         black_box(pad.alloc(k, n, ALIGN).expect("gpupool scratch"));
                     }
@@ -459,7 +465,9 @@ pub(crate) fn measure_scratch<B: Machine>(
                 SCRATCH_SIZED,
                 Box::new(|| {
                     let k = kind;
-                    let pad = Scratchpad::new(backend, order).learn_sizes(&sizes);
+                    let pad = Scratchpad::new(backend, order)
+                        .expect("gpupool scratchpad")
+                        .learn_sizes(&sizes);
                     for &n in &SIZES {
                         black_box(pad.alloc(k, n, ALIGN).expect("gpupool scratch"));
                     }
@@ -480,7 +488,8 @@ pub(crate) fn measure_scratch<B: Machine>(
                 Box::new(|| {
                     let k = kind;
                     plain(true);
-                    let mut pad = DaliScratchpad::new(backend, d, order);
+                    // SAFETY: `order` is a stream of `backend` on `d` (above).
+                    let mut pad = unsafe { DaliScratchpad::new(backend, d, order) };
                     for &n in &SIZES {
                         black_box(pad.alloc(k, n, ALIGN).expect("DALI-style scratch"));
                     }
@@ -492,7 +501,9 @@ pub(crate) fn measure_scratch<B: Machine>(
                 SCRATCH_RAW,
                 Box::new(move || {
                     plain(true);
-                    raw_round(backend, kind, d, raw_order, &SIZES, ALIGN, &mut blocks)
+                    // SAFETY: `raw_order` is host order or the stream of
+                    // `backend` on `d` made above.
+                    unsafe { raw_round(backend, kind, d, raw_order, &SIZES, ALIGN, &mut blocks) }
                         .expect("raw allocation calls");
                     plain(false);
                 }),
@@ -535,10 +546,10 @@ pub(crate) fn measure_scratch<B: Machine>(
         drop(variants); // the kept scratchpad releases its blocks
         eprintln!("  scratch: {} done", kind_name(kind));
     }
-    backend
-        .synchronize_stream(stream, d)
-        .expect("synchronize the scratch stream");
-    backend
-        .destroy_stream(stream, d)
-        .expect("destroy the scratch stream");
+    // SAFETY: the stream made above, live until the destroy below.
+    unsafe { backend.synchronize_stream(stream, d) }.expect("synchronize the scratch stream");
+    // SAFETY: as above; every scratchpad and order that used it is gone (the
+    // last scratchpads were dropped with `variants`), so nothing uses it after
+    // this.
+    unsafe { backend.destroy_stream(stream, d) }.expect("destroy the scratch stream");
 }
