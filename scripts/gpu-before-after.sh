@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Runs two builds of the side-by-side benchmark alternately on the GPU machine
+# (old, new, old, new, ...), so a change is measured against the code before it
+# on the same machine in the same session. Builds nothing: build each binary on
+# a build machine first (`cargo build --release -p gpupool-tests --features cuda
+# --example side-by-side` at each commit) and bring both along.
+#
+#   OUT=dir scripts/gpu-before-after.sh OLD_BIN NEW_BIN [PAIRS]
+#
+# Each run writes $OUT/{old,new}-N/side-by-side.json and stdout.txt; compare
+# them with scripts/compare-side-by-side.py. Pinned to 16 cores where the
+# machine has more (as scripts/gpu-check.sh does).
+set -uo pipefail
+old=$1
+new=$2
+pairs=${3:-2}
+out=${OUT:-$PWD/gpu-out}
+pin=()
+if command -v taskset >/dev/null && (($(nproc) > 16)); then
+  pin=(taskset -c 0-15)
+fi
+failed=0
+for i in $(seq 1 "$pairs"); do
+  for which in old new; do
+    bin=$old
+    [[ $which == new ]] && bin=$new
+    dir="$out/$which-$i"
+    mkdir -p "$dir"
+    start=$(date +%s)
+    OUT="$dir" "${pin[@]}" "$bin" --cuda >"$dir/stdout.txt" 2>&1
+    rc=$?
+    echo "$which-$i: exit $rc, $(($(date +%s) - start)) s"
+    ((rc == 0)) || failed=1
+  done
+done
+exit "$failed"
