@@ -168,7 +168,11 @@ fn teardown_ok(r: Result<(), CudaError>) -> Result<(), CudaError> {
     }
 }
 
-impl Backend for CudaBackend {
+// SAFETY: one id for the process, fixed on first use; every `CudaBackend`
+// value speaks to the same driver, so a handle or address one of them hands
+// out (streams and events on a device's primary context, memory of that
+// device) is accepted by all of them.
+unsafe impl Backend for CudaBackend {
     type Error = CudaError;
 
     /// One id for the whole process, shared by every `CudaBackend` value

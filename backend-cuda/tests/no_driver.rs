@@ -239,7 +239,8 @@ fn every_cuda_backend_shares_one_id_without_a_driver_call() {
 /// A backend that is not CUDA's, for the testing helpers to refuse.
 struct Elsewhere(BackendId);
 
-impl Backend for Elsewhere {
+// SAFETY: a fresh id of its own; it hands out no handle at all.
+unsafe impl Backend for Elsewhere {
     type Error = CudaError;
     fn id(&self) -> BackendId {
         self.0

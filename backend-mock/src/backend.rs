@@ -96,7 +96,10 @@ impl MockBackend {
     }
 }
 
-impl Backend for MockBackend {
+// SAFETY: `id` is the machine's own, made once by `BackendId::unique` and
+// never changed; the handles and addresses the machine hands out are accepted
+// by every clone of it (one shared state), the only backends with that id.
+unsafe impl Backend for MockBackend {
     type Error = MockError;
 
     /// The machine's own id, made by [`MockBackend::new`] and shared by its

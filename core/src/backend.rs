@@ -261,7 +261,20 @@ pub struct StreamOptions {
 /// - a **usable event of `device`** is an event created by
 ///   [`create_event`](EventBackend::create_event) of a backend with the same
 ///   id, on `device`, and not destroyed before the call returns.
-pub trait Backend: Send + Sync {
+///
+/// # Safety
+///
+/// The pools trust [`id`](Backend::id): a stream or event that one backend
+/// created is handed, by safe code, to every backend of the same id (a lease
+/// detached from one pool and put into another, an order waited on with
+/// another pool's events). So an implementation guarantees that
+/// 1. `id` returns the same value every time, and
+/// 2. every handle or address its safe methods hand out (`create_stream`,
+///    `create_event`, `allocate`) is one the `unsafe fn`s of every backend with
+///    that id accept as described in their contracts — in practice: make a
+///    fresh id with [`BackendId::unique`] per driver instance, and never return
+///    another backend's id.
+pub unsafe trait Backend: Send + Sync {
     /// The backend's error. Pools wrap it in [`Error::Backend`](crate::Error)
     /// together with the operation that failed.
     type Error: fmt::Debug + fmt::Display + Send + Sync + 'static;
@@ -519,7 +532,8 @@ pub trait MemoryBackend: Backend {
 
 macro_rules! forward_backend {
     ($($ptr:ty),*) => {$(
-        impl<B: Backend + ?Sized> Backend for $ptr {
+        // SAFETY: the pointee's id and handles, unchanged.
+        unsafe impl<B: Backend + ?Sized> Backend for $ptr {
             type Error = B::Error;
             fn id(&self) -> BackendId { (**self).id() }
             fn device_count(&self) -> Result<u32, Self::Error> { (**self).device_count() }
