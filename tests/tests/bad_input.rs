@@ -1,12 +1,19 @@
 //! Mock-only: bad input that only the mock can present (a current device out
 //! of range, a made-up stream handle, no device at all, an absurd device
-//! count) and backend failures injected at each call. The bad input a GPU can
-//! be given too (devices out of range, wrong devices, null and special
-//! handles, foreign guards) is in the generic suite, `suite_bad_input.rs`.
+//! count, handles and orders of another machine) and backend failures
+//! injected at each call. The bad input a GPU can be given too (devices out of
+//! range, wrong devices, null and special handles, foreign guards, a
+//! scratchpad's orders on another device) is in the generic suite,
+//! `suite_bad_input.rs`.
+//!
+//! Another machine: every CUDA backend value of a process shares one
+//! [`BackendId`](gpupool_core::BackendId) (one driver), so a foreign handle
+//! can only be presented with two mock machines, each with its own id.
 #![cfg(not(feature = "cuda"))]
 
 use gpupool_core::{
-    BackendOp, DeviceId, DeviceSelector, Error, EventPool, OwnedStream, StreamHandle, StreamPool,
+    AccessOrder, Backend, BackendOp, DeviceId, DeviceSelector, Error, EventPool, OwnedStream,
+    Scratchpad, ScratchpadConfig, StreamHandle, StreamPool,
 };
 use gpupool_mock::CallKind;
 use gpupool_tests::mock;
@@ -40,9 +47,11 @@ fn a_current_device_out_of_range_is_an_error_and_creates_nothing() {
 #[test]
 fn adopting_an_unknown_stream_is_a_backend_error() {
     let gpu = mock(1);
-    // SAFETY: deliberately not a live stream: the backend refuses it when asked
-    // for its device, before the pool could hold it.
-    let err = unsafe { OwnedStream::adopt(&gpu, StreamHandle(0xdead)) }.unwrap_err();
+    // SAFETY: deliberately not a live stream, made up with `from_raw` (safe
+    // code can no longer forge one): the mock's trait methods are sound for
+    // any handle, and it refuses this one when asked for its device, before
+    // the pool could hold it.
+    let err = unsafe { OwnedStream::adopt(&gpu, StreamHandle::from_raw(0xdead)) }.unwrap_err();
     assert_eq!(err.backend_op(), Some(BackendOp::StreamDevice));
 }
 
@@ -105,7 +114,7 @@ fn a_failed_query_on_return_is_parked_and_the_stream_is_not_lost() {
     let gpu = mock(1);
     let pool = StreamPool::new(gpu.clone());
     let lease = pool.get(0).unwrap();
-    let s = lease.get();
+    let s = lease.handle();
     gpu.fail_nth(CallKind::QueryStream, 1);
     drop(lease); // must not panic
     let parked = pool.take_error().expect("the error is parked");
@@ -114,7 +123,7 @@ fn a_failed_query_on_return_is_parked_and_the_stream_is_not_lost() {
     assert_eq!(pool.live_leases(), 0);
     // The stream is quarantined: not leased again, but not lost either.
     assert_eq!(pool.total_stats().quarantined, 1);
-    assert_ne!(pool.get(0).unwrap().get(), s);
+    assert_ne!(pool.get(0).unwrap().handle(), s);
     assert!(gpu.is_live_stream(s));
     assert_eq!(pool.purge().unwrap(), 2);
     assert_eq!(gpu.live_streams(), 0);
@@ -125,7 +134,7 @@ fn a_stream_failing_its_query_in_a_scan_is_set_aside_and_get_still_serves() {
     let gpu = mock(1);
     let pool = StreamPool::new(gpu.clone());
     let leases: Vec<_> = (0..3).map(|_| pool.get(0).unwrap()).collect();
-    let handles: Vec<_> = leases.iter().map(|l| l.get()).collect();
+    let handles: Vec<_> = leases.iter().map(|l| l.handle()).collect();
     for &h in &handles {
         gpu.enqueue_work(h).unwrap();
     }
@@ -135,7 +144,7 @@ fn a_stream_failing_its_query_in_a_scan_is_set_aside_and_get_still_serves() {
     // quarantined and the scan goes on to the next one.
     gpu.fail_nth(CallKind::QueryStream, 1);
     let got = pool.get(0).unwrap();
-    assert_eq!(got.get(), handles[1]);
+    assert_eq!(got.handle(), handles[1]);
     assert_eq!(
         pool.take_error().unwrap().backend_op(),
         Some(BackendOp::QueryStream)
@@ -150,28 +159,28 @@ fn a_stream_failing_its_query_in_a_scan_is_set_aside_and_get_still_serves() {
     let a = pool.get(0).unwrap();
     let b = pool.get(0).unwrap();
     let c = pool.get(0).unwrap();
-    assert!(![a.get(), b.get(), c.get()].contains(&handles[0]));
+    assert!(![a.handle(), b.handle(), c.handle()].contains(&handles[0]));
     drop((a, b, c));
     assert_eq!(pool.purge().unwrap(), 4);
     assert_eq!(gpu.live_streams(), 0);
 }
 
 #[test]
-fn a_failed_query_on_reset_or_put_is_returned() {
+fn a_failed_query_on_return_to_pool_or_put_is_returned() {
     let gpu = mock(1);
     let pool = StreamPool::new(gpu.clone());
     let lease = pool.get(0).unwrap();
     gpu.fail_nth(CallKind::QueryStream, 1);
     assert_eq!(
-        lease.reset().unwrap_err().backend_op(),
+        lease.return_to_pool().unwrap_err().backend_op(),
         Some(BackendOp::QueryStream)
     );
-    let owned = pool.get(0).unwrap().release();
+    let owned = pool.get(0).unwrap().detach();
     gpu.fail_nth(CallKind::QueryStream, 1);
     let r = pool.put(owned, None).unwrap_err();
     assert_eq!(r.error.backend_op(), Some(BackendOp::QueryStream));
     pool.put(r.value, None).unwrap();
-    // The stream that failed on reset was quarantined; both are destroyed.
+    // The stream that failed on `return_to_pool` was quarantined; both are destroyed.
     assert_eq!(pool.purge().unwrap(), 2);
     assert_eq!(gpu.live_streams(), 0);
 }
@@ -225,17 +234,163 @@ fn a_failed_record_in_wait_destroys_the_event_and_reports() {
 #[test]
 fn a_stream_of_another_machine_is_refused_by_put_and_comes_back() {
     // Ownership moves freely between pools of one machine (an `OwnedStream` is
-    // not tied to a pool); a stream of *another* machine is unknown to this
-    // pool's backend, so the query in `put` fails and the stream comes back.
+    // not tied to a pool); a stream of *another* machine carries that
+    // machine's id, so `put` refuses it before asking the backend anything
+    // (it used to reach the query, which failed on the unknown handle), and
+    // the stream comes back.
     let here = mock(1);
     let there = mock(1);
     let pool_here = StreamPool::new(here.clone());
     let pool_there = StreamPool::new(there.clone());
-    let foreign = pool_there.get(0).unwrap().release();
+    drop(pool_here.get(0).unwrap()); // one stream of its own, ready
+    let foreign = pool_there.get(0).unwrap().detach();
+    let h = foreign.handle();
+    assert_eq!(foreign.backend_id(), there.id());
+    let calls = here.total_calls();
     let r = pool_here.put(foreign, None).unwrap_err();
-    assert_eq!(r.error.backend_op(), Some(BackendOp::QueryStream));
-    assert_eq!(pool_here.total_stats().live_leases, 0);
+    assert_eq!(r.error, Error::ForeignHandle);
+    assert_eq!(r.value.handle(), h, "the caller keeps the stream");
+    assert_eq!(here.total_calls(), calls, "nothing reached the backend");
+    let stats = pool_here.total_stats();
+    assert_eq!((stats.live_leases, stats.created), (0, 1));
+    // The same with a device named: refused for its machine first.
+    let r = pool_here.put(r.value, Some(DeviceId(0))).unwrap_err();
+    assert_eq!(r.error, Error::ForeignHandle);
+    // Unchanged: the next lease is the pool's own stream, reused. (The two
+    // machines number their handles alike, so the handles cannot tell.)
+    drop(pool_here.get(0).unwrap());
+    let stats = pool_here.total_stats();
+    assert_eq!((stats.created, stats.reused), (1, 1));
     pool_there.put(r.value, None).unwrap();
     assert_eq!(pool_there.purge().unwrap(), 1);
+    assert_eq!(pool_here.purge().unwrap(), 1);
     assert_eq!((here.live_streams(), there.live_streams()), (0, 0));
+    assert!(here.misuses().is_empty() && there.misuses().is_empty());
+}
+
+#[test]
+fn an_event_of_another_machine_is_refused_by_put_and_comes_back() {
+    let here = mock(1);
+    let there = mock(1);
+    let events_here = EventPool::new(here.clone());
+    let events_there = EventPool::new(there.clone());
+    drop(events_here.get(0).unwrap()); // one event of its own, ready
+    let foreign = events_there.get(0).unwrap().detach();
+    let h = foreign.handle();
+    assert_eq!(foreign.backend_id(), there.id());
+    let calls = here.total_calls();
+    let r = events_here.put(foreign, None).unwrap_err();
+    assert_eq!(r.error, Error::ForeignHandle);
+    assert_eq!(r.value.handle(), h, "the caller keeps the event");
+    let r = events_here.put(r.value, Some(DeviceId(0))).unwrap_err();
+    assert_eq!(r.error, Error::ForeignHandle);
+    assert_eq!(here.total_calls(), calls, "nothing reached the backend");
+    // Unchanged: the next lease is the pool's own event, reused. (The two
+    // machines number their handles alike, so the handles cannot tell.)
+    drop(events_here.get(0).unwrap());
+    let stats = events_here.total_stats();
+    assert_eq!((stats.live_leases, stats.created, stats.reused), (0, 1, 1));
+    events_there.put(r.value, None).unwrap();
+    assert_eq!(events_there.purge().unwrap(), 1);
+    assert_eq!(events_here.purge().unwrap(), 1);
+    assert_eq!((here.live_events(), there.live_events()), (0, 0));
+    assert!(here.misuses().is_empty() && there.misuses().is_empty());
+}
+
+#[test]
+fn destroying_an_owned_handle_with_another_machine_is_refused_and_it_comes_back() {
+    let here = mock(1);
+    let there = mock(1);
+    let streams = StreamPool::new(there.clone());
+    let events = EventPool::new(there.clone());
+    let stream = streams.get(0).unwrap().detach();
+    let event = events.get(0).unwrap().detach();
+    let (hs, he) = (stream.handle(), event.handle());
+    let calls = (here.total_calls(), there.total_calls());
+    let r = stream.destroy(&here).unwrap_err();
+    assert_eq!(r.error, Error::ForeignHandle);
+    assert_eq!(r.value.handle(), hs, "the caller keeps the stream");
+    let stream = r.value;
+    let r = event.destroy(&here).unwrap_err();
+    assert_eq!(r.error, Error::ForeignHandle);
+    assert_eq!(r.value.handle(), he, "the caller keeps the event");
+    let event = r.value;
+    assert_eq!(
+        (here.total_calls(), there.total_calls()),
+        calls,
+        "neither machine was called"
+    );
+    assert_eq!((there.live_streams(), there.live_events()), (1, 1));
+    // Its own machine destroys it.
+    stream.destroy(&there).unwrap();
+    event.destroy(&there).unwrap();
+    assert_eq!((there.live_streams(), there.live_events()), (0, 0));
+    assert!(here.misuses().is_empty() && there.misuses().is_empty());
+}
+
+#[test]
+fn an_order_of_another_machine_is_refused_by_scratchpads_and_waits() {
+    let here = mock(1);
+    let there = mock(1);
+    let streams_here = StreamPool::new(here.clone());
+    let streams_there = StreamPool::new(there.clone());
+    let events_here = EventPool::new(here.clone());
+    let events_there = EventPool::new(there.clone());
+    let mine = streams_here.get(0).unwrap();
+    let foreign = streams_there.get(0).unwrap();
+    let calls = (here.total_calls(), there.total_calls());
+
+    // A scratchpad of this machine on a stream of the other one: refused,
+    // as device order and as a release order.
+    let e = Scratchpad::new(&here, foreign.order()).unwrap_err();
+    assert_eq!(e, Error::ForeignHandle);
+    let config = ScratchpadConfig {
+        pinned_release: Some(foreign.order()),
+        ..ScratchpadConfig::default()
+    };
+    let e = Scratchpad::with_config(&here, mine.order(), config).unwrap_err();
+    assert_eq!(e, Error::ForeignHandle);
+
+    // A wait with the event pool of another machine: whichever of the two
+    // orders is foreign to the events, nothing is recorded or waited for.
+    assert_eq!(
+        mine.order().wait(&mine.order(), &events_there),
+        Err(Error::ForeignHandle),
+        "even a wait on itself"
+    );
+    assert_eq!(
+        mine.order().wait(&foreign.order(), &events_here),
+        Err(Error::ForeignHandle)
+    );
+    assert_eq!(
+        foreign.order().wait(&mine.order(), &events_here),
+        Err(Error::ForeignHandle)
+    );
+    assert_eq!(
+        AccessOrder::host().wait(&foreign.order(), &events_here),
+        Err(Error::ForeignHandle),
+        "the host synchronizing a foreign stream"
+    );
+    // Waiting for an event of another machine.
+    let event = events_there.get(0).unwrap();
+    assert_eq!(mine.order().wait_event(&event), Err(Error::ForeignHandle));
+    drop(event);
+    assert_eq!(
+        (here.total_calls(), there.total_calls() - 2),
+        calls,
+        "nothing but the event lease (device count, create) reached a machine"
+    );
+    assert_eq!(events_here.device_count(), None, "no event was leased here");
+
+    // Host order and CUDA's special streams belong to no machine: accepted.
+    Scratchpad::new(&here, AccessOrder::host()).unwrap();
+    Scratchpad::new(&here, AccessOrder::null_stream(DeviceId(0))).unwrap();
+    mine.order()
+        .wait(&AccessOrder::null_stream(DeviceId(0)), &events_here)
+        .unwrap();
+    // And the orders still work with their own machine.
+    mine.order().wait(&mine.order(), &events_here).unwrap();
+    drop(Scratchpad::new(&there, foreign.order()).unwrap());
+    drop((mine, foreign));
+    assert!(here.misuses().is_empty() && there.misuses().is_empty());
 }

@@ -29,10 +29,10 @@
 //! | `StreamPool`, `same_thread_reuse` | an unqueried stream kept in this thread's cell | [`stream_pool_drop_reports_a_failed_destroy_of_a_stream_kept_in_a_thread_cache`] | same |
 //! | `StreamPool`, `same_thread_reuse` | an unqueried stream left by an exited thread | same | same |
 //! | `EventPool` (event_pool.rs) | `destroy_event` fails: an event on the shared ready list | [`event_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_event`] | lost +1, the hook sees the `DestroyEvent` error; only that event stays live |
-//! | `EventPool` | a quarantined event (its discard's destroy failed) | same | same |
+//! | `EventPool` | a quarantined event (its lease's `destroy` failed) | same | same |
 //! | `EventPool` | an event in this thread's cell | same | same |
 //! | `EventPool` | an event in the cell of an exited thread | same | same |
-//! | (`AccessOrder::wait`, not a drop) | record or wait fails, then the event's destroy fails | [`access_order_wait_parks_the_failed_discard_and_returns_the_first_error`] | returns `RecordEvent` / `StreamWaitEvent`; `events.take_error()` = `DestroyEvent`; event quarantined |
+//! | (`AccessOrder::wait`, not a drop) | record or wait fails, then the event's destroy fails | [`access_order_wait_parks_the_failed_destroy_and_returns_the_first_error`] | returns `RecordEvent` / `StreamWaitEvent`; `events.take_error()` = `DestroyEvent`; event quarantined |
 //! | lost-error hook | the hook itself panics | [`a_panicking_lost_error_hook_does_not_escape_the_drop`] | caught; still counted |
 //! | `ParkedError` (stats.rs), dropped with its pool | an error parked and never taken | [`an_error_parked_and_never_taken_is_reported_when_its_pool_drops`] | `lost_errors` +1, the hook sees its text |
 //! | `thread_cache::Owned` (thread exit), `ThreadCache` | no backend call; handles stay reachable | the exited-thread cases above | handles destroyed by the pool's drop |
@@ -138,7 +138,7 @@ fn stream_lease_drop_whose_query_fails_parks_the_error_and_quarantines_the_strea
             pool.get(0).unwrap(),
             pool.get(0).unwrap(),
         );
-        let (ha, hb, hc) = (a.get(), b.get(), c.get());
+        let (ha, hb, hc) = (a.handle(), b.handle(), c.handle());
         gpu.fail_stream(CallKind::QueryStream, ha);
         drop_quietly("a lease whose query fails", a);
 
@@ -162,7 +162,7 @@ fn stream_lease_drop_whose_query_fails_parks_the_error_and_quarantines_the_strea
 
         // Still usable; a quarantined stream is never leased again.
         let d = pool.get(0).unwrap();
-        assert!(![ha, hb, hc].contains(&d.get()));
+        assert!(![ha, hb, hc].contains(&d.handle()));
         drop(d);
         assert!(pool.take_error().is_none());
         assert_eq!(pool.live_leases(), 0);
@@ -188,7 +188,7 @@ fn same_thread_reuse_lease_drop_queries_only_when_the_cell_is_full() {
         };
         let pool = StreamPool::with_config(gpu.clone(), config);
         let leases: Vec<_> = (0..N).map(|_| pool.get(0).unwrap()).collect();
-        let handles: Vec<StreamHandle> = leases.iter().map(|l| l.get()).collect();
+        let handles: Vec<StreamHandle> = leases.iter().map(|l| l.handle()).collect();
         for &h in &handles {
             gpu.fail_stream(CallKind::QueryStream, h);
         }
@@ -308,7 +308,7 @@ fn stream_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_stream() {
             let he = std::thread::scope(|s| {
                 s.spawn(|| {
                     let l = pool.get(0).unwrap();
-                    let h = l.get();
+                    let h = l.handle();
                     drop(l);
                     h
                 })
@@ -316,22 +316,22 @@ fn stream_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_stream() {
                 .unwrap()
             });
             // This thread's cell: `c`, returned idle while the cell is empty.
-            let hc = c.get();
+            let hc = c.handle();
             drop(c);
             // More idle returns fill the cell, then the ready list; a lease
             // from the shared lists only, returned, goes to the ready list.
             drop(fill);
             let guard = gpupool_core::epoch_crate::pin();
             let r = pool.get_in(0, &guard).unwrap();
-            let hr = r.get();
+            let hr = r.handle();
             drop(r);
             drop(guard);
             // Busy: returned with work pending.
-            let hb = b.get();
+            let hb = b.handle();
             gpu.enqueue_work(hb).unwrap();
             drop(b);
             // Quarantined: its query on return fails.
-            let hq = q.get();
+            let hq = q.handle();
             gpu.fail_stream(CallKind::QueryStream, hq);
             drop(q);
             let e = pool.take_error().expect("the quarantine's error");
@@ -373,12 +373,12 @@ fn stream_pool_drop_reports_a_failed_destroy_of_a_stream_kept_in_a_thread_cache(
             };
             let pool = StreamPool::with_config(gpu.clone(), config);
             let (r, b) = (pool.get(0).unwrap(), pool.get(0).unwrap());
-            let b_handle = b.get();
+            let b_handle = b.handle();
             // The stream kept in a cell: this thread's, or that of a thread
             // that has exited since. Its return makes no call.
             let lease_and_return = || {
                 let l = pool.get(0).unwrap();
-                let h = l.get();
+                let h = l.handle();
                 let calls = gpu.total_calls();
                 drop(l);
                 assert_eq!(gpu.total_calls(), calls, "kept without a query");
@@ -390,9 +390,9 @@ fn stream_pool_drop_reports_a_failed_destroy_of_a_stream_kept_in_a_thread_cache(
                 lease_and_return()
             };
             // A ready and a busy stream, put in directly (no cell involved).
-            pool.put(r.release(), None).unwrap();
+            pool.put(r.detach(), None).unwrap();
             gpu.enqueue_work(b_handle).unwrap();
-            pool.put(b.release(), None).unwrap();
+            pool.put(b.detach(), None).unwrap();
             assert_eq!(gpu.calls(CallKind::QueryStream), 2, "only the two puts");
             assert_eq!(gpu.live_streams(), 3);
             gpu.fail_stream(CallKind::DestroyStream, doomed);
@@ -439,7 +439,7 @@ fn event_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_event() {
             let he = std::thread::scope(|s| {
                 s.spawn(|| {
                     let l = pool.get(0).unwrap();
-                    let h = l.get();
+                    let h = l.handle();
                     drop(l);
                     h
                 })
@@ -447,19 +447,19 @@ fn event_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_event() {
                 .unwrap()
             });
             // This thread's cell: `c`, returned while the cell is empty.
-            let hc = c.get();
+            let hc = c.handle();
             drop(c);
             // The cell fills, then the ready list.
             drop(fill);
             let guard = gpupool_core::epoch_crate::pin();
             let r = pool.get_in(0, &guard).unwrap();
-            let hr = r.get();
+            let hr = r.handle();
             drop(r);
             drop(guard);
-            // Quarantined: a discard whose destroy fails.
-            let hq = q.get();
+            // Quarantined: a lease's `destroy` that fails.
+            let hq = q.handle();
             gpu.fail_event(CallKind::DestroyEvent, hq);
-            let e = q.discard().unwrap_err();
+            let e = q.destroy().unwrap_err();
             assert!(is_injected(&e, BackendOp::DestroyEvent), "{e:?}");
             let s = pool.stats(D0).unwrap();
             assert_eq!((s.quarantined, s.live_leases), (1, 0));
@@ -486,7 +486,7 @@ fn event_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_event() {
 }
 
 #[test]
-fn access_order_wait_parks_the_failed_discard_and_returns_the_first_error() {
+fn access_order_wait_parks_the_failed_destroy_and_returns_the_first_error() {
     for failing in [CallKind::RecordEvent, CallKind::StreamWaitEvent] {
         let gpu = MockBackend::new(1);
         let lost = watch(|| {
@@ -495,13 +495,13 @@ fn access_order_wait_parks_the_failed_discard_and_returns_the_first_error() {
             let (a, b) = (streams.get(0).unwrap(), streams.get(0).unwrap());
             // Learn which event `wait` leases: the pool's next one.
             let e = events.get(0).unwrap();
-            let he = e.get();
+            let he = e.handle();
             drop(e);
             gpu.fail_event(failing, he);
             gpu.fail_event(CallKind::DestroyEvent, he);
             let err = a.order().wait(&b.order(), &events).unwrap_err();
             assert!(is_injected(&err, failing), "{failing:?}: {err:?}");
-            let parked = events.take_error().expect("the discard's error");
+            let parked = events.take_error().expect("the failed destroy's error");
             assert!(is_injected(&parked, BackendOp::DestroyEvent), "{parked:?}");
             assert_eq!(gpu.armed_faults(), 0);
             assert_eq!(events.stats(D0).unwrap().quarantined, 1);
@@ -529,8 +529,8 @@ fn a_panicking_lost_error_hook_does_not_escape_the_drop() {
     let lost = watch(|| {
         let pool = EventPool::new(gpu.clone());
         let e = pool.get(0).unwrap();
-        doomed = e.get();
-        pool.put(e.release(), None).unwrap();
+        doomed = e.handle();
+        pool.put(e.detach(), None).unwrap();
         gpu.fail_event(CallKind::DestroyEvent, doomed);
         let recording = set_lost_error_hook(Some(panics));
         drop_quietly("an event pool whose lost-error hook panics", pool);
@@ -552,7 +552,7 @@ fn an_error_parked_and_never_taken_is_reported_when_its_pool_drops() {
     let lost = watch(|| {
         let pool = StreamPool::new(gpu.clone());
         let l = pool.get(0).unwrap();
-        gpu.fail_stream(CallKind::QueryStream, l.get());
+        gpu.fail_stream(CallKind::QueryStream, l.handle());
         drop_quietly("a lease whose query fails", l);
         drop_quietly("the stream pool, its error untaken", pool);
     });

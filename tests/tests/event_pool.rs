@@ -21,11 +21,14 @@ fn event_flags_reach_the_backend_unchanged() {
     let gpu = mock(1);
     let default = EventPool::new(gpu.clone());
     let e = default.get(0).unwrap();
-    assert_eq!(gpu.event_flags(e.get()), Some(EventFlags::DISABLE_TIMING));
+    assert_eq!(
+        gpu.event_flags(e.handle()),
+        Some(EventFlags::DISABLE_TIMING)
+    );
     let custom = EventPool::with_flags(
         gpu.clone(),
         EventFlags::BLOCKING_SYNC | EventFlags::DISABLE_TIMING,
     );
     let c = custom.get(0).unwrap();
-    assert_eq!(gpu.event_flags(c.get()), Some(EventFlags(3)));
+    assert_eq!(gpu.event_flags(c.handle()), Some(EventFlags(3)));
 }

@@ -46,7 +46,7 @@ fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
             .ok();
         let b = streams.get(0).map_err(|e| errors.push(e)).ok();
         if let (Some(a), Some(b)) = (&a, &b) {
-            gpu.enqueue_work(b.get()).unwrap();
+            gpu.enqueue_work(b.handle()).unwrap();
             // Stream after stream: pooled event, record, wait.
             if let Err(e) = a.order().wait(&b.order(), &events) {
                 errors.push(e);
@@ -55,13 +55,15 @@ fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
             if let Err(e) = AccessOrder::host().wait(&b.order(), &events) {
                 errors.push(e);
             }
-            gpu.enqueue_work(b.get()).unwrap();
+            gpu.enqueue_work(b.handle()).unwrap();
         }
         if let Ok(e) = events.get(1).map_err(|e| errors.push(e)) {
             if let Some(a) = &a {
-                match gpu.record_event(e.get(), a.get(), DeviceId(1)) {
+                // SAFETY: the leases hold this live event and stream of this
+                // machine's device 1.
+                match unsafe { gpu.record_event(e.handle(), a.handle(), DeviceId(1)) } {
                     Ok(()) => {
-                        if let Err(err) = AccessOrder::host().wait_event(e.get(), e.device(), gpu) {
+                        if let Err(err) = AccessOrder::host().wait_event(&e) {
                             errors.push(err);
                         }
                     }
@@ -88,7 +90,9 @@ fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
                 }
                 Err(e) => {
                     errors.push(e);
-                    let _ = gpu.destroy_stream(raw, DeviceId(0));
+                    // SAFETY: `raw` is the live stream created above on
+                    // device 0, still ours (the adoption failed).
+                    let _ = unsafe { gpu.destroy_stream(raw, DeviceId(0)) };
                 }
             },
         }
@@ -97,7 +101,7 @@ fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
     // Scratch memory of all four kinds, grown, reset, grown again, copied,
     // released in stream order.
     if let Ok(lease) = streams.get(0).map_err(|e| errors.push(e)) {
-        let mut scratch = Scratchpad::new(gpu, lease.order());
+        let mut scratch = Scratchpad::new(gpu, lease.order()).unwrap();
         for bytes in [100_000, 1, 300_000] {
             for kind in MemoryKind::ALL {
                 if let Err(e) = scratch.alloc(kind, bytes, 64) {
@@ -106,7 +110,9 @@ fn workload(gpu: &MockBackend) -> Vec<Error<MockError>> {
             }
         }
         let parts: [&[u32]; 2] = [&[1, 2, 3], &[4, 5]];
-        if let Err(e) = scratch.to_contiguous_device(lease.get(), &parts) {
+        // Staged through a pinned block, copied in the device order (the
+        // lease's stream).
+        if let Err(e) = scratch.to_contiguous_device(&parts) {
             errors.push(e);
         }
         if let Err(e) = scratch.reset() {

@@ -141,13 +141,21 @@ fn round(gpu: &MockBackend, scratch: &Scratchpad<'_, MockBackend>, s: StreamHand
     }
 }
 
+/// The order of `s`, a stream of `gpu`'s device 0 made by the test.
+fn on_stream<'g>(gpu: &'g MockBackend, s: StreamHandle) -> AccessOrder<'g> {
+    // SAFETY: every test here creates `s` on device 0 of `gpu` and destroys it
+    // (if at all) only after the scratchpads that use its order are gone; the
+    // mock's trait methods are sound for any handle besides.
+    unsafe { AccessOrder::from_raw(gpu, s, D0) }
+}
+
 /// Builds the scratchpad of `case` in its state.
 fn setup<'g>(gpu: &'g MockBackend, s: StreamHandle, case: &Case) -> Scratchpad<'g, MockBackend> {
     let order = match case.release {
         Release::Sync => AccessOrder::host(),
-        Release::Stream => AccessOrder::stream(s, D0),
+        Release::Stream => on_stream(gpu, s),
     };
-    let mut scratch = Scratchpad::new(gpu, order);
+    let mut scratch = Scratchpad::new(gpu, order).unwrap();
     round(gpu, &scratch, s, case);
     match case.state {
         State::Fresh => {}
@@ -158,7 +166,7 @@ fn setup<'g>(gpu: &'g MockBackend, s: StreamHandle, case: &Case) -> Scratchpad<'
         }
         State::StagingPending => {
             let parts: [&[u32]; 2] = [&[1, 2, 3], &[4, 5]];
-            scratch.to_contiguous_device(s, &parts).unwrap();
+            scratch.to_contiguous_device(&parts).unwrap();
             assert!(
                 gpu.pending_free_bytes(MemoryKind::Pinned) > 0,
                 "{case:?}: the staging block is not pending"
@@ -297,7 +305,9 @@ fn run(case: &Case, faults: Faults) -> Ran {
     assert_eq!(gpu.live_events(), failed_events, "{what}: live events");
     assert!(gpu.hazards().is_empty(), "{what}: {:?}", gpu.hazards());
     assert!(gpu.misuses().is_empty(), "{what}: {:?}", gpu.misuses());
-    gpu.destroy_stream(s, D0).unwrap();
+    // SAFETY: `s` is the live stream of device 0 `run` created; the
+    // scratchpad that used it is gone.
+    unsafe { gpu.destroy_stream(s, D0) }.unwrap();
     Ran {
         failures: expected_texts.len(),
         frees,
@@ -359,7 +369,7 @@ fn cases() -> Vec<Case> {
 
 /// A scratchpad of all four kinds, several blocks each, in stream order.
 fn all_kinds<'g>(gpu: &'g MockBackend, s: StreamHandle) -> Scratchpad<'g, MockBackend> {
-    let scratch = Scratchpad::new(gpu, AccessOrder::stream(s, D0));
+    let scratch = Scratchpad::new(gpu, on_stream(gpu, s)).unwrap();
     for kind in MemoryKind::ALL {
         for bytes in [40_000, 70_000] {
             scratch.alloc(kind, bytes, 64).unwrap();
@@ -455,7 +465,7 @@ fn every_scratchpad_drop_path_reports_each_failed_free_and_releases_the_rest() {
     {
         let gpu = MockBackend::new(1);
         let before = (lost_errors(), gpu.total_calls());
-        let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+        let scratch = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
         assert_eq!(scratch.alloc(MemoryKind::Host, 0, 8).unwrap(), None);
         drop(scratch);
         assert_eq!((lost_errors(), gpu.total_calls()), before);
@@ -468,7 +478,7 @@ fn every_scratchpad_drop_path_reports_each_failed_free_and_releases_the_rest() {
         }
         set_lost_error_hook(Some(panicking));
         let gpu = MockBackend::new(1);
-        let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+        let scratch = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
         scratch.alloc(MemoryKind::Host, 100, 8).unwrap();
         gpu.fail_nth(CallKind::Deallocate, 1);
         let before = lost_errors();
@@ -483,7 +493,7 @@ fn every_scratchpad_drop_path_reports_each_failed_free_and_releases_the_rest() {
     {
         let gpu = MockBackend::new(1);
         let s = gpu.create_stream(D0, StreamOptions::default()).unwrap();
-        let mut scratch = Scratchpad::new(&gpu, AccessOrder::stream(s, D0));
+        let mut scratch = Scratchpad::new(&gpu, on_stream(&gpu, s)).unwrap();
         for bytes in [40_000, 70_000, 200_000] {
             scratch.alloc(MemoryKind::Device, bytes, 64).unwrap();
         }
@@ -508,13 +518,13 @@ fn every_scratchpad_drop_path_reports_each_failed_free_and_releases_the_rest() {
     {
         let gpu = MockBackend::new(1);
         let s = gpu.create_stream(D0, StreamOptions::default()).unwrap();
-        let scratch = Scratchpad::new(&gpu, AccessOrder::stream(s, D0));
+        let scratch = Scratchpad::new(&gpu, on_stream(&gpu, s)).unwrap();
         gpu.fail_nth(CallKind::CopyAsync, 1);
         gpu.fail_nth(CallKind::Deallocate, 1);
         lock(&SEEN).clear();
         let before = lost_errors();
         let parts: [&[u32]; 2] = [&[1, 2, 3], &[4, 5]];
-        let e = scratch.to_contiguous_device(s, &parts).unwrap_err();
+        let e = scratch.to_contiguous_device(&parts).unwrap_err();
         assert_eq!(e.backend_op(), Some(BackendOp::CopyAsync));
         assert_eq!(lost_errors() - before, 1);
         assert_eq!(*lock(&SEEN), vec![injected_text(CallKind::Deallocate)]);

@@ -22,8 +22,8 @@ fn fitted(used: usize) -> usize {
 
 /// One round of `kind` on a new scratchpad learning into `sizes`; returns the
 /// blocks it took from upstream.
-fn round(gpu: &MockBackend, s: &MockStream, sizes: &ScratchSizes, kind: MemoryKind) -> usize {
-    let pad = Scratchpad::new(gpu, s.order()).learn_sizes(sizes);
+fn round(gpu: &MockBackend, s: &MockStream<'_>, sizes: &ScratchSizes, kind: MemoryKind) -> usize {
+    let pad = Scratchpad::new(gpu, s.order()).unwrap().learn_sizes(sizes);
     for &n in &SIZES {
         assert!(pad.alloc(kind, n, 8).unwrap().is_some());
     }
@@ -68,14 +68,18 @@ fn sizes_only_grow_until_forgotten() {
     let s = MockStream::new(&gpu);
     let sizes = ScratchSizes::new();
     {
-        let pad = Scratchpad::new(&gpu, s.order()).learn_sizes(&sizes);
+        let pad = Scratchpad::new(&gpu, s.order())
+            .unwrap()
+            .learn_sizes(&sizes);
         pad.host::<u8>(1 << 20).unwrap();
     }
     let big = fitted(1 << 20);
     assert_eq!(sizes.get()[MemoryKind::Host.index()], big);
     {
         // A smaller run keeps the large first block, and learns nothing new.
-        let pad = Scratchpad::new(&gpu, s.order()).learn_sizes(&sizes);
+        let pad = Scratchpad::new(&gpu, s.order())
+            .unwrap()
+            .learn_sizes(&sizes);
         assert_eq!(pad.first_block_size(MemoryKind::Host), big);
         pad.host::<u8>(10).unwrap();
         assert_eq!(pad.stats().reserved[MemoryKind::Host.index()], big);
@@ -85,7 +89,9 @@ fn sizes_only_grow_until_forgotten() {
     assert_eq!(sizes.get()[MemoryKind::Pinned.index()], 0);
     sizes.forget();
     assert_eq!(sizes.get(), [0; 4]);
-    let pad = Scratchpad::new(&gpu, s.order()).learn_sizes(&sizes);
+    let pad = Scratchpad::new(&gpu, s.order())
+        .unwrap()
+        .learn_sizes(&sizes);
     assert_eq!(pad.first_block_size(MemoryKind::Host), DEFAULT_FIRST_BLOCK);
 }
 
@@ -94,17 +100,23 @@ fn a_larger_configured_first_block_wins_and_release_learns_too() {
     let gpu = mock(1);
     let s = MockStream::new(&gpu);
     let sizes = ScratchSizes::new();
-    let pad = Scratchpad::new(&gpu, s.order()).learn_sizes(&sizes);
+    let pad = Scratchpad::new(&gpu, s.order())
+        .unwrap()
+        .learn_sizes(&sizes);
     pad.pinned::<u8>(100_000).unwrap();
     pad.release().unwrap();
     assert_eq!(sizes.get()[MemoryKind::Pinned.index()], fitted(100_000));
     let mut config = ScratchpadConfig::default();
     config.initial_sizes[MemoryKind::Pinned.index()] = 1 << 20;
-    let pad = Scratchpad::with_config(&gpu, s.order(), config).learn_sizes(&sizes);
+    let pad = Scratchpad::with_config(&gpu, s.order(), config)
+        .unwrap()
+        .learn_sizes(&sizes);
     assert_eq!(pad.first_block_size(MemoryKind::Pinned), 1 << 20);
     // A learned size larger than the configured one wins instead.
     config.initial_sizes[MemoryKind::Pinned.index()] = 4096;
-    let pad = Scratchpad::with_config(&gpu, s.order(), config).learn_sizes(&sizes);
+    let pad = Scratchpad::with_config(&gpu, s.order(), config)
+        .unwrap()
+        .learn_sizes(&sizes);
     assert_eq!(pad.first_block_size(MemoryKind::Pinned), fitted(100_000));
 }
 
@@ -118,7 +130,7 @@ fn threads_sharing_sizes_keep_the_largest() {
             let (gpu, sizes) = (&gpu, &sizes);
             scope.spawn(move || {
                 for _ in 0..if cfg!(miri) { 3 } else { 50 } {
-                    let pad = Scratchpad::new(gpu, s.order()).learn_sizes(sizes);
+                    let pad = Scratchpad::new(gpu, s.order()).unwrap().learn_sizes(sizes);
                     pad.host::<u8>(t * 100_000).unwrap();
                 }
             });
@@ -136,7 +148,9 @@ fn a_failed_learned_block_is_a_typed_error_and_changes_nothing() {
     let sizes = ScratchSizes::new();
     round(&gpu, &s, &sizes, MemoryKind::Device);
     let learned = sizes.get();
-    let pad = Scratchpad::new(&gpu, s.order()).learn_sizes(&sizes);
+    let pad = Scratchpad::new(&gpu, s.order())
+        .unwrap()
+        .learn_sizes(&sizes);
     gpu.fail_nth(CallKind::AllocateAsync, 1);
     assert!(pad.device::<u8>(10).is_err());
     let st = pad.stats();
@@ -161,7 +175,9 @@ fn learned_rounds_with_a_lagging_gpu_report_no_hazard() {
     let mut rng = Rng::new(7);
     let rounds = if cfg!(miri) { 30 } else { 3_000 };
     for i in 0..rounds {
-        let mut pad = Scratchpad::new(&gpu, s.order()).learn_sizes(&sizes);
+        let mut pad = Scratchpad::new(&gpu, s.order())
+            .unwrap()
+            .learn_sizes(&sizes);
         for _ in 0..rng.below(3) + 1 {
             for _ in 0..rng.below(8) + 1 {
                 let kind = MemoryKind::ALL[rng.below(4) as usize];

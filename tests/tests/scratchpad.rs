@@ -41,7 +41,7 @@ fn live_bytes(gpu: &MockBackend) -> usize {
 fn each_kind_takes_its_first_block_in_its_allocation_order() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let scratch = Scratchpad::new(&gpu, s.order());
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     scratch.pinned::<u8>(10).unwrap();
     scratch.device::<u8>(10).unwrap();
     assert_eq!(gpu.calls(CallKind::Allocate), 1, "pinned: host order");
@@ -55,7 +55,7 @@ fn each_kind_takes_its_first_block_in_its_allocation_order() {
 #[test]
 fn growth_doubles_from_64_kib_until_the_request_fits_then_doubles_again() {
     let gpu = mock(1);
-    let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+    let scratch = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
     assert_eq!(scratch.first_block_size(MemoryKind::Host), 64 * 1024);
     let k = 1024;
     scratch.alloc(MemoryKind::Host, 1, 1).unwrap();
@@ -78,7 +78,7 @@ fn growth_doubles_from_64_kib_until_the_request_fits_then_doubles_again() {
 #[test]
 fn bad_alignment_and_sizes_are_typed_errors_and_the_scratchpad_stays_usable() {
     let gpu = mock(1);
-    let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+    let scratch = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
     for align in [0, 3, 6, 1000] {
         assert_eq!(
             scratch.alloc(MemoryKind::Host, 8, align).unwrap_err(),
@@ -111,7 +111,7 @@ fn a_failing_upstream_is_an_error_that_changes_nothing_and_leaks_nothing() {
             let gpu = mock(1);
             let s = Stream::new(&gpu);
             {
-                let scratch = Scratchpad::new(&gpu, s.order());
+                let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
                 scratch.alloc(kind, 100, 8).unwrap();
                 gpu.fail_nth(op, 1);
                 let big = scratch.alloc(kind, 1 << 20, 8);
@@ -140,7 +140,7 @@ fn drop_releases_every_block_in_its_release_order() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
     {
-        let scratch = Scratchpad::new(&gpu, s.order());
+        let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
         for kind in KINDS {
             scratch.alloc(kind, 100_000, 64).unwrap();
         }
@@ -159,7 +159,7 @@ fn drop_releases_every_block_in_its_release_order() {
 #[test]
 fn a_scratchpad_can_be_moved_while_its_memory_stays_valid() {
     let gpu = mock(1);
-    let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+    let scratch = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
     let first = scratch.alloc(MemoryKind::Host, 16, 8).unwrap().unwrap();
     let moved = Box::new(scratch);
     let second = moved.alloc(MemoryKind::Host, 16, 8).unwrap().unwrap();
@@ -173,7 +173,7 @@ fn a_scratchpad_can_be_moved_while_its_memory_stays_valid() {
 fn reset_reuses_blocks_and_a_steady_loop_asks_upstream_for_nothing() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let mut scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     let round = |scratch: &Scratchpad<'_, MockBackend>| {
         for (i, kind) in KINDS.into_iter().enumerate() {
             for j in 0..4 {
@@ -217,7 +217,7 @@ fn reset_reuses_blocks_and_a_steady_loop_asks_upstream_for_nothing() {
 fn a_pinned_block_still_read_by_the_stream_is_not_handed_out_again() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let mut scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
     gpu.use_memory(s.get(), p, 4096).unwrap(); // a copy still reading it
     scratch.reset().unwrap();
@@ -243,7 +243,7 @@ fn the_hazard_detector_reports_a_wrong_release_order() {
         pinned_release: Some(AccessOrder::host()),
         ..ScratchpadConfig::default()
     };
-    let mut scratch = Scratchpad::with_config(&gpu, s.order(), config);
+    let mut scratch = Scratchpad::with_config(&gpu, s.order(), config).unwrap();
     let p = scratch.pinned::<u8>(4096).unwrap().as_ptr() as *const u8;
     gpu.use_memory(s.get(), p, 4096).unwrap();
     scratch.reset().unwrap(); // host order: reused at once
@@ -260,11 +260,12 @@ fn the_hazard_detector_reports_a_wrong_release_order() {
 fn copy_helpers_round_trip_data_exactly() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let scratch = Scratchpad::new(&gpu, s.order());
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     let src: Vec<u32> = (0..1000).map(|i| i * 7 + 1).collect();
-    let on_device = scratch.to_device(s.get(), &src).unwrap();
+    let on_device = scratch.to_device(&src).unwrap(); // in the device order: `s`
     let back = scratch.host::<u32>(src.len()).unwrap();
-    // SAFETY: both ranges are live scratch blocks of the right size.
+    // SAFETY: both ranges are live scratch blocks of the right size, not
+    // overlapping; `s` is a live stream of device 0 of this mock.
     unsafe {
         gpu.copy_async(
             std::ptr::NonNull::new(back.as_mut_ptr().cast()).unwrap(),
@@ -288,7 +289,7 @@ fn copy_helpers_round_trip_data_exactly() {
     assert_eq!(ranges, [0..3, 3..3, 3..5]);
 
     let copies = gpu.calls(CallKind::CopyAsync);
-    let (dev, ranges) = scratch.to_contiguous_device(s.get(), &parts).unwrap();
+    let (dev, ranges) = scratch.to_contiguous_device(&parts).unwrap();
     assert_eq!(
         gpu.calls(CallKind::CopyAsync),
         copies + 1,
@@ -296,7 +297,8 @@ fn copy_helpers_round_trip_data_exactly() {
     );
     assert_eq!(ranges, [0..3, 3..3, 3..5]);
     let back = scratch.host::<u16>(5).unwrap();
-    // SAFETY: live blocks of the right size.
+    // SAFETY: live blocks of the right size, not overlapping; `s` is a live
+    // stream of device 0 of this mock.
     unsafe {
         gpu.copy_async(
             std::ptr::NonNull::new(back.as_mut_ptr().cast()).unwrap(),
@@ -323,7 +325,7 @@ fn copy_helpers_round_trip_data_exactly() {
 fn a_kernel_context_carries_the_order_and_a_borrowed_scratchpad() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let scratch = Scratchpad::new(&gpu, s.order());
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     let ctx = KernelContext::with_scratchpad(s.order(), &scratch);
     let tmp = ctx.scratchpad.unwrap().device::<f32>(256).unwrap();
     assert_eq!(ctx.order, s.order());
@@ -336,14 +338,14 @@ fn a_kernel_context_carries_the_order_and_a_borrowed_scratchpad() {
 fn release_reports_and_drop_never_panics_on_upstream_failure() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let scratch = Scratchpad::new(&gpu, s.order());
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     scratch.alloc(MemoryKind::Device, 10, 8).unwrap();
     gpu.fail_nth(CallKind::DeallocateAsync, 1);
     assert_eq!(
         scratch.release().unwrap_err().backend_op(),
         Some(gpupool_core::BackendOp::DeallocateAsync)
     );
-    let scratch = Scratchpad::new(&gpu, s.order());
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     scratch.alloc(MemoryKind::Pinned, 10, 8).unwrap();
     gpu.fail_nth(CallKind::DeallocateAsync, 1);
     drop(scratch); // must not panic
@@ -361,7 +363,7 @@ fn reset_calls(gpu: &MockBackend) -> (u64, u64) {
 fn a_reset_on_an_idle_stream_keeps_the_pinned_block_without_a_fence() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let mut scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
     gpu.use_memory(s.get(), p, 4096).unwrap(); // a copy reads it
     gpu.complete_all(s.get()).unwrap(); // and has finished
@@ -388,7 +390,7 @@ fn a_reset_on_an_idle_stream_keeps_the_pinned_block_without_a_fence() {
 fn a_stream_found_busy_at_reset_is_fenced_and_not_asked_for_seven_resets() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let mut scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     let mut calls = Vec::new();
     for _ in 0..17 {
         let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
@@ -411,7 +413,7 @@ fn a_stream_found_busy_at_reset_is_fenced_and_not_asked_for_seven_resets() {
 fn a_failed_idle_question_at_reset_counts_as_busy() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let mut scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
     gpu.use_memory(s.get(), p, 4096).unwrap();
     gpu.complete_all(s.get()).unwrap();
@@ -440,7 +442,7 @@ fn a_reset_loop_holds_one_block_within_twice_what_a_round_asks_for() {
     let asked: usize = SIZES.iter().sum();
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let mut scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     let round = |scratch: &Scratchpad<'_, MockBackend>| {
         for kind in KINDS {
             for &n in &SIZES {
@@ -484,7 +486,7 @@ fn a_reset_loop_holds_one_block_within_twice_what_a_round_asks_for() {
 fn a_reset_of_a_kind_unused_since_the_last_one_asks_nothing() {
     let gpu = mock(1);
     let s = Stream::new(&gpu);
-    let mut scratch = Scratchpad::new(&gpu, s.order());
+    let mut scratch = Scratchpad::new(&gpu, s.order()).unwrap();
     let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
     gpu.use_memory(s.get(), p, 4096).unwrap();
     gpu.complete_all(s.get()).unwrap();

@@ -46,7 +46,7 @@ proptest! {
     ) {
         let gpu = mock(1);
         let s = Stream::new(&gpu);
-        let scratch = Scratchpad::new(&gpu, s.order());
+        let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
         let mut requested = [0usize; 4];
         for (k, size) in reqs {
             scratch.alloc(MemoryKind::ALL[k], size, 1).unwrap();
@@ -69,7 +69,7 @@ proptest! {
     ) {
         let gpu = mock(1);
         let s = Stream::new(&gpu);
-        let scratch = Scratchpad::new(&gpu, s.order());
+        let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
         let mut live: Vec<Vec<(usize, usize)>> = vec![Vec::new(); 4];
         let mut requested = [0usize; 4];
         for (k, size, log_align) in reqs {
@@ -114,7 +114,7 @@ proptest! {
 #[test]
 fn doubling_growth_can_exceed_twice_the_requested_bytes() {
     let gpu = mock(1);
-    let scratch = Scratchpad::new(&gpu, AccessOrder::host());
+    let scratch = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
     let k = 1024;
     for size in [1, 64 * k, 64 * k + 1] {
         scratch.alloc(MemoryKind::Host, size, 1).unwrap();

@@ -40,7 +40,7 @@ fn ten_thousand_rounds_with_a_lagging_gpu_report_no_hazard() {
     let lease = Stream::new(&gpu);
     let s = lease.get();
     let mut rng = Rng::new(42);
-    let mut scratch = Scratchpad::new(&gpu, lease.order());
+    let mut scratch = Scratchpad::new(&gpu, lease.order()).unwrap();
     for i in 0..ROUNDS {
         round(&gpu, &scratch, s, &mut rng);
         // The GPU lags: it finishes one kernel, all of them, or nothing.
@@ -53,7 +53,7 @@ fn ten_thousand_rounds_with_a_lagging_gpu_report_no_hazard() {
         }
         if rng.below(10) == 0 {
             // End this scratchpad for good, start a new one.
-            scratch = Scratchpad::new(&gpu, lease.order());
+            scratch = Scratchpad::new(&gpu, lease.order()).unwrap();
         } else {
             scratch.reset().unwrap();
         }

@@ -42,7 +42,7 @@ fn ten_million_mixed_operations_leave_nothing_behind() {
                     let d = rng.below(DEVICES as u64) as u32;
                     let a = streams.get(d).unwrap();
                     let b = streams.get(d).unwrap();
-                    let mut scratch = Scratchpad::new(gpu, a.order());
+                    let mut scratch = Scratchpad::new(gpu, a.order()).unwrap();
                     let mut n = 2;
                     for _ in 0..rng.below(4) {
                         let kind = MemoryKind::ALL[rng.below(4) as usize];
@@ -51,23 +51,23 @@ fn ten_million_mixed_operations_leave_nothing_behind() {
                             .unwrap()
                             .unwrap();
                         if kind != MemoryKind::Host {
-                            gpu.use_memory(a.get(), p.as_ptr(), 1).unwrap();
+                            gpu.use_memory(a.handle(), p.as_ptr(), 1).unwrap();
                         }
                         n += 1;
                     }
-                    gpu.enqueue_work(a.get()).unwrap();
+                    gpu.enqueue_work(a.handle()).unwrap();
                     b.order().wait(&a.order(), events).unwrap();
                     let e = events.get(d).unwrap();
                     n += 2;
                     match rng.below(3) {
                         0 => drop(e),
-                        1 => events.put(e.release(), None).unwrap(),
-                        _ => e.discard().unwrap(),
+                        1 => events.put(e.detach(), None).unwrap(),
+                        _ => e.destroy().unwrap(),
                     }
                     // The GPU keeps up most of the time, and lags now and then.
                     if rng.below(4) != 0 {
-                        gpu.complete_all(b.get()).unwrap();
-                        gpu.complete_all(a.get()).unwrap();
+                        gpu.complete_all(b.handle()).unwrap();
+                        gpu.complete_all(a.handle()).unwrap();
                     }
                     if rng.below(2) == 0 {
                         scratch.reset().unwrap();
@@ -77,16 +77,16 @@ fn ten_million_mixed_operations_leave_nothing_behind() {
                     match rng.below(4) {
                         0 => drop((a, b)),
                         1 => {
-                            a.reset().unwrap();
-                            b.reset().unwrap();
+                            a.return_to_pool().unwrap();
+                            b.return_to_pool().unwrap();
                         }
                         2 => {
-                            streams.put(a.release(), None).unwrap();
-                            streams.put(b.release(), None).unwrap();
+                            streams.put(a.detach(), None).unwrap();
+                            streams.put(b.detach(), None).unwrap();
                         }
                         _ => {
-                            gpu.complete_all(a.get()).unwrap();
-                            a.release().destroy(gpu).unwrap();
+                            gpu.complete_all(a.handle()).unwrap();
+                            a.detach().destroy(gpu).unwrap();
                             drop(b);
                         }
                     }

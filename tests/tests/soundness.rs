@@ -249,10 +249,11 @@ fn same_thread_reuse_never_serves_a_moved_leases_work() -> R {
     let lease = pool.get(0)?;
     let busy = lease.handle();
     gpu.enqueue_work(busy).unwrap(); // work of this thread, still pending
+    let shared = &pool;
     let served = std::thread::scope(|s| {
         s.spawn(move || {
             drop(lease); // ends on the other thread
-            pool.get(0).map(|l| l.handle())
+            shared.get(0).map(|l| l.handle())
         })
         .join()
         .unwrap()

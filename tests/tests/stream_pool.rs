@@ -16,7 +16,7 @@ fn streams_are_created_with_the_configured_priority() {
     };
     let pool = StreamPool::with_config(gpu.clone(), config);
     let lease = pool.get(0).unwrap();
-    assert_eq!(gpu.stream_priority(lease.get()), Some(Some(-2)));
+    assert_eq!(gpu.stream_priority(lease.handle()), Some(Some(-2)));
 }
 
 fn same_thread_pool(gpu: &gpupool_mock::MockBackend) -> StreamPool<gpupool_mock::MockBackend> {
@@ -32,12 +32,16 @@ fn same_thread_reuse_hands_a_thread_back_its_own_stream_with_no_driver_call() {
     let gpu = mock(1);
     let pool = same_thread_pool(&gpu);
     let lease = pool.get(0).unwrap();
-    let s = lease.get();
+    let s = lease.handle();
     gpu.enqueue_work(s).unwrap(); // still busy with this thread's own work
     drop(lease);
     let calls = gpu.total_calls();
     let again = pool.get(0).unwrap();
-    assert_eq!(again.get(), s, "the thread's own stream, even though busy");
+    assert_eq!(
+        again.handle(),
+        s,
+        "the thread's own stream, even though busy"
+    );
     drop(again);
     assert_eq!(gpu.total_calls(), calls, "no query on return, none on get");
     let stats = pool.stats(DeviceId(0)).unwrap();
@@ -48,19 +52,19 @@ fn same_thread_reuse_hands_a_thread_back_its_own_stream_with_no_driver_call() {
 fn same_thread_reuse_never_gives_a_kept_stream_to_another_thread() {
     let gpu = mock(1);
     let pool = same_thread_pool(&gpu);
-    let mine = pool.get(0).unwrap().get(); // kept for this thread
-    let theirs = std::thread::scope(|s| s.spawn(|| pool.get(0).unwrap().get()).join().unwrap());
+    let mine = pool.get(0).unwrap().handle(); // kept for this thread
+    let theirs = std::thread::scope(|s| s.spawn(|| pool.get(0).unwrap().handle()).join().unwrap());
     assert_ne!(theirs, mine);
     // The other thread has exited: its kept stream goes to the busy list and is
     // handed out only after a query finds it idle.
     gpu.enqueue_work(theirs).unwrap();
     let a = pool.get(0).unwrap(); // this thread's own
-    assert_eq!(a.get(), mine);
+    assert_eq!(a.handle(), mine);
     let b = pool.get(0).unwrap(); // the exited thread's is still busy: a new one
-    assert!(b.get() != theirs && b.get() != mine);
+    assert!(b.handle() != theirs && b.handle() != mine);
     gpu.complete_all(theirs).unwrap();
     let c = pool.get(0).unwrap();
-    assert_eq!(c.get(), theirs, "found idle by a scan");
+    assert_eq!(c.handle(), theirs, "found idle by a scan");
     drop((a, b, c));
     assert_eq!(pool.live_leases(), 0);
     assert_eq!(pool.purge().unwrap(), 3, "kept streams are purged too");

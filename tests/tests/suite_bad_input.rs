@@ -6,10 +6,10 @@
 
 use gpupool_core::epoch_crate::Collector;
 use gpupool_core::{
-    AccessOrder, DeviceId, Error, EventHandle, EventPool, OwnedEvent, OwnedStream, StreamHandle,
-    StreamPool, StreamPoolConfig,
+    AccessOrder, DeviceId, Error, EventHandle, EventPool, OwnedEvent, OwnedStream, Scratchpad,
+    ScratchpadConfig, StreamHandle, StreamPool, StreamPoolConfig,
 };
-use gpupool_tests::{gpu, TestGpu};
+use gpupool_tests::{assert_calls, gpu, TestGpu};
 
 #[test]
 fn a_device_out_of_range_is_an_error_and_the_pools_still_work() {
@@ -40,7 +40,7 @@ fn a_stream_put_under_another_device_comes_back_and_the_pool_is_unchanged() {
     let Some(gpu) = gpu(2) else { return };
     let (d0, d1) = (DeviceId(0), DeviceId(1));
     let pool = StreamPool::new(gpu.backend());
-    let owned = pool.get(d0).unwrap().release();
+    let owned = pool.get(d0).unwrap().detach();
     let h = owned.handle();
     let rejected = pool.put(owned, Some(d1)).unwrap_err();
     let wrong = Error::WrongDevice {
@@ -51,9 +51,9 @@ fn a_stream_put_under_another_device_comes_back_and_the_pool_is_unchanged() {
     assert_eq!(rejected.value.handle(), h, "the caller keeps the stream");
     assert_eq!(pool.live_leases(), 0);
     // Device 1's list is still empty: its next lease is a new stream.
-    assert_ne!(pool.get(d1).unwrap().get(), h);
+    assert_ne!(pool.get(d1).unwrap().handle(), h);
     pool.put(rejected.value, Some(d0)).unwrap();
-    assert_eq!(pool.get(d0).unwrap().get(), h);
+    assert_eq!(pool.get(d0).unwrap().handle(), h);
 }
 
 #[test]
@@ -61,7 +61,7 @@ fn an_event_put_under_another_device_comes_back() {
     let Some(gpu) = gpu(2) else { return };
     let (d0, d1) = (DeviceId(0), DeviceId(1));
     let pool = EventPool::new(gpu.backend());
-    let owned = pool.get(d1).unwrap().release();
+    let owned = pool.get(d1).unwrap().detach();
     let h = owned.handle();
     let rejected = pool.put(owned, Some(d0)).unwrap_err();
     let wrong = Error::WrongDevice {
@@ -70,7 +70,7 @@ fn an_event_put_under_another_device_comes_back() {
     };
     assert_eq!(rejected.error, wrong);
     pool.put(rejected.value, None).unwrap();
-    assert_eq!(pool.get(d1).unwrap().get(), h);
+    assert_eq!(pool.get(d1).unwrap().handle(), h);
     assert_eq!(pool.stats(d0).unwrap().created, 0);
 }
 
@@ -85,13 +85,15 @@ fn an_adopted_handle_of_a_device_out_of_range_is_refused_at_put() {
         device: beyond,
         count,
     };
-    // SAFETY: deliberately breaks the contract (no such device): the pools
-    // must refuse the handles by their device before any backend call uses
-    // them, which is what is tested.
+    let backend = gpu.backend();
+    // SAFETY: deliberately breaks the contract (made-up handles, no such
+    // device): the pools must refuse the handles by their device before any
+    // backend call uses them, which is what is tested; the handles are never
+    // passed to the backend (into_raw below).
     let (fake_event, fake_stream) = unsafe {
         (
-            OwnedEvent::from_raw_parts(EventHandle(0x55), beyond).unwrap(),
-            OwnedStream::from_raw_parts(StreamHandle(0x5500), beyond).unwrap(),
+            OwnedEvent::from_raw_parts(&backend, EventHandle::from_raw(0x55), beyond).unwrap(),
+            OwnedStream::from_raw_parts(&backend, StreamHandle::from_raw(0x5500), beyond).unwrap(),
         )
     };
     let r = events.put(fake_event, None).unwrap_err();
@@ -111,11 +113,11 @@ fn null_and_special_handles_are_refused() {
     // what is tested.
     unsafe {
         assert_eq!(
-            OwnedStream::from_raw_parts(StreamHandle::NULL, DeviceId(0)),
+            OwnedStream::from_raw_parts(&backend, StreamHandle::NULL, DeviceId(0)),
             Err(Error::NullHandle)
         );
         assert_eq!(
-            OwnedEvent::from_raw_parts(EventHandle::NULL, DeviceId(0)),
+            OwnedEvent::from_raw_parts(&backend, EventHandle::NULL, DeviceId(0)),
             Err(Error::NullHandle)
         );
         assert_eq!(
@@ -124,7 +126,7 @@ fn null_and_special_handles_are_refused() {
         );
         for special in [StreamHandle::LEGACY, StreamHandle::PER_THREAD] {
             assert_eq!(
-                OwnedStream::from_raw_parts(special, DeviceId(0)),
+                OwnedStream::from_raw_parts(&backend, special, DeviceId(0)),
                 Err(Error::SpecialHandle)
             );
             assert_eq!(
@@ -133,15 +135,9 @@ fn null_and_special_handles_are_refused() {
             );
         }
     }
-    for order in [
-        AccessOrder::host(),
-        AccessOrder::stream(StreamHandle::NULL, DeviceId(0)),
-    ] {
-        assert_eq!(
-            order.wait_event(EventHandle::NULL, DeviceId(0), &backend),
-            Err(Error::NullHandle)
-        );
-    }
+    // (`AccessOrder::wait_event` used to be given a raw event handle, and
+    // refused the null one here; it now takes a leased event, so a null or
+    // made-up event cannot reach it at all.)
 }
 
 #[test]
@@ -162,4 +158,51 @@ fn a_guard_of_another_collector_is_refused() {
     let lease = own.get_in(0, &guard).unwrap();
     drop(lease);
     assert_eq!(own.purge_in(&guard).unwrap(), 1);
+}
+
+#[test]
+fn a_scratchpad_whose_orders_are_on_another_device_is_refused() {
+    // A scratchpad allocates and frees every block under one device: an
+    // order on another device than the configured one, or than the device
+    // order, is refused before anything is allocated.
+    let Some(gpu) = gpu(1) else { return };
+    let backend = gpu.backend();
+    let (d0, d1) = (DeviceId(0), DeviceId(1));
+    let streams = StreamPool::new(gpu.backend());
+    let lease = streams.get(d0).unwrap();
+    let calls = gpu.backend_calls();
+    let on_device_1 = ScratchpadConfig {
+        device: Some(d1),
+        ..ScratchpadConfig::default()
+    };
+    let e = Scratchpad::with_config(&backend, lease.order(), on_device_1).unwrap_err();
+    assert_eq!(
+        e,
+        Error::WrongDevice {
+            given: d1,
+            actual: d0
+        }
+    );
+    // A release order on another device than the device order.
+    let pinned_on_1 = ScratchpadConfig {
+        pinned_release: Some(AccessOrder::null_stream(d1)),
+        ..ScratchpadConfig::default()
+    };
+    let e = Scratchpad::with_config(&backend, lease.order(), pinned_on_1).unwrap_err();
+    assert_eq!(
+        e,
+        Error::WrongDevice {
+            given: d0,
+            actual: d1
+        }
+    );
+    assert_calls(&gpu, calls, 0, "refused before any backend call");
+    // The same orders on one device are accepted.
+    let on_device_0 = ScratchpadConfig {
+        device: Some(d0),
+        pinned_release: Some(AccessOrder::null_stream(d0)),
+        ..ScratchpadConfig::default()
+    };
+    let scratch = Scratchpad::with_config(&backend, lease.order(), on_device_0).unwrap();
+    assert_eq!(scratch.device_id().unwrap(), d0);
 }

@@ -31,11 +31,15 @@ fn events_have_the_pools_flags_timing_disabled_by_default() {
     let default = EventPool::new(gpu.backend());
     assert_eq!(default.flags(), EventFlags::DISABLE_TIMING);
     let e = default.get(0).unwrap();
-    assert_ne!(gpu.event_timing(e.get(), D0), Some(true), "timing disabled");
+    assert_ne!(
+        gpu.event_timing(e.handle(), D0),
+        Some(true),
+        "timing disabled"
+    );
     let timed = EventPool::with_flags(gpu.backend(), EventFlags::DEFAULT);
     let t = timed.get(0).unwrap();
     assert_ne!(
-        gpu.event_timing(t.get(), D0),
+        gpu.event_timing(t.handle(), D0),
         Some(false),
         "timing asked for"
     );
@@ -45,7 +49,11 @@ fn events_have_the_pools_flags_timing_disabled_by_default() {
     );
     assert_eq!(custom.flags(), EventFlags(3));
     let c = custom.get(0).unwrap();
-    assert_ne!(gpu.event_timing(c.get(), D0), Some(true), "timing disabled");
+    assert_ne!(
+        gpu.event_timing(c.handle(), D0),
+        Some(true),
+        "timing disabled"
+    );
 }
 
 #[test]
@@ -54,14 +62,14 @@ fn reuse_is_lifo_and_return_and_reuse_make_no_backend_call() {
     let pool = EventPool::new(gpu.backend());
     let a = pool.get(0).unwrap();
     let b = pool.get(0).unwrap();
-    let (ea, eb) = (a.get(), b.get());
+    let (ea, eb) = (a.handle(), b.handle());
     assert_ne!(ea, eb);
     let calls = gpu.backend_calls();
     drop(a);
     drop(b);
     let x = pool.get(0).unwrap();
     let y = pool.get(0).unwrap();
-    assert_eq!((x.get(), y.get()), (eb, ea));
+    assert_eq!((x.handle(), y.handle()), (eb, ea));
     assert_calls(&gpu, calls, 0, "returning and reusing events");
     let s = pool.stats(D0).unwrap();
     assert_eq!((s.created, s.reused, s.leases, s.live_leases), (2, 2, 4, 2));
@@ -74,22 +82,21 @@ fn a_pending_event_may_be_returned_and_leased_again() {
     let streams = StreamPool::new(gpu.backend());
     let pool = EventPool::new(gpu.backend());
     let s = streams.get(0).unwrap();
-    gpu.make_busy(s.get(), D0);
+    gpu.make_busy(s.handle(), D0);
     let e = pool.get(0).unwrap();
-    backend.record_event(e.get(), s.get(), D0).unwrap();
-    let handle = e.get();
+    // SAFETY: the leases hold this live event and stream, both on device 0.
+    unsafe { backend.record_event(e.handle(), s.handle(), D0) }.unwrap();
+    let handle = e.handle();
     drop(e);
     let again = pool.get(0).unwrap();
-    assert_eq!(again.get(), handle);
-    assert_eq!(
-        backend.query_event(handle, D0).unwrap(),
-        Completion::Pending
-    );
-    gpu.finish(s.get(), D0);
-    assert_eq!(
-        backend.query_event(handle, D0).unwrap(),
-        Completion::Complete
-    );
+    assert_eq!(again.handle(), handle);
+    // SAFETY: `again` holds this live event of device 0.
+    let pending = unsafe { backend.query_event(handle, D0) }.unwrap();
+    assert_eq!(pending, Completion::Pending);
+    gpu.finish(s.handle(), D0);
+    // SAFETY: as above; `again` still holds it.
+    let complete = unsafe { backend.query_event(handle, D0) }.unwrap();
+    assert_eq!(complete, Completion::Complete);
 }
 
 #[test]
@@ -99,10 +106,10 @@ fn put_without_a_device_uses_the_events_own_device_not_the_current_one() {
     let pool = EventPool::new(gpu.backend());
     gpu.set_current_device(D0);
     let e = pool.get(d1).unwrap();
-    let handle = e.get();
-    pool.put(e.release(), None).unwrap();
+    let handle = e.handle();
+    pool.put(e.detach(), None).unwrap();
     assert_eq!(
-        pool.get(d1).unwrap().get(),
+        pool.get(d1).unwrap().handle(),
         handle,
         "back on device 1's list"
     );
@@ -126,15 +133,15 @@ fn a_shared_event_returns_when_the_last_clone_drops() {
     let Some(gpu) = gpu(1) else { return };
     let pool = EventPool::new(gpu.backend());
     let shared = pool.get_shared(0).unwrap();
-    let handle = shared.get();
+    let handle = shared.handle();
     let clones: Vec<_> = (0..3).map(|_| shared.clone()).collect();
     drop(shared);
     assert_eq!(pool.live_leases(), 1);
-    let held = clones[2].get();
+    let held = clones[2].handle();
     drop(clones);
     assert_eq!(held, handle);
     assert_eq!(pool.live_leases(), 0);
-    assert_eq!(pool.get(0).unwrap().get(), handle);
+    assert_eq!(pool.get(0).unwrap().handle(), handle);
 }
 
 #[test]
@@ -146,17 +153,14 @@ fn a_shared_event_orders_like_any_other() {
     let (producer, consumer) = (streams.get(0).unwrap(), streams.get(0).unwrap());
     let shared = pool.get_shared(0).unwrap();
     let link = || {
-        backend
-            .record_event(shared.get(), producer.get(), D0)
-            .unwrap();
+        // SAFETY: the shared lease and the stream lease hold this live event
+        // and stream, both on device 0.
+        unsafe { backend.record_event(shared.handle(), producer.handle(), D0) }.unwrap();
         let other = shared.clone();
-        consumer
-            .order()
-            .wait_event(other.get(), other.device(), &backend)
-            .unwrap();
+        consumer.order().wait_event(&other).unwrap();
         assert_eq!(pool.live_leases(), 1, "clones share one lease");
     };
-    let (p, c) = ((producer.get(), D0), (consumer.get(), D0));
+    let (p, c) = ((producer.handle(), D0), (consumer.handle(), D0));
     assert_ordered(&gpu, p, c, link, "a shared event");
     drop(shared);
     assert_eq!(pool.live_leases(), 0);
@@ -168,19 +172,20 @@ fn release_put_and_destroy() {
     let last = DeviceId(gpu.device_count() - 1);
     let backend = gpu.backend();
     let pool = EventPool::new(gpu.backend());
-    let owned = pool.get(last).unwrap().release();
+    let owned = pool.get(last).unwrap().detach();
     assert_eq!(owned.device(), last);
     assert_eq!(pool.live_leases(), 0);
     pool.put(owned, Some(last)).unwrap();
     let raw = backend
         .create_event(D0, EventFlags::DISABLE_TIMING)
         .unwrap();
-    // SAFETY: `raw` was just created on device 0 and is handed over here.
-    let adopted = unsafe { OwnedEvent::from_raw_parts(raw, D0) }.unwrap();
+    // SAFETY: `raw` was just created on device 0 by this backend and is
+    // handed over here.
+    let adopted = unsafe { OwnedEvent::from_raw_parts(&backend, raw, D0) }.unwrap();
     pool.put(adopted, None).unwrap();
-    assert_eq!(pool.get(0).unwrap().get(), raw);
+    assert_eq!(pool.get(0).unwrap().handle(), raw);
     assert_count(gpu.live_events(), 2, "the pool's event and the adopted one");
-    let doomed = pool.get(last).unwrap().release();
+    let doomed = pool.get(last).unwrap().detach();
     doomed.destroy(&backend).unwrap();
     assert_count(gpu.live_events(), 1, "destroyed");
 }
@@ -190,12 +195,12 @@ fn discard_destroys_instead_of_returning() {
     let Some(gpu) = gpu(1) else { return };
     let pool = EventPool::new(gpu.backend());
     let e = pool.get(0).unwrap();
-    let h = e.get();
-    e.discard().unwrap();
+    let h = e.handle();
+    e.destroy().unwrap();
     assert_count(gpu.live_events(), 0, "discarded");
     assert_eq!(pool.live_leases(), 0);
     assert_eq!(pool.stats(D0).unwrap().destroyed, 1);
-    assert_ne!(pool.get(0).unwrap().get(), h, "not pooled");
+    assert_ne!(pool.get(0).unwrap().handle(), h, "not pooled");
 }
 
 #[test]
@@ -204,7 +209,7 @@ fn purge_with_leases_out_and_drop_destroy_everything_pooled() {
     let last = DeviceId(gpu.device_count() - 1);
     let pool = EventPool::new(gpu.backend());
     let out = pool.get(0).unwrap();
-    let kept = out.get();
+    let kept = out.handle();
     // Both held at once, so that they are two events even when `last` is 0.
     let (a, b) = (pool.get(last).unwrap(), pool.get(0).unwrap());
     drop((a, b));
@@ -214,7 +219,7 @@ fn purge_with_leases_out_and_drop_destroy_everything_pooled() {
     assert_count(gpu.live_events(), 1, "the leased event is left");
     drop(out);
     assert_eq!(
-        pool.get(0).unwrap().get(),
+        pool.get(0).unwrap().handle(),
         kept,
         "it came back after the purge"
     );
@@ -244,11 +249,11 @@ fn leases_ended_on_another_thread_while_a_third_purges_lose_and_share_nothing() 
         s.spawn(move || {
             for i in 0..rounds {
                 let lease = pool.get(0).unwrap();
-                claim(lease.get());
+                claim(lease.handle());
                 if i % 3 == 0 {
                     // Ended here: into this thread's cell, to be leased in
                     // place by the next gets, which the other thread ends.
-                    free(lease.get());
+                    free(lease.handle());
                     drop(lease);
                 } else {
                     tx.send(lease).unwrap();
@@ -257,7 +262,7 @@ fn leases_ended_on_another_thread_while_a_third_purges_lose_and_share_nothing() 
         });
         s.spawn(move || {
             for lease in rx {
-                free(lease.get());
+                free(lease.handle());
                 drop(lease);
             }
         });
@@ -267,8 +272,8 @@ fn leases_ended_on_another_thread_while_a_third_purges_lose_and_share_nothing() 
                     pool.purge().unwrap();
                 }
                 let lease = pool.get(0).unwrap();
-                claim(lease.get());
-                free(lease.get());
+                claim(lease.handle());
+                free(lease.handle());
             }
         });
     });

@@ -10,8 +10,7 @@
 use std::time::Duration;
 
 use gpupool_core::{
-    AccessOrder, Backend, Completion, DeviceId, EventBackend, EventPool, StreamBackend,
-    StreamHandle, StreamPool,
+    AccessOrder, Backend, Completion, DeviceId, EventBackend, EventPool, StreamBackend, StreamPool,
 };
 use gpupool_tests::{assert_calls, assert_no_misuse, assert_ordered, gpu, TestGpu};
 
@@ -41,14 +40,13 @@ fn the_host_waiting_on_a_stream_synchronizes_it() {
     let streams = StreamPool::new(gpu.backend());
     let events = EventPool::new(gpu.backend());
     let s = streams.get(0).unwrap();
-    gpu.submit(s.get(), D0);
+    gpu.submit(s.handle(), D0);
     let calls = gpu.backend_calls();
     AccessOrder::host().wait(&s.order(), &events).unwrap();
     assert_calls(&gpu, calls, 1, "one synchronize");
-    assert_eq!(
-        backend.query_stream(s.get(), D0).unwrap(),
-        Completion::Complete
-    );
+    // SAFETY: the lease holds this live stream of device 0.
+    let done = unsafe { backend.query_stream(s.handle(), D0) }.unwrap();
+    assert_eq!(done, Completion::Complete);
     assert_eq!(events.device_count(), None, "no event was needed");
 }
 
@@ -60,19 +58,21 @@ fn the_host_waiting_on_a_stream_waits_for_what_the_stream_waits_for() {
     let events = EventPool::new(gpu.backend());
     let producer = streams.get(0).unwrap();
     let consumer = streams.get(0).unwrap();
-    gpu.make_busy(producer.get(), D0);
+    gpu.make_busy(producer.handle(), D0);
     consumer.order().wait(&producer.order(), &events).unwrap();
-    gpu.submit(consumer.get(), D0);
-    let (order, c) = (consumer.order(), consumer.get());
+    gpu.submit(consumer.handle(), D0);
+    let (order, c) = (consumer.order(), consumer.handle());
     std::thread::scope(|scope| {
         // On a GPU the waiter blocks until the producer is let go below; the
         // mock's synchronize completes what the stream depends on at once.
         let waiter = scope.spawn(|| {
             AccessOrder::host().wait(&order, &events).unwrap();
-            backend.query_stream(c, D0).unwrap()
+            // SAFETY: `consumer` holds this live stream of device 0 until
+            // after the scope.
+            unsafe { backend.query_stream(c, D0) }.unwrap()
         });
         std::thread::sleep(Duration::from_millis(20));
-        gpu.finish(producer.get(), D0);
+        gpu.finish(producer.handle(), D0);
         let seen = waiter.join().unwrap();
         assert_eq!(seen, Completion::Complete, "the host wait returned early");
     });
@@ -90,7 +90,7 @@ fn a_stream_waiting_on_another_is_ordered_after_it_through_a_pooled_event() {
         consumer.order().wait(&producer.order(), &events).unwrap();
         assert_calls(&gpu, calls, 4, "count devices, create, record, wait");
     };
-    let (p, c) = ((producer.get(), D0), (consumer.get(), D0));
+    let (p, c) = ((producer.handle(), D0), (consumer.handle(), D0));
     assert_ordered(&gpu, p, c, link, "wait");
     // The event went back to its pool, and the next wait reuses it.
     assert_eq!(events.live_leases(), 0);
@@ -112,8 +112,14 @@ fn wait_is_transitive() {
         b.order().wait(&a.order(), &events).unwrap();
         c.order().wait(&b.order(), &events).unwrap();
     };
-    assert_ordered(&gpu, (a.get(), D0), (c.get(), D0), link, "a -> b -> c");
-    assert!(!gpu.is_held(b.get(), D0));
+    assert_ordered(
+        &gpu,
+        (a.handle(), D0),
+        (c.handle(), D0),
+        link,
+        "a -> b -> c",
+    );
+    assert!(!gpu.is_held(b.handle(), D0));
 }
 
 #[test]
@@ -125,7 +131,7 @@ fn waits_across_devices_record_an_event_of_the_awaited_device() {
         let producer = streams.get(from).unwrap();
         let consumer = streams.get(to).unwrap();
         let link = || consumer.order().wait(&producer.order(), &events).unwrap();
-        let (p, c) = ((producer.get(), from), (consumer.get(), to));
+        let (p, c) = ((producer.handle(), from), (consumer.handle(), to));
         assert_ordered(&gpu, p, c, link, &format!("{to} after {from}"));
         assert_eq!(events.stats(from).unwrap().created, 1, "{from}'s event");
     }
@@ -141,22 +147,22 @@ fn waits_through_the_default_streams_of_a_device_that_is_not_current() {
     let streams = StreamPool::new(gpu.backend());
     let events = EventPool::new(gpu.backend());
     gpu.set_current_device(D0);
-    for special in [
-        StreamHandle::NULL,
-        StreamHandle::LEGACY,
-        StreamHandle::PER_THREAD,
+    for default1 in [
+        AccessOrder::null_stream(D1),
+        AccessOrder::legacy_stream(D1),
+        AccessOrder::per_thread_stream(D1),
     ] {
         // Device 1's default stream, seen from a thread whose device is 0
         // (DALI #3957), in the middle of a chain: producer (device 1) ->
         // default stream of device 1 -> consumer (device 0).
-        let default1 = AccessOrder::stream(special, D1);
+        let special = default1.stream_handle().unwrap();
         let producer = streams.get(D1).unwrap();
         let consumer = streams.get(D0).unwrap();
         let link = || {
             default1.wait(&producer.order(), &events).unwrap();
             consumer.order().wait(&default1, &events).unwrap();
         };
-        let (p, c) = ((producer.get(), D1), (consumer.get(), D0));
+        let (p, c) = ((producer.handle(), D1), (consumer.handle(), D0));
         assert_ordered(&gpu, p, c, link, &format!("{special:?}"));
         AccessOrder::host().wait(&default1, &events).unwrap();
         assert_eq!(backend.current_device().unwrap(), D0, "device changed");
@@ -176,15 +182,14 @@ fn wait_event_from_a_stream_and_from_the_host() {
     let t = streams.get(0).unwrap();
     let e = events.get(0).unwrap();
     let link = || {
-        backend.record_event(e.get(), s.get(), D0).unwrap();
-        t.order().wait_event(e.get(), D0, &backend).unwrap();
+        // SAFETY: the leases hold this live event and stream, both on
+        // device 0.
+        unsafe { backend.record_event(e.handle(), s.handle(), D0) }.unwrap();
+        t.order().wait_event(&e).unwrap();
     };
-    assert_ordered(&gpu, (s.get(), D0), (t.get(), D0), link, "wait_event");
-    AccessOrder::host()
-        .wait_event(e.get(), D0, &backend)
-        .unwrap();
-    assert_eq!(
-        backend.query_event(e.get(), D0).unwrap(),
-        Completion::Complete
-    );
+    assert_ordered(&gpu, (s.handle(), D0), (t.handle(), D0), link, "wait_event");
+    AccessOrder::host().wait_event(&e).unwrap();
+    // SAFETY: the lease holds this live event of device 0.
+    let done = unsafe { backend.query_event(e.handle(), D0) }.unwrap();
+    assert_eq!(done, Completion::Complete);
 }

@@ -24,8 +24,8 @@ fn with_scratchpad(test: impl FnOnce(&Gpu, StreamHandle, DeviceId, &mut Scratchp
     let backend = gpu.backend();
     let streams = StreamPool::new(gpu.backend());
     let lease = streams.get(0).unwrap();
-    let mut scratch = Scratchpad::new(&backend, lease.order());
-    test(&gpu, lease.get(), lease.device(), &mut scratch);
+    let mut scratch = Scratchpad::new(&backend, lease.order()).unwrap();
+    test(&gpu, lease.handle(), lease.device(), &mut scratch);
 }
 
 #[test]
@@ -65,7 +65,7 @@ fn initial_sizes_are_per_kind_and_zero_means_64_kib() {
         initial_sizes: [1024, 0, 4096, 0],
         ..ScratchpadConfig::default()
     };
-    let scratch = Scratchpad::with_config(&backend, AccessOrder::host(), config);
+    let scratch = Scratchpad::with_config(&backend, AccessOrder::host(), config).unwrap();
     let sizes: Vec<usize> = KINDS.iter().map(|&k| scratch.first_block_size(k)).collect();
     assert_eq!(sizes, [1024, 64 * 1024, 4096, 64 * 1024]);
 }
@@ -74,7 +74,7 @@ fn initial_sizes_are_per_kind_and_zero_means_64_kib() {
 fn allocations_are_aligned_and_packed_inside_a_block() {
     let Some(gpu) = gpu(1) else { return };
     let backend = gpu.backend();
-    let scratch = Scratchpad::new(&backend, AccessOrder::host());
+    let scratch = Scratchpad::new(&backend, AccessOrder::host()).unwrap();
     let at = |bytes, align| {
         let p = scratch.alloc(MemoryKind::Host, bytes, align).unwrap();
         p.unwrap().as_ptr() as usize

@@ -39,7 +39,9 @@ fn the_device_table_is_built_once_and_leases_hold_streams_of_their_device() {
     let created = 2 * u64::from(devices);
     assert_calls(&gpu, calls, 1 + created, "the device count is asked once");
     for l in &leases {
-        assert_eq!(gpu.backend().stream_device(l.get()).unwrap(), l.device());
+        // SAFETY: the lease holds this live stream of the backend.
+        let device = unsafe { gpu.backend().stream_device(l.handle()) }.unwrap();
+        assert_eq!(device, l.device());
     }
     drop(leases);
     let calls = gpu.backend_calls();
@@ -47,7 +49,9 @@ fn the_device_table_is_built_once_and_leases_hold_streams_of_their_device() {
     assert_calls(&gpu, calls, 0, "reuse on every device");
     for (d, l) in (0..devices).zip(&again) {
         assert_eq!(l.device(), DeviceId(d));
-        assert_eq!(gpu.backend().stream_device(l.get()).unwrap(), DeviceId(d));
+        // SAFETY: the lease holds this live stream of the backend.
+        let device = unsafe { gpu.backend().stream_device(l.handle()) }.unwrap();
+        assert_eq!(device, DeviceId(d));
     }
     assert_eq!(pool.total_stats().created, 2 * devices as usize);
 }
@@ -58,14 +62,14 @@ fn the_ready_list_is_lifo_and_reuse_makes_no_backend_call() {
     let pool = StreamPool::new(gpu.backend());
     let a = pool.get(0).unwrap();
     let b = pool.get(0).unwrap();
-    let (sa, sb) = (a.get(), b.get());
+    let (sa, sb) = (a.handle(), b.handle());
     assert_ne!(sa, sb);
     drop(a);
     drop(b); // returned last: handed out first
     let calls = gpu.backend_calls();
     let first = pool.get(0).unwrap();
     let second = pool.get(0).unwrap();
-    assert_eq!((first.get(), second.get()), (sb, sa));
+    assert_eq!((first.handle(), second.handle()), (sb, sa));
     assert_calls(&gpu, calls, 0, "a ready stream is handed out");
     let stats = pool.stats(D0).unwrap();
     assert_eq!((stats.created, stats.reused, stats.live_leases), (2, 2, 2));
@@ -77,7 +81,7 @@ fn a_busy_stream_is_not_reused_until_it_has_finished() {
     let pool = StreamPool::new(gpu.backend());
     let idle = pool.get(0).unwrap();
     let busy = pool.get(0).unwrap();
-    let (si, sb) = (idle.get(), busy.get());
+    let (si, sb) = (idle.handle(), busy.handle());
     gpu.make_busy(sb, D0);
     let calls = gpu.backend_calls();
     drop(busy); // pending: the busy list
@@ -86,7 +90,7 @@ fn a_busy_stream_is_not_reused_until_it_has_finished() {
     // The ready stream comes out first, without any scan of the busy list.
     let calls = gpu.backend_calls();
     let l = pool.get(0).unwrap();
-    assert_eq!(l.get(), si);
+    assert_eq!(l.handle(), si);
     assert_calls(
         &gpu,
         calls,
@@ -95,13 +99,13 @@ fn a_busy_stream_is_not_reused_until_it_has_finished() {
     );
     // Nothing ready, and the busy stream still pending: a new stream.
     let n = pool.get(0).unwrap();
-    assert_ne!(n.get(), sb);
+    assert_ne!(n.handle(), sb);
     let stats = pool.stats(D0).unwrap();
     assert_eq!((stats.created, stats.busy_hits), (3, 0));
     // Once it has finished, the scan finds it.
     gpu.finish(sb, D0);
     let found = pool.get(0).unwrap();
-    assert_eq!(found.get(), sb);
+    assert_eq!(found.handle(), sb);
     assert_eq!(pool.stats(D0).unwrap().busy_hits, 1);
 }
 
@@ -110,7 +114,7 @@ fn the_busy_scan_takes_the_oldest_finished_stream_and_promotes_the_next_finished
     let Some(gpu) = gpu(1) else { return };
     let pool = StreamPool::new(gpu.backend());
     let leases: Vec<_> = (0..4).map(|_| pool.get(0).unwrap()).collect();
-    let handles: Vec<_> = leases.iter().map(|l| l.get()).collect();
+    let handles: Vec<_> = leases.iter().map(|l| l.handle()).collect();
     for &s in &handles {
         gpu.make_busy(s, D0);
     }
@@ -119,7 +123,7 @@ fn the_busy_scan_takes_the_oldest_finished_stream_and_promotes_the_next_finished
         gpu.finish(s, D0); // handles[3] stays pending
     }
     let got = pool.get(0).unwrap();
-    assert_eq!(got.get(), handles[0], "the oldest finished stream first");
+    assert_eq!(got.handle(), handles[0], "the oldest finished stream first");
     let stats = pool.stats(D0).unwrap();
     assert_eq!((stats.busy_hits, stats.promoted), (1, 2));
     // The promoted streams come from the ready list with no query.
@@ -127,17 +131,17 @@ fn the_busy_scan_takes_the_oldest_finished_stream_and_promotes_the_next_finished
     let p1 = pool.get(0).unwrap();
     let p2 = pool.get(0).unwrap();
     assert_calls(&gpu, calls, 0, "promoted streams are handed out");
-    let mut promoted = [p1.get(), p2.get()];
+    let mut promoted = [p1.handle(), p2.handle()];
     promoted.sort();
     let mut expected = [handles[1], handles[2]];
     expected.sort();
     assert_eq!(promoted, expected);
     // The pending one stays busy until it finishes.
     let fresh = pool.get(0).unwrap();
-    assert!(!handles.contains(&fresh.get()));
+    assert!(!handles.contains(&fresh.handle()));
     gpu.finish(handles[3], D0);
     let last = pool.get(0).unwrap();
-    assert_eq!(last.get(), handles[3]);
+    assert_eq!(last.handle(), handles[3]);
 }
 
 #[test]
@@ -149,7 +153,7 @@ fn the_scan_limit_bounds_one_get_and_the_next_scan_starts_where_it_stopped() {
     };
     let pool = StreamPool::with_config(gpu.backend(), config);
     let leases: Vec<_> = (0..5).map(|_| pool.get(0).unwrap()).collect();
-    let handles: Vec<_> = leases.iter().map(|l| l.get()).collect();
+    let handles: Vec<_> = leases.iter().map(|l| l.handle()).collect();
     for &s in &handles {
         gpu.make_busy(s, D0);
     }
@@ -165,7 +169,7 @@ fn the_scan_limit_bounds_one_get_and_the_next_scan_starts_where_it_stopped() {
     let next = pool.get(0).unwrap(); // the idle sixth stream, from the ready list
     let scanned = pool.get(0).unwrap(); // ready list empty: scan
     assert_eq!(
-        scanned.get(),
+        scanned.handle(),
         handles[2],
         "the streams not queried last time"
     );
@@ -178,17 +182,17 @@ fn purge_destroys_pooled_streams_while_leases_out_come_back_later() {
     let Some(gpu) = gpu(1) else { return };
     let pool = StreamPool::new(gpu.backend());
     let out = pool.get(0).unwrap();
-    let kept = out.get();
+    let kept = out.handle();
     let idle = pool.get(0).unwrap();
     let busy = pool.get(0).unwrap();
-    gpu.make_busy(busy.get(), D0); // destroyed with its work pending
+    gpu.make_busy(busy.handle(), D0); // destroyed with its work pending
     drop((idle, busy));
     assert_count(gpu.live_streams(), 3, "live streams before the purge");
     assert_eq!(pool.purge().unwrap(), 2, "ready and busy streams");
     assert_count(gpu.live_streams(), 1, "only the leased stream is left");
     assert_eq!(pool.stats(D0).unwrap().destroyed, 2);
     drop(out); // returns normally after the purge
-    assert_eq!(pool.get(0).unwrap().get(), kept);
+    assert_eq!(pool.get(0).unwrap().handle(), kept);
     assert_eq!(pool.live_leases(), 0);
     assert_eq!(pool.device_count(), Some(gpu.device_count() as usize));
     assert!(pool.take_error().is_none());
@@ -202,21 +206,21 @@ fn release_hands_ownership_out_and_put_takes_it_back_with_or_without_a_device() 
     let Some(gpu) = gpu(1) else { return };
     let pool = StreamPool::new(gpu.backend());
     let lease = pool.get(0).unwrap();
-    let s = lease.get();
-    let owned = lease.release();
+    let s = lease.handle();
+    let owned = lease.detach();
     assert_eq!((owned.handle(), owned.device()), (s, D0));
-    assert_eq!(pool.live_leases(), 0, "a released lease is no longer live");
+    assert_eq!(pool.live_leases(), 0, "a detached lease is no longer live");
     let other = pool.get(0).unwrap();
-    assert_ne!(other.get(), s, "a released stream is not pooled");
+    assert_ne!(other.handle(), s, "a detached stream is not pooled");
     drop(other);
     pool.put(owned, None).unwrap(); // its own device
     let again = pool.get(0).unwrap();
-    assert_eq!(again.get(), s);
-    pool.put(again.release(), Some(D0)).unwrap();
+    assert_eq!(again.handle(), s);
+    pool.put(again.detach(), Some(D0)).unwrap();
     let third = pool.get(0).unwrap();
-    assert_eq!(third.get(), s);
+    assert_eq!(third.handle(), s);
     assert_count(gpu.live_streams(), 2, "s and the other stream");
-    third.release().destroy(&gpu.backend()).unwrap();
+    third.detach().destroy(&gpu.backend()).unwrap();
     assert_count(gpu.live_streams(), 1, "s was destroyed");
     assert_eq!(pool.live_leases(), 0);
 }
@@ -225,17 +229,17 @@ fn release_hands_ownership_out_and_put_takes_it_back_with_or_without_a_device() 
 fn put_queries_once_and_a_stream_put_busy_waits_in_the_busy_list() {
     let Some(gpu) = gpu(1) else { return };
     let pool = StreamPool::new(gpu.backend());
-    let owned = pool.get(0).unwrap().release();
+    let owned = pool.get(0).unwrap().detach();
     let s = owned.handle();
     gpu.make_busy(s, D0);
     let calls = gpu.backend_calls();
     pool.put(owned, None).unwrap();
     assert_calls(&gpu, calls, 1, "put queries once");
     let fresh = pool.get(0).unwrap();
-    assert_ne!(fresh.get(), s, "a pending stream is not handed out");
+    assert_ne!(fresh.handle(), s, "a pending stream is not handed out");
     gpu.finish(s, D0);
     let found = pool.get(0).unwrap();
-    assert_eq!(found.get(), s);
+    assert_eq!(found.handle(), s);
     assert_eq!(pool.stats(D0).unwrap().busy_hits, 1);
 }
 
@@ -252,7 +256,7 @@ fn adopting_a_foreign_stream_asks_the_backend_for_its_device() {
     let owned = unsafe { OwnedStream::adopt(&backend, raw) }.unwrap();
     assert_eq!(owned.device(), last);
     pool.put(owned, None).unwrap();
-    assert_eq!(pool.get(last).unwrap().get(), raw);
+    assert_eq!(pool.get(last).unwrap().handle(), raw);
 }
 
 #[test]
@@ -260,17 +264,17 @@ fn reset_returns_the_stream_now_to_the_ready_or_the_busy_list() {
     let Some(gpu) = gpu(1) else { return };
     let pool = StreamPool::new(gpu.backend());
     let lease = pool.get(0).unwrap();
-    let s = lease.get();
-    lease.reset().unwrap();
+    let s = lease.handle();
+    lease.return_to_pool().unwrap();
     assert_eq!(pool.live_leases(), 0);
     let lease = pool.get(0).unwrap();
-    assert_eq!(lease.get(), s);
+    assert_eq!(lease.handle(), s);
     gpu.make_busy(s, D0);
-    lease.reset().unwrap();
+    lease.return_to_pool().unwrap();
     let fresh = pool.get(0).unwrap();
-    assert_ne!(fresh.get(), s, "reset with work pending: the busy list");
+    assert_ne!(fresh.handle(), s, "pending at return: the busy list");
     gpu.finish(s, D0);
-    assert_eq!(pool.get(0).unwrap().get(), s);
+    assert_eq!(pool.get(0).unwrap().handle(), s);
 }
 
 #[test]
@@ -282,7 +286,13 @@ fn lease_accessors_and_its_access_order() {
     assert!(std::ptr::eq(lease.pool(), &pool));
     assert_eq!(lease.device(), last);
     let order: AccessOrder = (&lease).into();
-    assert_eq!(order, AccessOrder::stream(lease.get(), last));
+    assert!(order.is_device() && !order.is_host());
+    assert_eq!(order.stream_handle(), Some(lease.handle()));
+    assert_eq!(order.device(), Some(last));
+    // SAFETY: the lease holds this live stream of `last`, made by this
+    // backend, for as long as the order is used.
+    let raw = unsafe { AccessOrder::from_raw(&gpu.backend(), lease.handle(), last) };
+    assert_eq!(order, raw);
     assert_eq!(lease.order(), order);
 }
 

@@ -83,10 +83,10 @@ fn many_threads_never_alias_and_leak_nothing() {
                     let d = DeviceId(device);
                     let lease = streams.get(device).unwrap();
                     assert_eq!(lease.device(), d);
-                    let s = lease.get();
-                    in_use.claim(s.0);
+                    let s = lease.handle();
+                    in_use.claim(s.as_raw());
                     let event = events.get(device).unwrap();
-                    in_use.claim(event.get().0);
+                    in_use.claim(event.handle().as_raw());
                     // Some leases end with work still pending (busy list).
                     match rng.below(10) {
                         0 => gpu.submit(s, d),
@@ -94,24 +94,26 @@ fn many_threads_never_alias_and_leak_nothing() {
                             gpu.submit(s, d);
                             gpu.finish(s, d);
                         }
-                        2 => backend.record_event(event.get(), s, d).unwrap(),
+                        // SAFETY: the leases hold this live event and stream
+                        // of the backend, both on device `d`.
+                        2 => unsafe { backend.record_event(event.handle(), s, d) }.unwrap(),
                         _ => {}
                     }
-                    in_use.free(event.get().0);
+                    in_use.free(event.handle().as_raw());
                     if rng.below(2) == 0 {
                         drop(event);
                     } else {
-                        events.put(event.release(), None).unwrap();
+                        events.put(event.detach(), None).unwrap();
                     }
-                    in_use.free(s.0);
+                    in_use.free(s.as_raw());
                     match rng.below(5) {
                         0 => drop(lease),
-                        1 => lease.reset().unwrap(),
-                        2 => streams.put(lease.release(), None).unwrap(),
-                        3 => streams.put(lease.release(), Some(d)).unwrap(),
+                        1 => lease.return_to_pool().unwrap(),
+                        2 => streams.put(lease.detach(), None).unwrap(),
+                        3 => streams.put(lease.detach(), Some(d)).unwrap(),
                         _ => {
                             gpu.finish(s, d);
-                            lease.release().destroy(backend).unwrap();
+                            lease.detach().destroy(backend).unwrap();
                         }
                     }
                     if i % 256 == 0 {
