@@ -122,7 +122,9 @@ fn special_stream_orders_need_no_lease() -> R {
     let events = EventPool::new(gpu.clone());
     let streams = StreamPool::new(gpu.clone());
     let lease = streams.get(1)?;
-    lease.order().wait(&AccessOrder::null_stream(DeviceId(1)), &events)?;
+    lease
+        .order()
+        .wait(&AccessOrder::null_stream(DeviceId(1)), &events)?;
     AccessOrder::per_thread_stream(DeviceId(0)).wait(&lease.order(), &events)?;
     AccessOrder::host().wait(&AccessOrder::legacy_stream(DeviceId(0)), &events)?;
     let scratch = Scratchpad::new(&gpu, AccessOrder::null_stream(DeviceId(1)))?;
