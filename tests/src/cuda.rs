@@ -113,16 +113,17 @@ impl TestGpu for CudaGpu {
             .expect("make the primary context current");
     }
 
-    fn make_busy(&self, stream: StreamHandle, device: DeviceId) {
-        // SAFETY: `stream` is a live stream of `device` of this machine's
-        // backend (the harness's handle contract, see `TestGpu`), and the
-        // order ends with this call (the gate does not keep it).
+    unsafe fn make_busy(&self, stream: StreamHandle, device: DeviceId) {
+        // SAFETY: `stream` is a usable stream of `device` for a CUDA backend
+        // (all of which share one id) until this call returns (the caller's
+        // contract, `TestGpu::make_busy`'s `# Safety`), and the order ends
+        // with this call (the gate does not keep it).
         let order = unsafe { AccessOrder::from_raw(&CudaBackend::new(), stream, device) };
         let gate = Gate::hold(order, GATE_TIMEOUT).expect("launch a gate kernel");
         self.gates().push((stream, gate));
     }
 
-    fn finish(&self, stream: StreamHandle, device: DeviceId) {
+    unsafe fn finish(&self, stream: StreamHandle, device: DeviceId) {
         let gpu = CudaBackend::new();
         let mine: Vec<Gate> = {
             let mut gates = self.gates();
@@ -132,8 +133,9 @@ impl TestGpu for CudaGpu {
         };
         mine.iter().for_each(Gate::open);
         let deadline = Instant::now() + GRACE;
-        // SAFETY: (both calls) `stream` is a live stream of `device` of this
-        // machine's backend (the harness's handle contract, see `TestGpu`).
+        // SAFETY: (both calls) `stream` is a usable stream of `device` for a
+        // CUDA backend until this call returns (the caller's contract,
+        // `TestGpu::finish`'s `# Safety`).
         while unsafe { gpu.query_stream(stream, device) }.expect("query a live stream")
             == Completion::Pending
         {
@@ -149,18 +151,20 @@ impl TestGpu for CudaGpu {
         drop(mine); // done: their slots are free again
     }
 
-    fn submit(&self, stream: StreamHandle, device: DeviceId) {
-        // SAFETY: as in `make_busy`.
+    unsafe fn submit(&self, stream: StreamHandle, device: DeviceId) {
+        // SAFETY: as in `make_busy` (the caller's contract, `TestGpu::submit`'s
+        // `# Safety`).
         let order = unsafe { AccessOrder::from_raw(&CudaBackend::new(), stream, device) };
         spin(order, SUBMITTED_WORK).expect("launch a spin kernel");
     }
 
-    fn is_held(&self, stream: StreamHandle, device: DeviceId) -> bool {
+    unsafe fn is_held(&self, stream: StreamHandle, device: DeviceId) -> bool {
         let gpu = CudaBackend::new();
         let deadline = Instant::now() + PATIENCE;
         loop {
-            // SAFETY: `stream` is a live stream of `device` of this machine's
-            // backend (the harness's handle contract, see `TestGpu`).
+            // SAFETY: `stream` is a usable stream of `device` for a CUDA
+            // backend until this call returns (the caller's contract,
+            // `TestGpu::is_held`'s `# Safety`).
             let state = unsafe { gpu.query_stream(stream, device) }.expect("query a live stream");
             if state == Completion::Complete {
                 return false;
@@ -196,14 +200,15 @@ impl TestGpu for CudaGpu {
     /// Records the event on a stream of its own, waits for it, and asks for
     /// the time between the event and itself: `CUDA_ERROR_INVALID_HANDLE`
     /// means timing is disabled.
-    fn event_timing(&self, event: EventHandle, device: DeviceId) -> Option<bool> {
+    unsafe fn event_timing(&self, event: EventHandle, device: DeviceId) -> Option<bool> {
         let gpu = CudaBackend::new();
         let s = gpu
             .create_stream(device, StreamOptions::default())
             .expect("create a stream");
-        // SAFETY: `event` is a live event of `device` of this machine's backend
-        // (the harness's handle contract, see `TestGpu`); `s` was created just
-        // above on `device` and is destroyed only at the end.
+        // SAFETY: `event` is a usable event of `device` for a CUDA backend,
+        // used by nothing else during this call (the caller's contract,
+        // `TestGpu::event_timing`'s `# Safety`); `s` was created just above on
+        // `device` by a CUDA backend and is destroyed only at the end.
         unsafe { gpu.record_event(event, s, device) }.expect("record the event");
         // SAFETY: as above.
         unsafe { gpu.synchronize_event(event, device) }.expect("synchronize the event");

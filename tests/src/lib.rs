@@ -63,13 +63,13 @@ pub const SKIP_WITHOUT_GPU: &str = "GPUPOOL_SKIP_WITHOUT_GPU";
 /// 1 and 2 may be used with the backend traits and `AccessOrder`, but not
 /// here (the mock resolves them through its machine-wide current device).
 ///
-/// # Handles
-/// The calls that take a stream or an event are safe to keep the tests short,
-/// but on a GPU they hand the handle to the driver: a test passes only live
-/// handles of this machine's backend (a lease's, or one it created and has not
-/// destroyed), on the device named. That is the suite's duty, as with the
-/// backend traits' `unsafe fn`s; the mock checks every handle and reports a
-/// bad one as a misuse (or an error), the GPU machine does not.
+/// The calls that take a stream or an event are `unsafe fn`s: on a GPU they
+/// hand the handle to the driver, so each has a `# Safety` list, in the terms
+/// of [`Backend`]'s handle contracts, for the backend of
+/// [`backend`](Self::backend) (every backend value of one machine shares its
+/// id). The mock checks every handle and reports a bad one as a misuse (or an
+/// error): its implementations are sound for any handle, the GPU machine's
+/// are not.
 pub trait TestGpu: Clone + Send + Sync + 'static {
     /// The backend the pools are built over.
     type Backend: StreamBackend + EventBackend + Clone + Send + Sync + 'static;
@@ -85,21 +85,44 @@ pub trait TestGpu: Clone + Send + Sync + 'static {
     fn set_current_device(&self, device: DeviceId);
 
     /// Submits work to `stream` that stays pending until [`finish`](Self::finish).
-    fn make_busy(&self, stream: StreamHandle, device: DeviceId);
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]'s handle
+    /// contracts) for this machine's backend: created on `device` by a backend
+    /// with [`backend`](Self::backend)'s id and not destroyed before the call
+    /// returns, or one of the special streams (sound, but see above: tests
+    /// pass created ones). The held work may outlive the stream, as CUDA
+    /// allows.
+    unsafe fn make_busy(&self, stream: StreamHandle, device: DeviceId);
 
     /// Completes (mock) or lets go of and waits for (GPU) all work submitted
     /// to `stream`, held or free.
-    fn finish(&self, stream: StreamHandle, device: DeviceId);
+    ///
+    /// # Safety
+    /// As for [`make_busy`](Self::make_busy): `stream` is a usable stream of
+    /// `device` for this machine's backend, live until the call returns (or a
+    /// special stream).
+    unsafe fn finish(&self, stream: StreamHandle, device: DeviceId);
 
     /// Submits free work to `stream`: it completes by itself once the stream
     /// reaches it (type documentation).
-    fn submit(&self, stream: StreamHandle, device: DeviceId);
+    ///
+    /// # Safety
+    /// As for [`make_busy`](Self::make_busy): `stream` is a usable stream of
+    /// `device` for this machine's backend, live until the call returns (or a
+    /// special stream).
+    unsafe fn submit(&self, stream: StreamHandle, device: DeviceId);
 
     /// Lets the free work on `stream` run as far as it can without any held
     /// work finishing, and says whether `stream` is still pending (blocked on
     /// a wait for work that is held, directly or through other streams).
     /// `stream` must hold no held work of its own.
-    fn is_held(&self, stream: StreamHandle, device: DeviceId) -> bool;
+    ///
+    /// # Safety
+    /// As for [`make_busy`](Self::make_busy): `stream` is a usable stream of
+    /// `device` for this machine's backend, live until the call returns (or a
+    /// special stream).
+    unsafe fn is_held(&self, stream: StreamHandle, device: DeviceId) -> bool;
 
     /// Finishes all work on the machine, held work included, and returns once
     /// it has finished.
@@ -116,9 +139,18 @@ pub trait TestGpu: Clone + Send + Sync + 'static {
     /// Events alive on the machine, if the backend can count them.
     fn live_events(&self) -> Option<usize>;
 
-    /// Whether `event` (live, of `device`, not in use by anything else) was
-    /// created with timing enabled, if the machine can tell. May record it.
-    fn event_timing(&self, event: EventHandle, device: DeviceId) -> Option<bool>;
+    /// Whether `event` was created with timing enabled, if the machine can
+    /// tell. May record it (on a stream of its own) and wait for it.
+    ///
+    /// # Safety
+    /// 1. `event` is a usable event of `device` (see [`Backend`]'s handle
+    ///    contracts) for this machine's backend: created on `device` by a
+    ///    backend with [`backend`](Self::backend)'s id and not destroyed
+    ///    before the call returns;
+    /// 2. nothing else uses it during the call (no record, query, wait or
+    ///    destroy from another thread or a pool), since the call may record
+    ///    it.
+    unsafe fn event_timing(&self, event: EventHandle, device: DeviceId) -> Option<bool>;
 
     /// The backend misuses seen so far (bad handles, devices, ...), if the
     /// machine detects them.
@@ -127,6 +159,11 @@ pub trait TestGpu: Clone + Send + Sync + 'static {
     }
 }
 
+/// The mock as a machine. Its handle-taking methods are `unsafe fn`s only
+/// because the trait's are: they are sound for any handle, live, dead or made
+/// up, since the mock looks every handle up in its own tables (a bad one is a
+/// misuse or an error, which these methods turn into a panic), and never hands
+/// it to a driver.
 impl TestGpu for MockBackend {
     type Backend = MockBackend;
 
@@ -144,21 +181,21 @@ impl TestGpu for MockBackend {
         MockBackend::set_current_device(self, device);
     }
 
-    fn make_busy(&self, stream: StreamHandle, _device: DeviceId) {
+    unsafe fn make_busy(&self, stream: StreamHandle, _device: DeviceId) {
         self.enqueue_work(stream)
             .expect("enqueue work on a live stream");
     }
 
-    fn finish(&self, stream: StreamHandle, _device: DeviceId) {
+    unsafe fn finish(&self, stream: StreamHandle, _device: DeviceId) {
         self.complete_all(stream).expect("complete a live stream");
     }
 
-    fn submit(&self, stream: StreamHandle, _device: DeviceId) {
+    unsafe fn submit(&self, stream: StreamHandle, _device: DeviceId) {
         self.enqueue_work(stream)
             .expect("enqueue work on a live stream");
     }
 
-    fn is_held(&self, stream: StreamHandle, _device: DeviceId) -> bool {
+    unsafe fn is_held(&self, stream: StreamHandle, _device: DeviceId) -> bool {
         while self
             .complete_one(stream)
             .expect("complete on a live stream")
@@ -184,7 +221,7 @@ impl TestGpu for MockBackend {
         Some(MockBackend::live_events(self))
     }
 
-    fn event_timing(&self, event: EventHandle, _device: DeviceId) -> Option<bool> {
+    unsafe fn event_timing(&self, event: EventHandle, _device: DeviceId) -> Option<bool> {
         let flags = self.event_flags(event).expect("a live event");
         Some(!flags.contains(EventFlags::DISABLE_TIMING))
     }
@@ -212,6 +249,9 @@ impl MockGpu {
     }
 }
 
+/// Forwards to the mock's implementation, which is sound for any handle (see
+/// `impl TestGpu for MockBackend`); the forwarding `unsafe fn`s pass the
+/// caller's guarantees on.
 impl TestGpu for MockGpu {
     type Backend = MockBackend;
 
@@ -228,20 +268,24 @@ impl TestGpu for MockGpu {
         TestGpu::set_current_device(&self.mock, device)
     }
 
-    fn make_busy(&self, stream: StreamHandle, device: DeviceId) {
-        self.mock.make_busy(stream, device)
+    unsafe fn make_busy(&self, stream: StreamHandle, device: DeviceId) {
+        // SAFETY: the caller's guarantees, passed on (the mock needs none).
+        unsafe { self.mock.make_busy(stream, device) }
     }
 
-    fn finish(&self, stream: StreamHandle, device: DeviceId) {
-        self.mock.finish(stream, device)
+    unsafe fn finish(&self, stream: StreamHandle, device: DeviceId) {
+        // SAFETY: the caller's guarantees, passed on (the mock needs none).
+        unsafe { self.mock.finish(stream, device) }
     }
 
-    fn submit(&self, stream: StreamHandle, device: DeviceId) {
-        self.mock.submit(stream, device)
+    unsafe fn submit(&self, stream: StreamHandle, device: DeviceId) {
+        // SAFETY: the caller's guarantees, passed on (the mock needs none).
+        unsafe { self.mock.submit(stream, device) }
     }
 
-    fn is_held(&self, stream: StreamHandle, device: DeviceId) -> bool {
-        self.mock.is_held(stream, device)
+    unsafe fn is_held(&self, stream: StreamHandle, device: DeviceId) -> bool {
+        // SAFETY: the caller's guarantees, passed on (the mock needs none).
+        unsafe { self.mock.is_held(stream, device) }
     }
 
     fn quiesce(&self) {
@@ -260,8 +304,9 @@ impl TestGpu for MockGpu {
         TestGpu::live_events(&self.mock)
     }
 
-    fn event_timing(&self, event: EventHandle, device: DeviceId) -> Option<bool> {
-        self.mock.event_timing(event, device)
+    unsafe fn event_timing(&self, event: EventHandle, device: DeviceId) -> Option<bool> {
+        // SAFETY: the caller's guarantees, passed on (the mock needs none).
+        unsafe { self.mock.event_timing(event, device) }
     }
 
     fn misuse_report(&self) -> Option<Vec<String>> {
@@ -360,24 +405,36 @@ pub fn assert_calls<G: TestGpu>(gpu: &G, since: Option<u64>, expected: u64, what
 /// work, runs `link`, gives the consumer free work, and asserts that the
 /// consumer stays pending while the producer's work is held and completes once
 /// it is let go.
+///
+/// # Safety
+/// `producer` and `consumer` are each a usable stream of its device for
+/// `gpu`'s backend (see [`TestGpu::make_busy`]), from the call until it
+/// returns: `link` does not destroy them.
 #[track_caller]
-pub fn assert_ordered<G: TestGpu>(
+pub unsafe fn assert_ordered<G: TestGpu>(
     gpu: &G,
     producer: (StreamHandle, DeviceId),
     consumer: (StreamHandle, DeviceId),
     link: impl FnOnce(),
     what: &str,
 ) {
-    gpu.make_busy(producer.0, producer.1);
+    // SAFETY: the caller's contract: the producer's stream is usable on its
+    // device for the whole call.
+    unsafe { gpu.make_busy(producer.0, producer.1) };
     link();
-    gpu.submit(consumer.0, consumer.1);
+    // SAFETY: the caller's contract: both streams are still usable on their
+    // devices (`link` did not destroy them).
+    unsafe { gpu.submit(consumer.0, consumer.1) };
     assert!(
-        gpu.is_held(consumer.0, consumer.1),
+        // SAFETY: see above.
+        unsafe { gpu.is_held(consumer.0, consumer.1) },
         "{what}: the consumer ran before the producer's work"
     );
-    gpu.finish(producer.0, producer.1);
+    // SAFETY: see above.
+    unsafe { gpu.finish(producer.0, producer.1) };
     assert!(
-        !gpu.is_held(consumer.0, consumer.1),
+        // SAFETY: see above.
+        !unsafe { gpu.is_held(consumer.0, consumer.1) },
         "{what}: the consumer did not run once the producer's work was done"
     );
 }
@@ -425,10 +482,14 @@ impl<'g> MockStream<'g> {
 
     /// The stream as an order on device 0.
     pub fn order(&self) -> gpupool_core::AccessOrder<'g> {
-        // SAFETY: the stream was created on device 0 by `self.gpu` and is never
-        // destroyed by this type; the mock's trait methods are sound for any
-        // handle, so even a stream a test destroys by hand is only reported as
-        // a misuse, never undefined behaviour.
+        // SAFETY: the stream was created on device 0 by `self.gpu` and this
+        // type never destroys it (a test that destroys it by hand does so in
+        // an `unsafe` call whose contract says nothing uses it afterwards).
+        // Even then nothing unsound follows: the order carries `self.gpu`'s
+        // id, so every consumer of orders (waits, scratchpads, kernels)
+        // refuses it unless it speaks to this same mock machine, and the
+        // mock's trait methods are sound for any handle (a dead one is
+        // reported as a misuse or an error); no driver ever sees it.
         unsafe { gpupool_core::AccessOrder::from_raw(self.gpu, self.stream, DeviceId(0)) }
     }
 }

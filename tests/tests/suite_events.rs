@@ -32,14 +32,18 @@ fn events_have_the_pools_flags_timing_disabled_by_default() {
     assert_eq!(default.flags(), EventFlags::DISABLE_TIMING);
     let e = default.get(0).unwrap();
     assert_ne!(
-        gpu.event_timing(e.handle(), D0),
+        // SAFETY: the lease `e` holds this live event of device 0, and nothing
+        // else uses it.
+        unsafe { gpu.event_timing(e.handle(), D0) },
         Some(true),
         "timing disabled"
     );
     let timed = EventPool::with_flags(gpu.backend(), EventFlags::DEFAULT);
     let t = timed.get(0).unwrap();
     assert_ne!(
-        gpu.event_timing(t.handle(), D0),
+        // SAFETY: the lease `t` holds this live event of device 0, and nothing
+        // else uses it.
+        unsafe { gpu.event_timing(t.handle(), D0) },
         Some(false),
         "timing asked for"
     );
@@ -50,7 +54,9 @@ fn events_have_the_pools_flags_timing_disabled_by_default() {
     assert_eq!(custom.flags(), EventFlags(3));
     let c = custom.get(0).unwrap();
     assert_ne!(
-        gpu.event_timing(c.handle(), D0),
+        // SAFETY: the lease `c` holds this live event of device 0, and nothing
+        // else uses it.
+        unsafe { gpu.event_timing(c.handle(), D0) },
         Some(true),
         "timing disabled"
     );
@@ -82,7 +88,8 @@ fn a_pending_event_may_be_returned_and_leased_again() {
     let streams = StreamPool::new(gpu.backend());
     let pool = EventPool::new(gpu.backend());
     let s = streams.get(0).unwrap();
-    gpu.make_busy(s.handle(), D0);
+    // SAFETY: the lease `s` holds this live stream of device 0.
+    unsafe { gpu.make_busy(s.handle(), D0) };
     let e = pool.get(0).unwrap();
     // SAFETY: the leases hold this live event and stream, both on device 0.
     unsafe { backend.record_event(e.handle(), s.handle(), D0) }.unwrap();
@@ -93,7 +100,8 @@ fn a_pending_event_may_be_returned_and_leased_again() {
     // SAFETY: `again` holds this live event of device 0.
     let pending = unsafe { backend.query_event(handle, D0) }.unwrap();
     assert_eq!(pending, Completion::Pending);
-    gpu.finish(s.handle(), D0);
+    // SAFETY: the lease `s` still holds this live stream of device 0.
+    unsafe { gpu.finish(s.handle(), D0) };
     // SAFETY: as above; `again` still holds it.
     let complete = unsafe { backend.query_event(handle, D0) }.unwrap();
     assert_eq!(complete, Completion::Complete);
@@ -161,7 +169,9 @@ fn a_shared_event_orders_like_any_other() {
         assert_eq!(pool.live_leases(), 1, "clones share one lease");
     };
     let (p, c) = ((producer.handle(), D0), (consumer.handle(), D0));
-    assert_ordered(&gpu, p, c, link, "a shared event");
+    // SAFETY: the leases `producer` and `consumer` hold these live streams of
+    // device 0 until the end of the test; `link` does not touch them.
+    unsafe { assert_ordered(&gpu, p, c, link, "a shared event") };
     drop(shared);
     assert_eq!(pool.live_leases(), 0);
 }

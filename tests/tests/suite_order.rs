@@ -40,7 +40,8 @@ fn the_host_waiting_on_a_stream_synchronizes_it() {
     let streams = StreamPool::new(gpu.backend());
     let events = EventPool::new(gpu.backend());
     let s = streams.get(0).unwrap();
-    gpu.submit(s.handle(), D0);
+    // SAFETY: the lease `s` holds this live stream of device 0.
+    unsafe { gpu.submit(s.handle(), D0) };
     let calls = gpu.backend_calls();
     AccessOrder::host().wait(&s.order(), &events).unwrap();
     assert_calls(&gpu, calls, 1, "one synchronize");
@@ -58,9 +59,11 @@ fn the_host_waiting_on_a_stream_waits_for_what_the_stream_waits_for() {
     let events = EventPool::new(gpu.backend());
     let producer = streams.get(0).unwrap();
     let consumer = streams.get(0).unwrap();
-    gpu.make_busy(producer.handle(), D0);
+    // SAFETY: the lease `producer` holds this live stream of device 0.
+    unsafe { gpu.make_busy(producer.handle(), D0) };
     consumer.order().wait(&producer.order(), &events).unwrap();
-    gpu.submit(consumer.handle(), D0);
+    // SAFETY: the lease `consumer` holds this live stream of device 0.
+    unsafe { gpu.submit(consumer.handle(), D0) };
     let (order, c) = (consumer.order(), consumer.handle());
     std::thread::scope(|scope| {
         // On a GPU the waiter blocks until the producer is let go below; the
@@ -72,7 +75,8 @@ fn the_host_waiting_on_a_stream_waits_for_what_the_stream_waits_for() {
             unsafe { backend.query_stream(c, D0) }.unwrap()
         });
         std::thread::sleep(Duration::from_millis(20));
-        gpu.finish(producer.handle(), D0);
+        // SAFETY: the lease `producer` holds this live stream of device 0.
+        unsafe { gpu.finish(producer.handle(), D0) };
         let seen = waiter.join().unwrap();
         assert_eq!(seen, Completion::Complete, "the host wait returned early");
     });
@@ -91,7 +95,9 @@ fn a_stream_waiting_on_another_is_ordered_after_it_through_a_pooled_event() {
         assert_calls(&gpu, calls, 4, "count devices, create, record, wait");
     };
     let (p, c) = ((producer.handle(), D0), (consumer.handle(), D0));
-    assert_ordered(&gpu, p, c, link, "wait");
+    // SAFETY: the leases `producer` and `consumer` hold these live streams of
+    // device 0 until the end of the test; `link` only waits.
+    unsafe { assert_ordered(&gpu, p, c, link, "wait") };
     // The event went back to its pool, and the next wait reuses it.
     assert_eq!(events.live_leases(), 0);
     assert_eq!(events.total_stats().created, 1);
@@ -112,14 +118,19 @@ fn wait_is_transitive() {
         b.order().wait(&a.order(), &events).unwrap();
         c.order().wait(&b.order(), &events).unwrap();
     };
-    assert_ordered(
-        &gpu,
-        (a.handle(), D0),
-        (c.handle(), D0),
-        link,
-        "a -> b -> c",
-    );
-    assert!(!gpu.is_held(b.handle(), D0));
+    // SAFETY: the leases `a` and `c` hold these live streams of device 0
+    // until the end of the test; `link` only waits.
+    unsafe {
+        assert_ordered(
+            &gpu,
+            (a.handle(), D0),
+            (c.handle(), D0),
+            link,
+            "a -> b -> c",
+        )
+    };
+    // SAFETY: the lease `b` holds this live stream of device 0.
+    assert!(!unsafe { gpu.is_held(b.handle(), D0) });
 }
 
 #[test]
@@ -132,7 +143,10 @@ fn waits_across_devices_record_an_event_of_the_awaited_device() {
         let consumer = streams.get(to).unwrap();
         let link = || consumer.order().wait(&producer.order(), &events).unwrap();
         let (p, c) = ((producer.handle(), from), (consumer.handle(), to));
-        assert_ordered(&gpu, p, c, link, &format!("{to} after {from}"));
+        // SAFETY: the leases `producer` and `consumer` hold these live
+        // streams of `from` and `to` until the end of the iteration; `link`
+        // only waits.
+        unsafe { assert_ordered(&gpu, p, c, link, &format!("{to} after {from}")) };
         assert_eq!(events.stats(from).unwrap().created, 1, "{from}'s event");
     }
     assert_eq!(events.live_leases(), 0);
@@ -163,7 +177,10 @@ fn waits_through_the_default_streams_of_a_device_that_is_not_current() {
             consumer.order().wait(&default1, &events).unwrap();
         };
         let (p, c) = ((producer.handle(), D1), (consumer.handle(), D0));
-        assert_ordered(&gpu, p, c, link, &format!("{special:?}"));
+        // SAFETY: the leases `producer` and `consumer` hold these live
+        // streams of devices 1 and 0 until the end of the iteration; `link`
+        // only waits.
+        unsafe { assert_ordered(&gpu, p, c, link, &format!("{special:?}")) };
         AccessOrder::host().wait(&default1, &events).unwrap();
         assert_eq!(backend.current_device().unwrap(), D0, "device changed");
     }
@@ -187,7 +204,9 @@ fn wait_event_from_a_stream_and_from_the_host() {
         unsafe { backend.record_event(e.handle(), s.handle(), D0) }.unwrap();
         t.order().wait_event(&e).unwrap();
     };
-    assert_ordered(&gpu, (s.handle(), D0), (t.handle(), D0), link, "wait_event");
+    // SAFETY: the leases `s` and `t` hold these live streams of device 0
+    // until the end of the test; `link` records and waits.
+    unsafe { assert_ordered(&gpu, (s.handle(), D0), (t.handle(), D0), link, "wait_event") };
     AccessOrder::host().wait_event(&e).unwrap();
     // SAFETY: the lease holds this live event of device 0.
     let done = unsafe { backend.query_event(e.handle(), D0) }.unwrap();

@@ -113,8 +113,12 @@ fn reset_converges_to_one_block_per_kind_and_then_asks_upstream_for_nothing() {
                     }
                 }
             }
-            gpu.submit(s, d); // the round's kernels
-            gpu.finish(s, d);
+            // SAFETY: `with_scratchpad`'s lease holds this live stream of
+            // device `d` while the test runs.
+            unsafe {
+                gpu.submit(s, d); // the round's kernels
+                gpu.finish(s, d);
+            }
             scratch.reset().unwrap();
         }
         let before = warm.unwrap();
@@ -132,11 +136,14 @@ fn reset_converges_to_one_block_per_kind_and_then_asks_upstream_for_nothing() {
 fn a_pinned_block_comes_back_only_after_the_stream_has_passed_the_reset() {
     with_scratchpad(|gpu, s, d, scratch| {
         let p = scratch.pinned::<u8>(4096).unwrap().as_ptr() as usize;
-        gpu.make_busy(s, d); // a copy still reading it
+        // SAFETY: `with_scratchpad`'s lease holds this live stream of device
+        // `d` while the test runs.
+        unsafe { gpu.make_busy(s, d) }; // a copy still reading it
         scratch.reset().unwrap();
         let q = scratch.pinned::<u8>(4096).unwrap().as_ptr() as usize;
         assert_ne!(q, p, "handed out while the stream may still read it");
-        gpu.finish(s, d);
+        // SAFETY: as above.
+        unsafe { gpu.finish(s, d) };
         scratch.reset().unwrap();
         let r = scratch.pinned::<u8>(4096).unwrap().as_ptr() as usize;
         assert_eq!(r, q, "the stream passed the reset: reused");
@@ -147,7 +154,9 @@ fn a_pinned_block_comes_back_only_after_the_stream_has_passed_the_reset() {
 fn device_memory_is_reused_at_once_in_stream_order() {
     with_scratchpad(|gpu, s, d, scratch| {
         let p = scratch.device::<u32>(1024).unwrap().addr();
-        gpu.make_busy(s, d); // a kernel still using it
+        // SAFETY: `with_scratchpad`'s lease holds this live stream of device
+        // `d` while the test runs.
+        unsafe { gpu.make_busy(s, d) }; // a kernel still using it
         scratch.reset().unwrap();
         let q = scratch.device::<u32>(1024).unwrap().addr();
         assert_eq!(q, p, "the next round's work runs after this round's");
@@ -156,6 +165,7 @@ fn device_memory_is_reused_at_once_in_stream_order() {
             (stats.upstream_allocations, stats.upstream_releases),
             (1, 0)
         );
-        gpu.finish(s, d);
+        // SAFETY: as above.
+        unsafe { gpu.finish(s, d) };
     });
 }

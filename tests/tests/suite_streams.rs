@@ -82,7 +82,8 @@ fn a_busy_stream_is_not_reused_until_it_has_finished() {
     let idle = pool.get(0).unwrap();
     let busy = pool.get(0).unwrap();
     let (si, sb) = (idle.handle(), busy.handle());
-    gpu.make_busy(sb, D0);
+    // SAFETY: the lease `busy` holds this live stream of device 0.
+    unsafe { gpu.make_busy(sb, D0) };
     let calls = gpu.backend_calls();
     drop(busy); // pending: the busy list
     drop(idle); // idle: the ready list
@@ -103,7 +104,10 @@ fn a_busy_stream_is_not_reused_until_it_has_finished() {
     let stats = pool.stats(D0).unwrap();
     assert_eq!((stats.created, stats.busy_hits), (3, 0));
     // Once it has finished, the scan finds it.
-    gpu.finish(sb, D0);
+    // SAFETY: the pool holds this live stream of device 0 in its busy list
+    // (handed out to no one, as checked above) and nothing purges it during
+    // the test.
+    unsafe { gpu.finish(sb, D0) };
     let found = pool.get(0).unwrap();
     assert_eq!(found.handle(), sb);
     assert_eq!(pool.stats(D0).unwrap().busy_hits, 1);
@@ -116,11 +120,14 @@ fn the_busy_scan_takes_the_oldest_finished_stream_and_promotes_the_next_finished
     let leases: Vec<_> = (0..4).map(|_| pool.get(0).unwrap()).collect();
     let handles: Vec<_> = leases.iter().map(|l| l.handle()).collect();
     for &s in &handles {
-        gpu.make_busy(s, D0);
+        // SAFETY: the leases in `leases` hold these live streams of device 0.
+        unsafe { gpu.make_busy(s, D0) };
     }
     drop(leases); // returned in order 0,1,2,3: all to the busy list
     for &s in &handles[..3] {
-        gpu.finish(s, D0); // handles[3] stays pending
+        // SAFETY: the pool holds these live streams of device 0 in its busy
+        // list and nothing purges it during the test.
+        unsafe { gpu.finish(s, D0) }; // handles[3] stays pending
     }
     let got = pool.get(0).unwrap();
     assert_eq!(got.handle(), handles[0], "the oldest finished stream first");
@@ -139,7 +146,9 @@ fn the_busy_scan_takes_the_oldest_finished_stream_and_promotes_the_next_finished
     // The pending one stays busy until it finishes.
     let fresh = pool.get(0).unwrap();
     assert!(!handles.contains(&fresh.handle()));
-    gpu.finish(handles[3], D0);
+    // SAFETY: the pool still holds this live stream of device 0 in its busy
+    // list and nothing purges it during the test.
+    unsafe { gpu.finish(handles[3], D0) };
     let last = pool.get(0).unwrap();
     assert_eq!(last.handle(), handles[3]);
 }
@@ -155,7 +164,8 @@ fn the_scan_limit_bounds_one_get_and_the_next_scan_starts_where_it_stopped() {
     let leases: Vec<_> = (0..5).map(|_| pool.get(0).unwrap()).collect();
     let handles: Vec<_> = leases.iter().map(|l| l.handle()).collect();
     for &s in &handles {
-        gpu.make_busy(s, D0);
+        // SAFETY: the leases in `leases` hold these live streams of device 0.
+        unsafe { gpu.make_busy(s, D0) };
     }
     drop(leases);
     let calls = gpu.backend_calls();
@@ -164,7 +174,10 @@ fn the_scan_limit_bounds_one_get_and_the_next_scan_starts_where_it_stopped() {
     assert_eq!(pool.stats(D0).unwrap().created, 6);
     drop(l);
     for &s in &handles {
-        gpu.finish(s, D0);
+        // SAFETY: the pool holds these five live streams of device 0 in its
+        // busy list (the one get above created a sixth instead) and nothing
+        // purges it during the test.
+        unsafe { gpu.finish(s, D0) };
     }
     let next = pool.get(0).unwrap(); // the idle sixth stream, from the ready list
     let scanned = pool.get(0).unwrap(); // ready list empty: scan
@@ -185,7 +198,8 @@ fn purge_destroys_pooled_streams_while_leases_out_come_back_later() {
     let kept = out.handle();
     let idle = pool.get(0).unwrap();
     let busy = pool.get(0).unwrap();
-    gpu.make_busy(busy.handle(), D0); // destroyed with its work pending
+    // SAFETY: the lease `busy` holds this live stream of device 0.
+    unsafe { gpu.make_busy(busy.handle(), D0) }; // destroyed with its work pending
     drop((idle, busy));
     assert_count(gpu.live_streams(), 3, "live streams before the purge");
     assert_eq!(pool.purge().unwrap(), 2, "ready and busy streams");
@@ -231,13 +245,16 @@ fn put_queries_once_and_a_stream_put_busy_waits_in_the_busy_list() {
     let pool = StreamPool::new(gpu.backend());
     let owned = pool.get(0).unwrap().detach();
     let s = owned.handle();
-    gpu.make_busy(s, D0);
+    // SAFETY: `owned` holds this live stream of device 0.
+    unsafe { gpu.make_busy(s, D0) };
     let calls = gpu.backend_calls();
     pool.put(owned, None).unwrap();
     assert_calls(&gpu, calls, 1, "put queries once");
     let fresh = pool.get(0).unwrap();
     assert_ne!(fresh.handle(), s, "a pending stream is not handed out");
-    gpu.finish(s, D0);
+    // SAFETY: the pool holds this live stream of device 0 in its busy list
+    // (put above) and nothing purges it during the test.
+    unsafe { gpu.finish(s, D0) };
     let found = pool.get(0).unwrap();
     assert_eq!(found.handle(), s);
     assert_eq!(pool.stats(D0).unwrap().busy_hits, 1);
@@ -269,11 +286,14 @@ fn reset_returns_the_stream_now_to_the_ready_or_the_busy_list() {
     assert_eq!(pool.live_leases(), 0);
     let lease = pool.get(0).unwrap();
     assert_eq!(lease.handle(), s);
-    gpu.make_busy(s, D0);
+    // SAFETY: the lease holds this live stream of device 0.
+    unsafe { gpu.make_busy(s, D0) };
     lease.return_to_pool().unwrap();
     let fresh = pool.get(0).unwrap();
     assert_ne!(fresh.handle(), s, "pending at return: the busy list");
-    gpu.finish(s, D0);
+    // SAFETY: the pool holds this live stream of device 0 in its busy list
+    // and nothing purges it during the test.
+    unsafe { gpu.finish(s, D0) };
     assert_eq!(pool.get(0).unwrap().handle(), s);
 }
 

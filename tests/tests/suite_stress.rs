@@ -89,11 +89,14 @@ fn many_threads_never_alias_and_leak_nothing() {
                     in_use.claim(event.handle().as_raw());
                     // Some leases end with work still pending (busy list).
                     match rng.below(10) {
-                        0 => gpu.submit(s, d),
-                        1 => {
+                        // SAFETY: the lease holds this live stream of device
+                        // `d`.
+                        0 => unsafe { gpu.submit(s, d) },
+                        // SAFETY: as above.
+                        1 => unsafe {
                             gpu.submit(s, d);
                             gpu.finish(s, d);
-                        }
+                        },
                         // SAFETY: the leases hold this live event and stream
                         // of the backend, both on device `d`.
                         2 => unsafe { backend.record_event(event.handle(), s, d) }.unwrap(),
@@ -112,7 +115,9 @@ fn many_threads_never_alias_and_leak_nothing() {
                         2 => streams.put(lease.detach(), None).unwrap(),
                         3 => streams.put(lease.detach(), Some(d)).unwrap(),
                         _ => {
-                            gpu.finish(s, d);
+                            // SAFETY: the lease still holds this live stream
+                            // of device `d` (it is destroyed only below).
+                            unsafe { gpu.finish(s, d) };
                             lease.detach().destroy(backend).unwrap();
                         }
                     }
