@@ -192,6 +192,22 @@ impl<'s> AccessOrder<'s> {
         }
     }
 
+    /// `Ok` if `backend` may be handed this order's stream, else
+    /// [`Error::ForeignHandle`]; asks `backend` for its id only when the
+    /// order has an owner.
+    #[inline]
+    pub(crate) fn check_backend<B: Backend + ?Sized, E>(
+        &self,
+        backend: &B,
+    ) -> Result<(), Error<E>> {
+        match self.order {
+            Order::Stream {
+                owner: Some(owner), ..
+            } if owner != backend.id() => Err(Error::ForeignHandle),
+            _ => Ok(()),
+        }
+    }
+
     /// `Ok` if `backend` may be handed this order's stream (see
     /// [`usable_with`](Self::usable_with)), else [`Error::ForeignHandle`].
     #[inline]

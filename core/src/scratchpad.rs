@@ -254,8 +254,16 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     ///
     /// Errors: [`Error::ForeignHandle`] when `device_order` is a stream of
     /// another backend.
+    #[inline]
     pub fn new(backend: &'b B, device_order: AccessOrder<'b>) -> Result<Self, Error<B::Error>> {
-        Self::with_config(backend, device_order, ScratchpadConfig::default())
+        device_order.check_backend(backend)?;
+        let config = ScratchpadConfig::default();
+        Ok(Self::build(
+            backend,
+            device_order,
+            config,
+            device_order.device(),
+        ))
     }
 
     /// A scratchpad with explicit release orders, first block sizes or device.
@@ -274,10 +282,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             config.pinned_release,
             config.managed_release,
         ];
-        let id = backend.id();
         let mut device = config.device;
         for order in orders.iter().flatten() {
-            order.check_owner(id)?;
+            order.check_backend(backend)?;
             match (device, order.device()) {
                 (Some(given), Some(actual)) if given != actual => {
                     return Err(Error::WrongDevice { given, actual });
@@ -286,11 +293,28 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 _ => {}
             }
         }
-        let mut scratch = Scratchpad {
+        Ok(Self::build(backend, device_order, config, device))
+    }
+
+    /// The scratchpad, once its orders are checked; `device` as resolved
+    /// from the config and the orders.
+    #[inline(always)]
+    fn build(
+        backend: &'b B,
+        device_order: AccessOrder<'b>,
+        config: ScratchpadConfig<'b>,
+        device: Option<DeviceId>,
+    ) -> Self {
+        // Host-visible kinds released in stream order keep fenced blocks.
+        let pinned = config.pinned_release.unwrap_or(device_order);
+        let managed = config.managed_release.unwrap_or(device_order);
+        let fenced = (u8::from(!pinned.is_host()) << MemoryKind::Pinned.index())
+            | (u8::from(!managed.is_host()) << MemoryKind::Managed.index());
+        Scratchpad {
             backend,
             device_order,
             config,
-            fenced: 0,
+            fenced,
             kinds: [
                 KindState::new(config.initial_sizes[0]),
                 KindState::new(config.initial_sizes[1]),
@@ -302,13 +326,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             upstream_allocations: Cell::new(0),
             upstream_releases: Cell::new(0),
             sizes: None,
-        };
-        for kind in MemoryKind::ALL {
-            if kind.is_host_accessible() && !scratch.release_order(kind).is_host() {
-                scratch.fenced |= 1 << kind.index();
-            }
         }
-        Ok(scratch)
     }
 
     /// Starts each kind with one block the size `sizes` learned for it (when

@@ -339,17 +339,23 @@ impl<B: StreamBackend> StreamPool<B> {
         // hit needs no table lookup.
         #[cfg(not(loom))]
         if let DeviceSelector::Id(d) = device {
-            if let Some(h) = self.cache.memo(d.index()).and_then(|c| c.take()) {
-                // SAFETY: cells hold only handles of streams this pool created
-                // on `d` (the cell's device) and owns.
-                return Ok(self.lease(unsafe { StreamHandle::from_raw(h) }, d));
+            if let Some(c) = self.cache.memo(d.index()) {
+                if let Some(h) = c.take() {
+                    // SAFETY: cells hold only handles of streams this pool
+                    // created on `d` (the cell's device) and owns.
+                    let stream = unsafe { StreamHandle::from_raw(h) };
+                    return Ok(self.lease(stream, d, self.origin_in(c)));
+                }
             }
         }
         let (device, slot) = self.slot(device)?;
         #[cfg(not(loom))]
-        if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
+        if let Some(Some((h, origin))) = self
+            .cache
+            .with_cell(device.index(), |c| c.take().map(|h| (h, self.origin_in(c))))
+        {
             // SAFETY: as above.
-            return Ok(self.lease(unsafe { StreamHandle::from_raw(h) }, device));
+            return Ok(self.lease(unsafe { StreamHandle::from_raw(h) }, device, origin));
         }
         #[cfg(not(loom))]
         if self.config.same_thread_reuse {
@@ -365,20 +371,47 @@ impl<B: StreamBackend> StreamPool<B> {
     }
 
     /// A lease of `stream` (owned by the pool, of `device`) to the calling
-    /// thread.
+    /// thread; `origin` as in [`StreamLease`]'s field.
     #[inline]
-    fn lease(&self, stream: StreamHandle, device: DeviceId) -> StreamLease<'_, B> {
+    fn lease(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+        #[allow(unused_variables)] origin: usize,
+    ) -> StreamLease<'_, B> {
         StreamLease {
             pool: self,
             stream,
             device,
             #[cfg(all(feature = "std", not(loom)))]
-            origin: if self.config.same_thread_reuse {
-                crate::thread_cache::thread_mark()
-            } else {
-                0
-            },
+            origin,
         }
+    }
+
+    /// The origin a lease taken by the owner of `cell` records: the cell's
+    /// owner mark when the pool keeps streams for same-thread reuse, else 0.
+    #[cfg(all(feature = "std", not(loom)))]
+    #[inline]
+    fn origin_in(&self, cell: &crate::thread_cache::Cell) -> usize {
+        if self.config.same_thread_reuse {
+            cell.owner_mark()
+        } else {
+            0
+        }
+    }
+
+    /// The origin a lease taken by the calling thread records, looked up
+    /// (the slow paths: a lease from the shared lists or a new stream).
+    #[inline]
+    fn origin_here(&self, #[allow(unused_variables)] device: DeviceId) -> usize {
+        #[cfg(all(feature = "std", not(loom)))]
+        if self.config.same_thread_reuse {
+            return self
+                .cache
+                .with_cell(device.index(), |c| c.owner_mark())
+                .unwrap_or(0);
+        }
+        0
     }
 
     /// [`get`](Self::get) with a guard the caller pinned in [`collector`](Self::collector).
@@ -416,7 +449,7 @@ impl<B: StreamBackend> StreamPool<B> {
             Counters::bump(&slot.counters.created);
             s
         };
-        Ok(self.lease(stream, device))
+        Ok(self.lease(stream, device, self.origin_here(device)))
     }
 
     /// Takes a stream into the pool. `device` names the device it belongs to, or
@@ -689,14 +722,15 @@ impl<B: StreamBackend> StreamPool<B> {
 
     /// Returns a leased stream (lease `Drop` and `return_to_pool`). The
     /// lease's device is the stream's own, so nothing is checked. `origin` is
-    /// the mark of the thread that took the lease (`same_thread_reuse`), or 0.
+    /// the owner mark of the cell of the thread that took the lease
+    /// (`same_thread_reuse`), or 0.
     /// On a failed query the stream is quarantined (kept for purge, never
     /// leased again) and the error returned.
     fn give_back(
         &self,
         stream: StreamHandle,
         device: DeviceId,
-        #[allow(unused_variables)] origin: u64,
+        #[allow(unused_variables)] origin: usize,
     ) -> Result<(), Error<B::Error>> {
         let Some(slot) = self.devices.slot_of(device) else {
             // A lease exists only after its slot was found, and the table lives
@@ -710,11 +744,9 @@ impl<B: StreamBackend> StreamPool<B> {
         #[cfg(all(feature = "std", not(loom)))]
         if self.config.same_thread_reuse
             && origin != 0
-            && origin == crate::thread_cache::thread_mark()
-            && self
-                .cache
-                .with_cell(device.index(), |c| c.give(stream.as_raw()))
-                == Some(true)
+            && self.cache.with_cell(device.index(), |c| {
+                c.owner_mark() == origin && c.give(stream.as_raw())
+            }) == Some(true)
         {
             return Ok(());
         }
@@ -813,15 +845,17 @@ pub struct StreamLease<'p, B: StreamBackend> {
     /// alone until it ends.
     stream: StreamHandle,
     device: DeviceId,
-    /// The mark of the thread that took the lease, when the pool keeps
-    /// streams for same-thread reuse; 0 otherwise.
+    /// When the pool keeps streams for same-thread reuse: the owner mark of
+    /// the taking thread's cell (marks are never reused, and an adopted cell
+    /// gets a new one, so a match at the end proves the lease ends on the
+    /// thread that took it); 0 otherwise.
     #[cfg(all(feature = "std", not(loom)))]
-    origin: u64,
+    origin: usize,
 }
 
 impl<B: StreamBackend> StreamLease<'_, B> {
     #[inline]
-    fn origin(&self) -> u64 {
+    fn origin(&self) -> usize {
         #[cfg(all(feature = "std", not(loom)))]
         return self.origin;
         #[cfg(not(all(feature = "std", not(loom))))]

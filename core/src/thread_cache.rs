@@ -51,10 +51,26 @@ pub(crate) const CACHED_DEVICES: usize = 8;
 
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
 
+/// A fresh [`Cell::owner_mark`]: never 0 (which means "no mark"), never
+/// repeated (a wrap needs 2^64 registrations on 64-bit targets).
+fn next_owner_mark() -> usize {
+    static NEXT_MARK: AtomicU64 = AtomicU64::new(1);
+    // Relaxed: a unique number; nothing is published with it. (A std atomic
+    // also under loom: it orders nothing the models check.)
+    NEXT_MARK.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as usize
+}
+
 /// One thread's cache for one pool and one device.
 pub(crate) struct Cell {
     /// The device the handles belong to; fixed for the cell's life.
     device: usize,
+    /// Names the cell's current ownership: a number no other cell and no
+    /// other owner of this cell ever had (a fresh one when an exited
+    /// thread's cell is adopted). A lease records it to tell, when it ends,
+    /// whether it ends on the thread that took it (`same_thread_reuse`).
+    /// Written only while no thread owns the cell (creation, adoption under
+    /// the registry lock, which also publishes it to the new owner).
+    owner_mark: AtomicUsize,
     /// Handles, 0 for an empty slot. Nonzero values are written only by the
     /// owner; drains write 0 with `swap`.
     slots: [AtomicUsize; SLOTS],
@@ -78,6 +94,7 @@ impl Cell {
         Cell {
             orphaned,
             device,
+            owner_mark: AtomicUsize::new(next_owner_mark()),
             slots: [(); SLOTS].map(|_| AtomicUsize::new(0)),
             served: AtomicUsize::new(0),
             kept: AtomicUsize::new(0),
@@ -85,6 +102,16 @@ impl Cell {
             owned: AtomicBool::new(true),
             dead: AtomicBool::new(false),
         }
+    }
+
+    /// The mark of the cell's current ownership (see the field). Owner only:
+    /// what the owner reads was written before it took the cell.
+    #[inline]
+    #[cfg_attr(loom, allow(dead_code))] // the pools use the cache only without loom
+    pub(crate) fn owner_mark(&self) -> usize {
+        // Relaxed: written before this thread became the owner (at creation,
+        // or under the registry lock it took to adopt the cell).
+        self.owner_mark.load(Ordering::Relaxed)
     }
 
     /// Owner-only increment (no read-modify-write needed: nobody else writes).
@@ -284,34 +311,6 @@ std::thread_local! {
         const { [const { core::cell::Cell::new(EMPTY_MEMO) }; MEMO_WAYS] };
 }
 
-#[cfg(not(loom))]
-std::thread_local! {
-    /// This thread's mark (see [`thread_mark`]); 0 until first asked.
-    static MARK: core::cell::Cell<u64> = const { core::cell::Cell::new(0) };
-}
-
-/// A number that names the calling thread for the life of the process: two
-/// threads never share one, even when one has exited (unlike a thread-local's
-/// address). 0 while the thread is exiting (no thread-locals left), which no
-/// live thread has. Used by `same_thread_reuse` to tell whether a lease ends
-/// on the thread that took it.
-#[cfg(not(loom))]
-#[inline]
-pub(crate) fn thread_mark() -> u64 {
-    static NEXT_MARK: AtomicU64 = AtomicU64::new(1);
-    MARK.try_with(|m| {
-        let mark = m.get();
-        if mark != 0 {
-            return mark;
-        }
-        // Relaxed: a unique number; nothing is published with it.
-        let mark = NEXT_MARK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        m.set(mark);
-        mark
-    })
-    .unwrap_or(0)
-}
-
 /// A pool's registry of per-thread cells.
 pub(crate) struct ThreadCache {
     #[cfg_attr(loom, allow(dead_code))]
@@ -433,6 +432,10 @@ impl ThreadCache {
             // Acquire: sees the handles the exited owner left (its Release).
             if c.device == device && !c.owned.load(Ordering::Acquire) {
                 c.owned.store(true, Ordering::Relaxed);
+                // A new ownership: leases the exited owner took no longer
+                // match this cell. Relaxed: published to the new owner by the
+                // registry lock (released when this returns).
+                c.owner_mark.store(next_owner_mark(), Ordering::Relaxed);
                 if !self.adopt_handles {
                     let mut orphans = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
                     // (Acquire inside: the exited owner's Release store of the
