@@ -248,21 +248,23 @@ pub enum CompletionPolicy {
 /// two real drivers would be.
 ///
 /// ```
-/// use gpupool_core::{Backend, Error, StreamPool};
+/// use gpupool_core::{Backend, DeviceId, Error, OwnedStream, StreamBackend};
 /// use gpupool_mock::MockBackend;
 ///
 /// let (one, two) = (MockBackend::new(1), MockBackend::new(1));
 /// assert_ne!(one.id(), two.id());
 /// assert_eq!(one.clone().id(), one.id());
 ///
-/// // A stream of `one`, taken out of its pool, is refused by a pool of `two`...
-/// let (pool_one, pool_two) = (StreamPool::new(one.clone()), StreamPool::new(two));
-/// let stream = pool_one.get(0).unwrap().detach();
-/// let refused = pool_two.put(stream, None).unwrap_err();
+/// // A stream of `one` is refused by `two` (as it would be by a pool of `two`)...
+/// let h = one.create_stream(DeviceId(0), Default::default()).unwrap();
+/// // SAFETY: a live stream `one` just made on device 0, handed over.
+/// let stream = unsafe { OwnedStream::from_raw_parts(&one, h, DeviceId(0)) }.unwrap();
+/// let refused = stream.destroy(&two).unwrap_err();
 /// assert!(matches!(refused.error, Error::ForeignHandle));
-/// // ...and comes back, still the caller's, for a pool of its own machine.
-/// pool_one.put(refused.value, None).unwrap();
-/// assert!(one.misuses().is_empty());
+/// // ...and comes back, still the caller's, for its own machine.
+/// refused.value.destroy(&one).unwrap();
+/// assert!(one.misuses().is_empty() && two.misuses().is_empty());
+/// assert_eq!(one.live_streams(), 0);
 /// ```
 ///
 /// # Safety of the trait methods
