@@ -169,7 +169,7 @@ impl<'s> AccessOrder<'s> {
     /// an order and a backend checks this and refuses with
     /// [`Error::ForeignHandle`] otherwise.
     pub fn is_usable_with<B: Backend + ?Sized>(&self, backend: &B) -> bool {
-        self.usable_with(backend.id())
+        self.check_backend::<B, ()>(backend).is_ok()
     }
 
     /// The stream and its device, for a stream order.
@@ -180,19 +180,8 @@ impl<'s> AccessOrder<'s> {
         }
     }
 
-    /// Whether `backend` may be handed this order's stream: host order and
-    /// special streams always, others only by their own backend.
-    #[inline]
-    pub(crate) fn usable_with(&self, backend: BackendId) -> bool {
-        match self.order {
-            Order::Host | Order::Stream { owner: None, .. } => true,
-            Order::Stream {
-                owner: Some(owner), ..
-            } => owner == backend,
-        }
-    }
-
-    /// `Ok` if `backend` may be handed this order's stream, else
+    /// `Ok` if `backend` may be handed this order's stream (see
+    /// [`is_usable_with`](Self::is_usable_with)), else
     /// [`Error::ForeignHandle`]; asks `backend` for its id only when the
     /// order has an owner.
     #[inline]
@@ -205,17 +194,6 @@ impl<'s> AccessOrder<'s> {
                 owner: Some(owner), ..
             } if owner != backend.id() => Err(Error::ForeignHandle),
             _ => Ok(()),
-        }
-    }
-
-    /// `Ok` if `backend` may be handed this order's stream (see
-    /// [`usable_with`](Self::usable_with)), else [`Error::ForeignHandle`].
-    #[inline]
-    pub(crate) fn check_owner<E>(&self, backend: BackendId) -> Result<(), Error<E>> {
-        if self.usable_with(backend) {
-            Ok(())
-        } else {
-            Err(Error::ForeignHandle)
         }
     }
 
@@ -268,9 +246,8 @@ impl<'s> AccessOrder<'s> {
         B: StreamBackend + EventBackend,
     {
         let backend = events.backend();
-        let id = backend.id();
-        self.check_owner(id)?;
-        other.check_owner(id)?;
+        self.check_backend(backend)?;
+        other.check_backend(backend)?;
         if self.order == other.order {
             return Ok(());
         }
@@ -327,7 +304,7 @@ impl<'s> AccessOrder<'s> {
         B: StreamBackend + EventBackend,
     {
         let backend = event.pool().backend();
-        self.check_owner(backend.id())?;
+        self.check_backend(backend)?;
         match self.stream_and_device() {
             // SAFETY: the event is leased (live, created by `backend` on
             // `event.device()`).
