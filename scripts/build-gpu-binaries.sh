@@ -60,7 +60,7 @@ collect() {
     case "$kind" in
       lib) out="test-$package-lib" ;;
       test) out="test-$package-$name" ;;
-      example) out="example-$name" ;;
+      example | bin) out="example-$name" ;;
       *) continue ;;
     esac
     cp "$exe" "$dest/$out"
@@ -76,6 +76,11 @@ if [[ $with_suite == 1 ]]; then
   echo "== gpupool-tests --features cuda: test executables (release)"
   collect gpupool-tests test --release --no-run -p gpupool-tests --features cuda --tests
 fi
+echo "== gpupool --features cuda,nvrtc: the generic runtime example (release)"
+collect gpupool build --release -p gpupool --features cuda,nvrtc --example 03-generic-runtime
+echo "== .ci/downstream --features cuda: an application on CUDA 13.0 bindings (release)"
+collect gpupool-downstream build --release --manifest-path .ci/downstream/Cargo.toml \
+  --target-dir target/downstream --features cuda
 echo "== gpupool-tests --features cuda: the side-by-side benchmark (release)"
 collect gpupool-tests build --release -p gpupool-tests --features cuda --example side-by-side
 

@@ -140,9 +140,9 @@ main() {
       *) step "$(basename "$e")" expect_ok limited "$e" ;;
     esac
   done
-  # memcheck on the kernel example (the benchmark example only times driver
+  # memcheck on the kernel examples (the benchmark example only times driver
   # calls, which the sanitizer would slow down many times over).
-  for e in "$bin_dir"/example-02*; do
+  for e in "$bin_dir"/example-02* "$bin_dir"/example-03*; do
     step "memcheck $(basename "$e")" expect_ok limited compute-sanitizer --tool memcheck --error-exitcode 1 "$e"
   done
   # The proofs' device checks. API-error reporting is off here: the pools poll

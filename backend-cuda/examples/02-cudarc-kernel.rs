@@ -1,7 +1,9 @@
-//! A pooled stream used through cudarc's safe API: lease a stream from the
-//! process-wide pool, wrap it as cudarc's `CudaStream`, load a hand-written PTX
-//! kernel (`y[i] = 2 * x[i] + 1` over `f32`), launch it on the leased stream,
-//! copy the result back and check every element.
+//! A pooled stream used through cudarc's safe API, without `unsafe` for the
+//! stream: lease a stream from the process-wide pool, copy the input into
+//! scratch device memory in the lease's order, load a hand-written PTX kernel
+//! (`y[i] = 2 * x[i] + 1` over `f32`), launch it on the leased stream through
+//! `with_cudarc_stream` with the scratch memory as kernel arguments
+//! (`kernel_arg`), read the result back and check every element.
 //!
 //! ```sh
 //! cargo run --release -p gpupool-cuda --example 02-cudarc-kernel
@@ -15,10 +17,10 @@
 use std::error::Error;
 use std::process::ExitCode;
 
-use gpupool_core::Error as PoolError;
+use gpupool_core::{Error as PoolError, Scratchpad};
 use gpupool_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use gpupool_cuda::cudarc::nvrtc::Ptx;
-use gpupool_cuda::CudaError;
+use gpupool_cuda::{with_cudarc_stream, CudaBackend, CudaError, DeviceSliceExt};
 
 /// `affine(float *y, const float *x, unsigned n)`: `y[i] = 2 * x[i] + 1` for
 /// every `i < n`, one thread per element. Written by hand for `sm_70` and
@@ -118,27 +120,30 @@ fn run() -> Result<(), Outcome> {
         lease.device()
     );
 
-    let host_x: Vec<f32> = (0..N).map(|i| i as f32).collect();
-    let host_y = {
-        // SAFETY: `stream`, and the slices allocated on it (which keep it and
-        // free their memory on it when dropped), all go out of scope at the
-        // end of this block, before the lease is returned.
-        let stream = unsafe { gpupool_cuda::cudarc_stream(&lease) }?;
-        let module = stream.context().load_module(Ptx::from_src(AFFINE_PTX))?;
-        let affine = module.load_function("affine")?;
+    let gpu = CudaBackend::new();
+    let module = gpu
+        .context(lease.device())?
+        .load_module(Ptx::from_src(AFFINE_PTX))?;
+    let affine = module.load_function("affine")?;
 
-        let x = stream.clone_htod(&host_x)?;
-        let mut y = stream.alloc_zeros::<f32>(N as usize)?;
-        let n = N;
+    let host_x: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    // Scratch memory in the lease's order: the copy in, the kernel and the
+    // copy back all run on the leased stream, one after the other.
+    let scratch = Scratchpad::new(&gpu, lease.order())?;
+    let x = scratch.to_device(&host_x)?;
+    let y = scratch.device::<f32>(N as usize)?;
+    let n = N;
+    with_cudarc_stream(&lease, |stream| {
+        let (y_arg, x_arg) = (y.kernel_arg(), x.kernel_arg());
         let mut launch = stream.launch_builder(&affine);
-        launch.arg(&mut y).arg(&x).arg(&n);
+        launch.arg(&y_arg).arg(&x_arg).arg(&n);
         // SAFETY: `affine` takes (float *y, const float *x, unsigned n): `y`
-        // and `x` hold `n` elements each, and the grid covers `n` threads.
-        unsafe { launch.launch(LaunchConfig::for_num_elems(N)) }?;
-        let host_y = stream.clone_dtoh(&y)?;
-        stream.synchronize()?;
-        host_y
-    };
+        // and `x` hold `n` elements each of scratch memory in this stream's
+        // order, and the grid covers `n` threads.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(N)) }
+    })??;
+    let host_y = scratch.to_host(&y)?;
+    drop(scratch);
 
     let wrong: Vec<(usize, f32)> = host_y
         .iter()

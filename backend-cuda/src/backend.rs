@@ -93,7 +93,7 @@ impl CudaBackend {
 
     /// cudarc's handle to `device`'s primary context, the one the pooled
     /// streams and events live on: for loading modules and launching kernels
-    /// through cudarc's safe API (see [`cudarc_stream`](crate::cudarc_stream)).
+    /// through cudarc's safe API (see [`with_cudarc_stream`](crate::with_cudarc_stream)).
     ///
     /// Retains the context on first use; the context stays retained for the
     /// life of the process. cudarc makes the context current on the calling

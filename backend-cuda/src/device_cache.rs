@@ -277,20 +277,34 @@ impl<B> Shelf<B> {
 /// Process-wide switch ([`CudaBackend::set_device_cache`]).
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
-/// Whether the loaded driver has `cuStreamGetId`. Call only once the driver
-/// has loaded (cudarc panics on a missing library or symbol; this looks the
-/// symbol up first).
-fn supported() -> bool {
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| {
-        if !crate::driver::is_loaded() {
-            return false;
-        }
-        type GetId = unsafe extern "C" fn(sys::CUstream, *mut c_ulonglong) -> sys::CUresult;
+/// `cuStreamGetId`'s signature.
+type GetId = unsafe extern "C" fn(sys::CUstream, *mut c_ulonglong) -> sys::CUresult;
+
+/// The loaded driver's `cuStreamGetId`, looked up once; `None` before the
+/// driver has loaded (cudarc panics on a missing library), or when the driver
+/// predates CUDA 12.0. Called through this pointer rather than through
+/// cudarc's binding, which exists only when cudarc is built for CUDA 12.0 or
+/// later: so the cache works with every CUDA version feature, and a missing
+/// symbol switches the cache off instead of panicking.
+fn get_id_fn() -> Option<GetId> {
+    static GET_ID: OnceLock<Option<GetId>> = OnceLock::new();
+    if !crate::driver::is_loaded() {
+        return None;
+    }
+    *GET_ID.get_or_init(|| {
         // SAFETY: the library is loaded (checked above), so `culib` does not
-        // panic; looking a symbol up calls nothing in it.
-        unsafe { sys::culib().get::<GetId>(b"cuStreamGetId").is_ok() }
+        // panic; looking a symbol up calls nothing in it. `GetId` is the
+        // signature the CUDA headers declare for `cuStreamGetId`, and the
+        // pointer stays valid while the library is loaded, which cudarc keeps
+        // it for the life of the process (`culib` is a process-wide static).
+        unsafe { sys::culib().get::<GetId>(b"cuStreamGetId").ok().map(|f| *f) }
     })
+}
+
+/// Whether the loaded driver has `cuStreamGetId`. False until the driver
+/// has loaded.
+fn supported() -> bool {
+    get_id_fn().is_some()
 }
 
 /// Whether the cache is on (switched on, and the driver can tell streams
@@ -307,16 +321,18 @@ fn raw_stream(s: StreamHandle) -> sys::CUstream {
     s.as_raw() as sys::CUstream
 }
 
-/// `cuStreamGetId` of a live created stream; `None` if the driver refuses.
+/// `cuStreamGetId` of a live created stream; `None` if the driver refuses
+/// or lacks the call.
 ///
 /// # Safety
-/// `supported()` is true (the symbol exists), and `stream` is a live created
-/// stream of this process's driver.
+/// `stream` is a live created stream of this process's driver.
 unsafe fn stream_id(stream: StreamHandle) -> Option<u64> {
+    let get_id = get_id_fn()?;
     let mut id: c_ulonglong = 0;
-    // SAFETY: `supported()` saw the symbol and `stream` is a live created
-    // stream (this function's contract); `id` is a valid place for the answer.
-    let r = unsafe { sys::cuStreamGetId(raw_stream(stream), &mut id) };
+    // SAFETY: `get_id` is the driver's `cuStreamGetId`, and `stream` is a
+    // live created stream (this function's contract); `id` is a valid place
+    // for the answer.
+    let r = unsafe { get_id(raw_stream(stream), &mut id) };
     (r == sys::CUresult::CUDA_SUCCESS).then_some(id)
 }
 
@@ -337,7 +353,7 @@ unsafe fn capturing(stream: StreamHandle) -> bool {
 /// `cuMemFreeAsync(addr, stream)`.
 ///
 /// # Safety
-/// `addr` is a device block of the default pool that nothing uses after the
+/// `addr` is a device block of gpupool's pool that nothing uses after the
 /// work queued on `stream` so far; `stream` is live (or a special stream of
 /// the current context).
 unsafe fn free_on(addr: usize, stream: StreamHandle) -> Result<(), CudaError> {
@@ -443,7 +459,7 @@ impl DeviceCache {
     /// context current.
     ///
     /// # Safety
-    /// `addr` is a block of the device's default pool that the caller gives
+    /// `addr` is a block of gpupool's pool of the device that the caller gives
     /// up, with only work already queued on `stream` still using it (the
     /// contract of a stream-ordered free); `stream` is a usable stream of the
     /// cache's device (live, of its primary context, or a special stream).
@@ -612,7 +628,7 @@ impl DeviceCache {
     ///
     /// # Safety
     /// Called with a context current; `stream` is a live stream of the
-    /// cache's device; every block is one of the device's default pool, given
+    /// cache's device; every block is one of gpupool's pool of the device, given
     /// up by the cache, and every use of it is ordered before the work queued
     /// on `stream` so far.
     unsafe fn give_back(

@@ -13,7 +13,10 @@ use gpupool_core::{DeviceId, StreamHandle};
 /// Why a call to the CUDA backend failed.
 ///
 /// `Display` and `Debug` never call into the driver unless it is loaded, so an
-/// error can be printed on a machine without `libcuda`.
+/// error can be printed on a machine without `libcuda`. The message is
+/// complete in itself (for a driver error: the `CUresult`'s name, number and
+/// description) and there is no `source()`, so an error report that walks
+/// the chain says each thing once.
 ///
 /// ```
 /// use gpupool_core::{Error, StreamPool};
@@ -48,6 +51,12 @@ pub enum CudaError {
     /// One of CUDA's special streams (0, 1, 2) was passed where a created
     /// stream is needed (destroying it, asking which context owns it).
     SpecialStream(StreamHandle),
+    /// A stream made by another backend than [`CudaBackend`](crate::CudaBackend)
+    /// (its [`BackendId`](gpupool_core::BackendId) is not the CUDA
+    /// backend's: a mock stream, say) was offered where a CUDA stream is
+    /// needed ([`with_cudarc_owned_stream`](crate::with_cudarc_owned_stream)).
+    /// Nothing was called.
+    ForeignStream(StreamHandle),
 }
 
 impl CudaError {
@@ -114,6 +123,11 @@ impl fmt::Display for CudaError {
                 "stream handle {:#x} is one of CUDA's special streams, not a created one",
                 s.as_raw()
             ),
+            CudaError::ForeignStream(s) => write!(
+                f,
+                "stream handle {:#x} was made by another backend, not the CUDA one",
+                s.as_raw()
+            ),
         }
     }
 }
@@ -130,22 +144,16 @@ impl fmt::Debug for CudaError {
                 .field("count", count)
                 .finish(),
             CudaError::SpecialStream(s) => f.debug_tuple("SpecialStream").field(s).finish(),
+            CudaError::ForeignStream(s) => f.debug_tuple("ForeignStream").field(s).finish(),
         }
     }
 }
 
-impl std::error::Error for CudaError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        // `DriverError`'s `Display` asks the driver for a description, which
-        // panics when `libcuda` is absent; a `DriverError` only exists once the
-        // driver answered, but one built by hand could still reach it, so it is
-        // offered as a source only when the driver is loaded.
-        match self {
-            CudaError::Init(e) | CudaError::Driver(e) if crate::driver::is_loaded() => Some(e),
-            _ => None,
-        }
-    }
-}
+/// No [`source`](std::error::Error::source): the driver's `CUresult` (its
+/// name, number and description) is part of this error's own message, so an
+/// error chain prints it once. (cudarc's [`DriverError`] is still there to
+/// match on: [`CudaError::Driver`], [`CudaError::code`].)
+impl std::error::Error for CudaError {}
 
 /// Turns a `CUresult` into `Ok(())` or a [`CudaError::Driver`].
 #[inline]
@@ -153,5 +161,61 @@ pub(crate) fn check(r: sys::CUresult) -> Result<(), CudaError> {
     match r {
         sys::CUresult::CUDA_SUCCESS => Ok(()),
         other => Err(CudaError::Driver(DriverError(other))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    /// The messages of `e`'s chain (`e`, its source, the source's source, ...).
+    fn chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+        let mut out = vec![e.to_string()];
+        let mut next = e.source();
+        while let Some(s) = next {
+            out.push(s.to_string());
+            next = s.source();
+        }
+        out
+    }
+
+    #[test]
+    fn an_error_chain_says_each_thing_once() {
+        let oom = DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        let stream = StreamHandle::LEGACY;
+        let all = [
+            CudaError::NoDriver,
+            CudaError::Init(DriverError(sys::CUresult::CUDA_ERROR_INVALID_DEVICE)),
+            CudaError::Driver(oom),
+            CudaError::DeviceOutOfRange {
+                device: DeviceId(3),
+                count: 1,
+            },
+            CudaError::SpecialStream(stream),
+            CudaError::ForeignStream(stream),
+        ];
+        for e in all {
+            let messages = chain(&e);
+            for (i, m) in messages.iter().enumerate() {
+                assert!(!m.is_empty(), "{e:?}: empty message at depth {i}");
+                for later in &messages[i + 1..] {
+                    assert!(
+                        !m.contains(later.as_str()),
+                        "{e:?}: {m:?} repeats its source {later:?}"
+                    );
+                }
+            }
+            // The driver's code is named once in the whole report.
+            if let Some(code) = e.code() {
+                let name = format!("{code:?}");
+                let report = messages.join("\n");
+                assert_eq!(report.matches(&name).count(), 1, "{report}");
+            }
+        }
+        // The driver errors still say which call failed and why.
+        let text = CudaError::Driver(oom).to_string();
+        assert!(text.contains("CUDA_ERROR_OUT_OF_MEMORY (2)"), "{text}");
+        assert!(CudaError::Driver(oom).source().is_none());
     }
 }

@@ -17,10 +17,38 @@
 //! - **Process-wide pools**, like DALI's `instance()`: [`streams()`] and
 //!   [`events()`], created on first use and never dropped (so nothing is
 //!   destroyed while the driver shuts down at exit).
-//! - **cudarc interop**: [`cudarc_stream`] lets a lease be used with cudarc's
-//!   safe API (kernels, copies); [`CudaBackend::context`] gives the context to
-//!   load modules on.
+//! - **gpupool's own device memory pool** per device ([`memory`]): the
+//!   backend never changes the device's default memory pool, so other users
+//!   of `cudaMallocAsync` in the process see no difference.
+//! - **cudarc interop** ([`interop`]): [`with_cudarc_stream`] runs a closure
+//!   with a lease's stream as cudarc's `CudaStream` (kernel launches, no
+//!   `unsafe` needed for the stream); [`DeviceSliceExt::kernel_arg`] passes
+//!   scratch memory to a kernel; [`CudaBackend::context`] gives the context to
+//!   load modules on; [`cudarc_stream`] is the `unsafe`, unscoped form.
 //! - [`testing`]: kernels that keep a stream busy, for tests and benchmarks.
+//!
+//! ## Choosing the CUDA version
+//!
+//! cudarc generates its driver bindings for one CUDA version, chosen by a
+//! cargo feature, and this crate forwards them: `cuda-11040` ...
+//! `cuda-13040` (every version cudarc 0.19.10 has), and
+//! `cuda-version-from-build-system` (asks the CUDA toolkit installed where
+//! the crate is built). **Exactly one must be on** in the whole build: none
+//! fails cudarc's build script, two define its bindings twice (E0428). The
+//! default is `cuda-12080`, what runs on the H200's driver (580). The driver
+//! is loaded at run time and must support the version chosen (drivers are
+//! backward compatible: a newer driver runs code built for an older CUDA
+//! version). To pick another, turn the default off:
+//!
+//! ```toml
+//! [dependencies]
+//! gpupool-cuda = { version = "0.1", default-features = false, features = ["cuda-13000"] }
+//! ```
+//!
+//! An application that also depends on cudarc itself should leave cudarc's
+//! version features to this crate (or enable the same one). The `nvrtc`
+//! feature turns on cudarc's NVRTC bindings (`gpupool_cuda::cudarc::nvrtc`),
+//! for compiling CUDA C at run time.
 //!
 //! ## Example
 //!
@@ -57,18 +85,20 @@ pub mod block_pool; // public for the loom models only
 pub mod device_cache;
 mod driver;
 mod error;
+pub mod interop;
+mod kernel_arg;
 pub mod memory;
 mod sync;
 pub mod testing;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use cudarc::driver::safe::CudaStream;
-use cudarc::driver::sys;
-use gpupool_core::{EventPool, StreamLease, StreamPool};
+use gpupool_core::{EventPool, StreamPool};
 
 pub use backend::CudaBackend;
 pub use error::CudaError;
+pub use interop::{cudarc_stream, with_cudarc_owned_stream, with_cudarc_stream};
+pub use kernel_arg::{DeviceSliceExt, KernelPtr};
 pub use memory::MemoryStats;
 
 /// The cudarc this crate is built on, so users name the same version.
@@ -102,58 +132,4 @@ pub fn streams() -> &'static StreamPool<CudaBackend> {
 pub fn events() -> &'static EventPool<CudaBackend> {
     static POOL: OnceLock<EventPool<CudaBackend>> = OnceLock::new();
     POOL.get_or_init(|| EventPool::new(CudaBackend::new()))
-}
-
-/// The leased stream as cudarc's [`CudaStream`], for cudarc's safe API
-/// (`launch_builder`, `clone_htod`, `alloc_zeros`, ...). The lease keeps
-/// ownership: dropping the returned stream does not destroy or return
-/// anything (it is cudarc's `CudaContext::wrap_borrowed_stream`).
-///
-/// The stream's context is the device's primary context
-/// ([`CudaBackend::context`]); load modules there.
-///
-/// # Safety
-///
-/// The cudarc stream borrows the lease's CUDA stream but is an `Arc` with no
-/// lifetime, so the compiler cannot hold it to the lease. The caller promises:
-///
-/// 1. The returned `Arc<CudaStream>`, every clone of it, and everything cudarc
-///    made that keeps one (a `CudaSlice` allocated on it keeps it, and frees
-///    its memory *on this stream* when dropped) are gone before the lease ends
-///    (drop, [`return_to_pool`](StreamLease::return_to_pool)). After that the
-///    stream belongs to the pool again: it may be leased to another thread,
-///    whose work a late call would interleave with, or destroyed by a purge,
-///    after which the handle is dangling. (After
-///    [`detach`](StreamLease::detach), the caller owns the stream and the
-///    same holds until it destroys or returns it.)
-/// 2. Work issued through cudarc is ordered with the lease's other work by
-///    stream order only: cudarc's own cross-stream tracking does not know
-///    about gpupool's streams.
-///
-/// ```no_run
-/// use gpupool_cuda::cudarc::driver::LaunchConfig;
-///
-/// let lease = gpupool_cuda::streams().get(0)?;
-/// {
-///     // SAFETY: `stream` and the slice made on it are dropped at the end of
-///     // this block, before the lease.
-///     let stream = unsafe { gpupool_cuda::cudarc_stream(&lease) }?;
-///     let x = stream.clone_htod(&[1.0f32, 2.0, 3.0])?;
-///     let back = stream.clone_dtoh(&x)?;
-///     assert_eq!(back, [1.0, 2.0, 3.0]);
-/// }
-/// drop(lease);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub unsafe fn cudarc_stream(
-    lease: &StreamLease<'_, CudaBackend>,
-) -> Result<Arc<CudaStream>, CudaError> {
-    let ctx = CudaBackend::new().context(lease.device())?;
-    // SAFETY: the lease's stream is a live stream created by `CudaBackend` on
-    // `lease.device()`'s primary context, which is `ctx` (a `StreamPool` of
-    // `CudaBackend` holds only streams of a backend with `CudaBackend`'s id,
-    // which every `CudaBackend` shares); the caller keeps the wrapper within
-    // the lease (this function's contract), and cudarc does not destroy a
-    // borrowed stream.
-    Ok(unsafe { ctx.wrap_borrowed_stream(lease.handle().as_raw() as sys::CUstream) })
 }

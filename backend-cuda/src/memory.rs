@@ -11,15 +11,29 @@
 //!
 //! ## Device memory
 //!
-//! Device memory comes from the device's **default memory pool**
-//! (`cuDeviceGetDefaultMemPool`, the one the CUDA runtime's `cudaMallocAsync`
-//! uses) through `cuMemAllocFromPoolAsync` / `cuMemFreeAsync`. On first use
-//! the pool's release threshold is raised to `u64::MAX`
-//! (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`): at the default of 0, every
-//! synchronization hands the pool's memory back to the OS and the next
-//! allocation costs ~100 µs instead of ~1.8 µs. This changes the default pool
-//! for the whole process (other users of `cudaMallocAsync` benefit the same
-//! way); [`CudaBackend::trim_memory`] gives the unused memory back.
+//! Device memory comes from a **memory pool of gpupool's own** per device
+//! ([`CudaBackend::memory_pool`]) through `cuMemAllocFromPoolAsync` /
+//! `cuMemFreeAsync`. The pool is created on the first device allocation on
+//! that device (`cuMemPoolCreate`: device memory of that device, no handle
+//! for sharing between processes), under its primary context, and its release
+//! threshold is raised to `u64::MAX` (`CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`): at
+//! the default of 0, every synchronization hands the pool's memory back to
+//! the OS and the next allocation costs ~100 µs instead of ~1.8 µs. A device
+//! whose pool cannot be created gets that error for device memory (there is
+//! no fallback to another pool).
+//!
+//! The device's **default** memory pool (`cuDeviceGetDefaultMemPool`, which
+//! the CUDA runtime's `cudaMallocAsync` and the driver's `cuMemAllocAsync`,
+//! cudarc's `alloc`, use unless the application sets another) is not
+//! touched: gpupool changes nothing for other users of stream-ordered
+//! allocation in the process. The memory gpupool's pool keeps for reuse is
+//! its own, given back by [`CudaBackend::trim_memory`].
+//!
+//! The pool lives until the process exits and is never destroyed (the driver
+//! releases it at exit): gpupool may allocate from it, and free into it in
+//! stream order, at any time up to exit (a scratchpad dropped late, a block
+//! held by the process-wide pools), so there is no point at which it is done
+//! with it.
 //!
 //! The host-order calls use the same pool on a private non-blocking stream
 //! per device, not `cuMemAlloc` / `cuMemFree`: `cuMemAlloc` costs 4.6–12 µs
@@ -196,7 +210,8 @@ fn direct_align(kind: MemoryKind) -> usize {
 /// The memory state of one device.
 #[derive(Debug)]
 struct DeviceMemory {
-    /// The default memory pool (`CUmemoryPool`), its threshold raised.
+    /// gpupool's own memory pool on this device (`CUmemoryPool` as an
+    /// address), its threshold raised; set once, never destroyed.
     mempool: OnceLock<usize>,
     /// The private stream for host-order device memory calls: created by
     /// this backend on the device, never destroyed.

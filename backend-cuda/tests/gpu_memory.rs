@@ -24,7 +24,11 @@
 //!    A reuses the block behind it; destroying a stream through the backend
 //!    (or `forget_stream`) returns its blocks, a stream destroyed elsewhere
 //!    keeps them from every new stream (even one with the same handle) until
-//!    `trim_memory`, and nothing leaks (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+//!    `trim_memory`, and nothing leaks (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`);
+//! 6. device memory comes from gpupool's own memory pool, and the device's
+//!    default pool (its release threshold) is left as it was; kernels
+//!    launched through `with_cudarc_stream` on scratch memory passed with
+//!    `kernel_arg` compute every element right.
 //!
 //! The memory counters are process-wide, so the tests here take one lock and
 //! run one at a time whatever `--test-threads` says.
@@ -38,14 +42,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use common::{device_count, make_current, stream_of, wait_gate, GATE_TIMEOUT};
+use common::{device_count, make_current, stream_of, wait_gate, Kernels, GATE_TIMEOUT};
 use gpupool_core::{
     AccessOrder, DeviceId, EventBackend, EventLease, EventPool, MemoryBackend, MemoryKind,
     Scratchpad, StreamBackend, StreamHandle, StreamLease, StreamPool,
 };
 use gpupool_cuda::cudarc::driver::sys;
+use gpupool_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use gpupool_cuda::testing::Gate;
-use gpupool_cuda::{CudaBackend, CudaError, MemoryStats};
+use gpupool_cuda::{with_cudarc_stream, CudaBackend, CudaError, DeviceSliceExt, MemoryStats};
 
 const D0: DeviceId = DeviceId(0);
 
@@ -926,30 +931,30 @@ fn a_reset_loop_makes_no_upstream_allocation_after_warm_up() {
 // 5. the device cache: same stream only, never across streams, returned when
 //    the stream goes
 
-/// Device memory of device 0's default pool that allocations hold now
+/// Device memory of gpupool's pool on device 0 that allocations hold now
 /// (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`): blocks in the device cache count,
 /// blocks freed to the pool do not.
 fn pool_used_bytes() -> u64 {
-    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: `pool` is a valid place; device 0 exists (`device_count`).
+    let pool = CudaBackend::new()
+        .memory_pool(D0)
+        .expect("gpupool's memory pool");
+    pool_attribute(
+        pool,
+        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+    )
+}
+
+/// A `cuuint64_t` attribute of a live memory pool.
+fn pool_attribute(pool: sys::CUmemoryPool, attribute: sys::CUmemPool_attribute) -> u64 {
+    let mut value: u64 = 0;
+    // SAFETY: the callers pass gpupool's pool or a device's default pool,
+    // both alive for the whole process, and attributes of type `cuuint64_t`,
+    // which `value` is.
     ok(
-        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, 0) },
-        "cuDeviceGetDefaultMemPool",
+        unsafe { sys::cuMemPoolGetAttribute(pool, attribute, (&raw mut value).cast()) },
+        "cuMemPoolGetAttribute",
     );
-    let mut used: u64 = 0;
-    // SAFETY: the default pool lives as long as the process; the attribute
-    // is a `cuuint64_t`, which `used` is.
-    ok(
-        unsafe {
-            sys::cuMemPoolGetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
-                (&raw mut used).cast(),
-            )
-        },
-        "cuMemPoolGetAttribute(USED_MEM_CURRENT)",
-    );
-    used
+    value
 }
 
 /// Waits for everything on device 0's primary context.
@@ -1349,4 +1354,168 @@ fn forget_stream_returns_a_streams_blocks_and_the_cache_can_be_switched_off() {
     );
     assert_eq!(after.upstream_frees[DI] - before.upstream_frees[DI], 1);
     synchronize(s);
+}
+
+// ---------------------------------------------------------------------------
+// 6. gpupool's own memory pool; cudarc interop on scratch memory
+
+/// Device 0's default memory pool (the one `cudaMallocAsync` uses).
+fn default_pool() -> sys::CUmemoryPool {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid place; device 0 exists (`device_count`).
+    ok(
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, 0) },
+        "cuDeviceGetDefaultMemPool",
+    );
+    pool
+}
+
+/// The memory pool a device address was allocated from
+/// (`CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`).
+fn pool_of(addr: u64) -> sys::CUmemoryPool {
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `addr` is a live device allocation of this process; the
+    // attribute is a `CUmemoryPool`, which `pool` is.
+    ok(
+        unsafe {
+            sys::cuPointerGetAttribute(
+                (&raw mut pool).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                addr,
+            )
+        },
+        "cuPointerGetAttribute(MEMPOOL_HANDLE)",
+    );
+    pool
+}
+
+const THRESHOLD: sys::CUmemPool_attribute =
+    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_memory_comes_from_gpupools_own_pool_and_the_default_pool_is_left_alone() {
+    let _serial = serial();
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let default = default_pool();
+    let default_threshold_before = pool_attribute(default, THRESHOLD);
+
+    let streams = StreamPool::new(gpu);
+    let lease = streams.get(0).unwrap();
+    const SIZE: usize = 1 << 20;
+    // Host order, stream order, and a scratchpad's device memory.
+    let host_order = gpu
+        .allocate(MemoryKind::Device, D0, SIZE, 256)
+        .expect("host-order device allocation");
+    let stream_order = alloc_on(SIZE, lease.order());
+    let mut scratch = Scratchpad::new(&gpu, lease.order()).unwrap();
+    let scratch_addr = scratch.device::<u32>(SIZE / 4).unwrap().kernel_arg().addr();
+    synchronize(lease.order());
+
+    let ours = gpu.memory_pool(D0).expect("gpupool's memory pool");
+    assert_eq!(
+        gpu.memory_pool(D0).unwrap(),
+        ours,
+        "one pool per device, made once"
+    );
+    assert_ne!(ours, default, "gpupool's pool is not the default pool");
+    for (what, address) in [
+        ("host-order", addr(host_order.as_ptr())),
+        ("stream-order", addr(stream_order.as_ptr())),
+        ("scratchpad", scratch_addr),
+    ] {
+        assert_eq!(
+            pool_of(address),
+            ours,
+            "{what} device memory from gpupool's pool"
+        );
+    }
+    assert_eq!(
+        pool_attribute(ours, THRESHOLD),
+        u64::MAX,
+        "gpupool's pool keeps its memory across synchronizations"
+    );
+
+    scratch.reset().unwrap();
+    drop(scratch);
+    // SAFETY: allocated above with these arguments; only work queued on the
+    // lease's stream used the stream-ordered block, nothing used the other.
+    unsafe {
+        free_on(stream_order, SIZE, lease.order());
+        gpu.deallocate(MemoryKind::Device, D0, host_order, SIZE, 256)
+            .expect("host-order device free");
+    }
+    synchronize(lease.order());
+    gpu.trim_memory(D0).expect("trim");
+
+    assert_eq!(
+        pool_attribute(default, THRESHOLD),
+        default_threshold_before,
+        "the default pool's release threshold is what it was before"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn kernels_launched_with_with_cudarc_stream_compute_on_scratch_memory() {
+    let _serial = serial();
+    device_count();
+    let gpu = CudaBackend::new();
+    let kernels = Kernels::load(D0);
+    let streams = StreamPool::new(gpu);
+    let lease = streams.get(0).unwrap();
+    const N: usize = 100_003; // several blocks, the last one partly full
+    let scratch = Scratchpad::new(&gpu, lease.order()).unwrap();
+    let x = scratch.device::<u32>(N).unwrap();
+    let y = scratch.device::<u32>(N).unwrap();
+    assert_eq!(x.kernel_arg().addr(), x.addr() as u64);
+    let n = N as u32;
+    let launched = with_cudarc_stream(&lease, |stream| {
+        assert_eq!(
+            stream.cu_stream() as usize,
+            lease.handle().as_raw(),
+            "the lease's own stream"
+        );
+        let x_arg = x.kernel_arg();
+        let mut fill = stream.launch_builder(&kernels.fill);
+        fill.arg(&x_arg).arg(&n);
+        // SAFETY: `fill(unsigned *x, unsigned n)`, `x` holds `n` elements
+        // of scratch memory in this stream's order.
+        unsafe { fill.launch(LaunchConfig::for_num_elems(n)) }?;
+        // SAFETY: `twice_plus_one(unsigned *y, const unsigned *x, unsigned
+        // n)`, both hold `n` elements; after `fill` in stream order.
+        unsafe {
+            stream
+                .launch_builder(&kernels.twice_plus_one)
+                .arg(&y.kernel_arg())
+                .arg(&x.kernel_arg())
+                .arg(&n)
+                .launch(LaunchConfig::for_num_elems(n))
+        }
+        .map(drop)
+    });
+    launched
+        .expect("the primary context")
+        .expect("the launches");
+    let got = scratch.to_host(&y).expect("read y back");
+    let wrong: Vec<(usize, u32)> = got
+        .iter()
+        .enumerate()
+        .filter(|&(i, &v)| v != 2 * (i as u32 + 1) + 1)
+        .map(|(i, &v)| (i, v))
+        .take(5)
+        .collect();
+    assert_eq!(got.len(), N);
+    assert!(wrong.is_empty(), "first wrong (index, value): {wrong:?}");
+
+    // A panic in the closure unwinds through it (the wrapper is dropped on
+    // the way) and leaves the lease usable.
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        with_cudarc_stream(&lease, |_| panic!("inside the closure"))
+    }));
+    assert!(caught.is_err());
+    let synced = with_cudarc_stream(&lease, |stream| stream.synchronize());
+    synced.unwrap().expect("the lease's stream still works");
 }

@@ -16,9 +16,9 @@
 use std::time::Duration;
 
 use gpupool_core::{
-    AccessOrder, Backend, BackendId, BackendOp, DeviceId, Error, EventBackend, EventFlags,
-    EventHandle, EventPool, MemoryBackend, MemoryKind, Scratchpad, StreamBackend, StreamHandle,
-    StreamPool,
+    AccessOrder, Backend, BackendId, BackendOp, Completion, DeviceId, Error, EventBackend,
+    EventFlags, EventHandle, EventPool, MemoryBackend, MemoryKind, OwnedStream, Scratchpad,
+    StreamBackend, StreamHandle, StreamOptions, StreamPool,
 };
 use gpupool_cuda::{testing, CudaBackend, CudaError};
 
@@ -30,6 +30,17 @@ fn no_driver_here(test: &str) -> bool {
         eprintln!("{test}: skipped: libcuda is present on this machine (the GPU tests cover it)");
     }
     !present
+}
+
+/// Every message of `e`'s chain (`e`, its source, ...), one a line.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut lines = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(s) = next {
+        lines.push(s.to_string());
+        next = s.source();
+    }
+    lines.join("\n")
 }
 
 fn is_no_driver<T>(r: &Result<T, Error<CudaError>>, op: BackendOp) -> bool {
@@ -50,9 +61,11 @@ fn the_first_stream_get_reports_no_driver() {
         is_no_driver(&r, BackendOp::DeviceCount),
         "expected NoDriver, got {r:?}"
     );
-    // The error prints (without asking the missing driver for a description).
-    let text = r.unwrap_err().to_string();
-    assert!(text.contains("no CUDA driver"), "{text}");
+    // The error prints (without asking the missing driver for a description),
+    // and a report that walks the chain (the pool's error, then the CUDA
+    // backend's as its source) says it once.
+    let report = chain(&r.unwrap_err());
+    assert_eq!(report.matches("no CUDA driver").count(), 1, "{report}");
     // Asking again gives the same answer; nothing was built.
     assert!(is_no_driver(&pool.get(1), BackendOp::DeviceCount));
     assert_eq!(pool.device_count(), None);
@@ -186,6 +199,7 @@ fn every_memory_call_reports_no_driver() {
     assert_eq!(unsafe { gpu.copy_async(p, p, 64, s, d) }, no);
     assert_eq!(gpu.memory_stats(d).map(drop), no);
     assert_eq!(gpu.trim_memory(d).map(drop), no);
+    assert_eq!(gpu.memory_pool(d).map(drop), no);
 
     // A scratchpad over the CUDA backend passes the error on and drops cleanly.
     // SAFETY: no driver here, as above.
@@ -251,6 +265,66 @@ unsafe impl Backend for Elsewhere {
     fn current_device(&self) -> Result<DeviceId, CudaError> {
         Ok(DeviceId(0))
     }
+}
+
+/// `Elsewhere` makes no stream: every call fails, and none is ever made (the
+/// tests only need its id on an `OwnedStream`).
+impl StreamBackend for Elsewhere {
+    fn create_stream(&self, _: DeviceId, _: StreamOptions) -> Result<StreamHandle, CudaError> {
+        Err(CudaError::NoDriver)
+    }
+    unsafe fn destroy_stream(&self, _: StreamHandle, _: DeviceId) -> Result<(), CudaError> {
+        Err(CudaError::NoDriver)
+    }
+    unsafe fn query_stream(&self, _: StreamHandle, _: DeviceId) -> Result<Completion, CudaError> {
+        Err(CudaError::NoDriver)
+    }
+    unsafe fn synchronize_stream(&self, _: StreamHandle, _: DeviceId) -> Result<(), CudaError> {
+        Err(CudaError::NoDriver)
+    }
+    unsafe fn stream_wait_event(
+        &self,
+        _: StreamHandle,
+        _: DeviceId,
+        _: EventHandle,
+    ) -> Result<(), CudaError> {
+        Err(CudaError::NoDriver)
+    }
+    unsafe fn stream_device(&self, _: StreamHandle) -> Result<DeviceId, CudaError> {
+        Err(CudaError::NoDriver)
+    }
+}
+
+#[test]
+fn the_scoped_cudarc_interop_refuses_another_backends_stream_and_reports_no_driver() {
+    // SAFETY: a made-up handle that never reaches a driver (below).
+    let fake = unsafe { StreamHandle::from_raw(0x1000) };
+    // Another backend's stream: refused before anything is called, with or
+    // without a driver (the handle never reaches one).
+    let other = Elsewhere(BackendId::unique());
+    // SAFETY: `Elsewhere` checks nothing and the stream is only offered to
+    // `with_cudarc_owned_stream`, which must refuse it by its id.
+    let foreign = unsafe { OwnedStream::from_raw_parts(&other, fake, DeviceId(0)) }.unwrap();
+    let mut ran = false;
+    let r = gpupool_cuda::with_cudarc_owned_stream(&foreign, |_| ran = true);
+    assert_eq!(r, Err(CudaError::ForeignStream(fake)));
+    assert!(!ran, "the closure does not run");
+    let _ = foreign.into_raw();
+
+    if !no_driver_here(
+        "the_scoped_cudarc_interop_refuses_another_backends_stream_and_reports_no_driver",
+    ) {
+        return;
+    }
+    // A CUDA stream without a driver: `NoDriver`, and the closure never runs.
+    // SAFETY: breaks the contract on a machine with a driver, which returned
+    // above; here every call fails with `NoDriver` before the handle is used.
+    let owned =
+        unsafe { OwnedStream::from_raw_parts(&CudaBackend::new(), fake, DeviceId(0)) }.unwrap();
+    let r = gpupool_cuda::with_cudarc_owned_stream(&owned, |_| ran = true);
+    assert_eq!(r, Err(CudaError::NoDriver));
+    assert!(!ran, "the closure does not run");
+    let _ = owned.into_raw();
 }
 
 #[test]

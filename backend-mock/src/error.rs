@@ -86,10 +86,24 @@ pub enum MockError {
     },
     /// A copy named a range that overlaps memory of this mock without lying
     /// inside one live block (it straddles a block's end, or the block is
-    /// free-pending), or a destination outside every block of this mock, or a
-    /// range that wraps around the address space.
+    /// free-pending), or a range that wraps around the address space.
     InvalidRange {
         /// The start of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A copy whose destination is no memory of this mock (a `Vec`, say).
+    ///
+    /// The mock copies at once but lets the copy's work item use its ranges
+    /// until the stream completes it, checking them for hazards meanwhile; it
+    /// can do that only for its own blocks, so it writes only into them. (A
+    /// source outside its blocks is read at once and not tracked.) To read
+    /// device memory back into host memory of the caller's, copy into a
+    /// pinned block, wait, and copy from there, as
+    /// [`Scratchpad::to_host`](gpupool_core::Scratchpad::to_host) does.
+    UntrackedDestination {
+        /// The destination's start.
         addr: usize,
         /// Its length in bytes.
         len: usize,
@@ -101,6 +115,29 @@ pub enum MockError {
         /// The source's start.
         src: usize,
         /// The length of both.
+        len: usize,
+    },
+    /// [`MockBackend::launch_map`](crate::MockBackend::launch_map) was given
+    /// host order: a simulated kernel runs on a stream.
+    HostOrder,
+    /// [`MockBackend::launch_map`](crate::MockBackend::launch_map) was given
+    /// the order of a stream of another backend (another mock machine).
+    ForeignOrder,
+    /// [`MockBackend::launch_map`](crate::MockBackend::launch_map) was given a
+    /// source and a destination of different lengths.
+    LengthMismatch {
+        /// The source's length, in elements.
+        src: usize,
+        /// The destination's length, in elements.
+        dst: usize,
+    },
+    /// [`MockBackend::launch_map`](crate::MockBackend::launch_map) was given a
+    /// slice that is not inside one live block of device memory of this mock
+    /// (another machine's slice, or another kind of memory).
+    NotDeviceMemory {
+        /// The slice's start.
+        addr: usize,
+        /// Its length in bytes.
         len: usize,
     },
 }
@@ -171,14 +208,33 @@ impl fmt::Display for MockError {
                 f,
                 "the {len} bytes at {addr:#x} do not lie inside one live block"
             ),
+            MockError::UntrackedDestination { addr, len } => write!(
+                f,
+                "the copy's destination ({len} bytes at {addr:#x}) is no memory of this mock: \
+                 it writes only into its own blocks, whose use by the copy it can track \
+                 (stage through a pinned block)"
+            ),
             MockError::OverlappingCopy { dst, src, len } => write!(
                 f,
                 "copy of {len} bytes from {src:#x} to {dst:#x}: the ranges overlap"
+            ),
+            MockError::HostOrder => f.write_str("a simulated kernel needs a stream, not host order"),
+            MockError::ForeignOrder => {
+                f.write_str("the order's stream belongs to another backend than this mock")
+            }
+            MockError::LengthMismatch { src, dst } => write!(
+                f,
+                "the source has {src} elements and the destination {dst}"
+            ),
+            MockError::NotDeviceMemory { addr, len } => write!(
+                f,
+                "the {len} bytes at {addr:#x} are not inside one live block of device memory of this mock"
             ),
         }
     }
 }
 
+/// No source: every variant is the mock's own finding, with no cause below it.
 impl std::error::Error for MockError {}
 
 /// A call that handed the mock a bad handle, device, pointer or range: a

@@ -1,18 +1,28 @@
-//! [`Allocation`]: one block of real host memory from `std::alloc`, owned,
-//! returned to the allocator when dropped.
+//! [`Allocation`]: one block of real host memory from `std::alloc`, zeroed,
+//! owned, returned to the allocator when dropped.
 //!
-//! This file holds the crate's allocator `unsafe`; the only other `unsafe` block
-//! is the memcpy of `copy_async` (in `backend.rs`). Everything above it (kinds,
+//! This file holds the crate's allocator `unsafe`; the other `unsafe` blocks
+//! are the memcpy of `copy_async` (in `backend.rs`) and the reads and writes
+//! of the simulated kernel (`kernel.rs`). Everything above them (kinds,
 //! stream order, hazards) is safe bookkeeping.
+//!
+//! Blocks are zeroed (`alloc_zeroed`), not left uninitialised: real device
+//! memory has no "uninitialised" state visible to Rust (its bytes come back
+//! through the driver), and the core reads scratch device memory back as any
+//! `AnyBitPattern` type (`Scratchpad::to_host`), never-written bytes included.
+//! Uninitialised mock blocks would make that read undefined behaviour here
+//! (Miri reports it), though it is sound on a GPU.
 
 use core::alloc::Layout;
 use core::ptr::NonNull;
 
 /// A block of `layout.size()` bytes aligned to `layout.align()`, from
-/// `std::alloc::alloc`, freed with the same layout on drop.
+/// `std::alloc::alloc_zeroed`, freed with the same layout on drop.
 ///
-/// Invariants: `ptr` was returned by `std::alloc::alloc(layout)`, has not been
-/// freed, and `layout.size() > 0`. The pointer keeps the allocator's
+/// Invariants: `ptr` was returned by `std::alloc::alloc_zeroed(layout)`, has
+/// not been freed, and `layout.size() > 0`. The block starts zeroed; the
+/// mock itself writes only initialised bytes into it (copies of initialised
+/// sources, by `copy_async`'s contract, and kernel outputs). The pointer keeps the allocator's
 /// provenance; callers get copies of it, never a pointer rebuilt from an address.
 #[derive(Debug)]
 pub(crate) struct Allocation {
@@ -34,15 +44,15 @@ unsafe impl Send for Allocation {}
 unsafe impl Sync for Allocation {}
 
 impl Allocation {
-    /// Allocates a block of `layout`; `None` if the size is zero or the
-    /// allocator fails.
+    /// Allocates a zeroed block of `layout`; `None` if the size is zero or
+    /// the allocator fails.
     pub(crate) fn new(layout: Layout) -> Option<Self> {
         if layout.size() == 0 {
             return None;
         }
         // SAFETY: `layout` has a nonzero size (checked above), the one
-        // requirement of `alloc`.
-        let raw = unsafe { std::alloc::alloc(layout) };
+        // requirement of `alloc_zeroed`.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
         NonNull::new(raw).map(|ptr| Allocation { ptr, layout })
     }
 
@@ -64,7 +74,7 @@ impl Allocation {
 
 impl Drop for Allocation {
     fn drop(&mut self) {
-        // SAFETY: by the type's invariants `ptr` came from `alloc(layout)` with
+        // SAFETY: by the type's invariants `ptr` came from `alloc_zeroed(layout)` with
         // this very layout and is freed only here, once.
         unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
     }

@@ -6,7 +6,9 @@
 //! scratchpad's) correctness. It is usable from many threads, under loom
 //! (`--cfg loom`, create it inside `loom::model`) and under Miri with strict
 //! provenance. Its only `unsafe` operations are the allocator calls behind
-//! each block, the memcpy of `copy_async` and the minting of its own handles
+//! each block, the memcpy of `copy_async`, the reads and writes of its
+//! simulated kernel ([`launch_map`](MockBackend::launch_map)) and the minting
+//! of its own handles
 //! ([`StreamHandle::from_raw`](gpupool_core::StreamHandle::from_raw)).
 //!
 //! The backend traits' handle-taking methods are `unsafe fn`s, for real
@@ -79,6 +81,15 @@
 //!   and device. Pointers keep the allocator's provenance; device memory is
 //!   dereferenceable here, but [`host_access`](MockBackend::host_access) flags
 //!   a host access to it.
+//! - **Blocks start zeroed** (`alloc_zeroed`): real device memory has no
+//!   "uninitialised" state visible to Rust, and scratch device memory may be
+//!   read back as any `AnyBitPattern` type
+//!   ([`Scratchpad::to_host`](gpupool_core::Scratchpad::to_host)), bytes
+//!   never written included, which uninitialised host memory would make
+//!   undefined behaviour.
+//! - **A simulated kernel** ([`launch_map`](MockBackend::launch_map)) computes
+//!   `dst[i] = f(src[i])` over scratch device slices on a stream, at once,
+//!   and leaves a work item using both ranges, like a copy.
 //! - **Synchronous free**: the block goes back to `std::alloc` at once.
 //! - **Bad frees** (synchronous or stream-ordered) are errors and [`Misuse`]s
 //!   with no effect: an address where no block starts, or whose block was
@@ -108,7 +119,10 @@
 //!   calls return. Callers must still synchronize before the host reads the
 //!   result, as on a GPU; `host_access` flags a read that did not. A source
 //!   outside every mock block is foreign host memory (a caller's pageable
-//!   slice) and is not tracked; a destination must lie inside a live block.
+//!   slice) and is not tracked; a destination must lie inside a live block
+//!   (one outside every block, a `Vec` say, is
+//!   [`MockError::UntrackedDestination`]: the mock could not track the copy's
+//!   use of it; stage through a pinned block, as `Scratchpad::to_host` does).
 //! - **Accounting**: live, free-pending and peak bytes per kind, live blocks.
 //!   Dropping the last clone of the mock returns every block still allocated
 //!   to `std::alloc`, so a test that leaks simulated memory leaks no real memory.
@@ -203,6 +217,7 @@
 mod backend;
 mod error;
 mod heap;
+mod kernel;
 mod memory;
 mod queue;
 mod state;
@@ -291,8 +306,9 @@ pub enum CompletionPolicy {
 /// - `copy_async` copies the bytes during the call: `dst` is checked to lie
 ///   inside a live block of this mock, but a `src` outside every block is
 ///   foreign host memory and is read as it is, so it must be valid for
-///   `size` bytes; and neither range may be accessed by another thread
-///   meanwhile.
+///   `size` bytes; the source's bytes are initialised (as the trait asks:
+///   device memory is read back as any bit pattern); and neither range may
+///   be accessed by another thread meanwhile.
 #[derive(Clone)]
 pub struct MockBackend {
     inner: Arc<Machine>,

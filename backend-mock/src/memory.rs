@@ -488,6 +488,12 @@ impl State {
         let bad = |addr| MockError::InvalidRange { addr, len: size };
         match self.memory.place(dst, size) {
             Some(Place::Inside(_)) => {}
+            Some(Place::Foreign) => {
+                return Err(MockError::UntrackedDestination {
+                    addr: dst,
+                    len: size,
+                })
+            }
             _ => return Err(bad(dst)),
         }
         match self.memory.place(src, size) {
@@ -512,6 +518,47 @@ impl State {
             &[(dst_block, dst, size, true), (src_block, src, size, false)],
         );
         Ok(())
+    }
+
+    /// `Ok` if `[addr, addr + len)` lies inside one live block of device
+    /// memory of `device` (an empty range always does), for a simulated
+    /// kernel on a stream of `device`.
+    pub(crate) fn check_device_range(
+        &self,
+        addr: usize,
+        len: usize,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let block = match self.memory.place(addr, len) {
+            Some(Place::Inside(start)) => self.memory.blocks.get(&start),
+            _ => None,
+        };
+        match block {
+            Some(b) if b.kind == MemoryKind::Device && b.device == device => Ok(()),
+            Some(b) if b.kind == MemoryKind::Device => Err(MockError::CrossDevice {
+                given: device,
+                actual: b.device,
+            }),
+            _ => Err(MockError::NotDeviceMemory { addr, len }),
+        }
+    }
+
+    /// A simulated kernel's work item on `key`: it reads `src` and writes
+    /// `dst` (each `(addr, len)`, checked by `check_device_range`) until it
+    /// completes. Records hazards as `copy_async` does.
+    pub(crate) fn kernel_use(&mut self, key: StreamKey, src: (usize, usize), dst: (usize, usize)) {
+        self.streams.settle(self.policy);
+        let frontier = self.streams.frontier(self.streams.head(key));
+        let mut ranges = [(None, dst.0, dst.1, true), (None, src.0, src.1, false)];
+        for r in &mut ranges {
+            if r.2 > 0 {
+                r.0 = self.check_work_use(key, &frontier, r.1, r.2, r.3);
+            }
+        }
+        self.push_use(key, &ranges);
     }
 
     /// [`MockBackend::host_access`](crate::MockBackend::host_access).

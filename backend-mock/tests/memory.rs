@@ -669,8 +669,19 @@ fn copy_async_rejects_bad_ranges() {
             mock.copy_async(b, a.add(8), 64, s, D0),
             Err(bad(a.add(8), 64))
         );
-        // A destination outside every block.
-        assert_eq!(mock.copy_async(foreign, a, 8, s, D0), Err(bad(foreign, 8)));
+        // A destination outside every block: refused, and the error says why.
+        let untracked = mock.copy_async(foreign, a, 8, s, D0).unwrap_err();
+        assert_eq!(
+            untracked,
+            MockError::UntrackedDestination {
+                addr: addr(foreign),
+                len: 8
+            }
+        );
+        assert!(
+            untracked.to_string().contains("no memory of this mock"),
+            "{untracked}"
+        );
         // Overlapping ranges in one block.
         assert_eq!(
             mock.copy_async(a.add(4), a, 8, s, D0),
@@ -787,4 +798,200 @@ fn out_of_memory_is_an_error_but_not_a_misuse() {
     assert!(mock.misuses().is_empty());
     assert_eq!(mock.calls(CallKind::Allocate), 1);
     assert_no_leak(&mock);
+}
+
+// ---- the simulated kernel: `launch_map` ------------------------------------
+
+/// The order of a live stream `s` of this mock on `d`.
+fn order_of(
+    mock: &MockBackend,
+    s: StreamHandle,
+    d: DeviceId,
+) -> gpupool_core::AccessOrder<'static> {
+    // SAFETY: `s` is a live stream of `mock` on `d`; the tests below never
+    // destroy it while the order is in use (and the mock checks every handle
+    // it is given anyway).
+    unsafe { gpupool_core::AccessOrder::from_raw(mock, s, d) }
+}
+
+#[test]
+fn launch_map_computes_at_once_and_queues_one_item_on_its_stream() {
+    let mock = MockBackend::new(1);
+    let s = stream(&mock, D0);
+    let order = order_of(&mock, s, D0);
+    let scratch = gpupool_core::Scratchpad::new(&mock, order).unwrap();
+    let x = scratch.to_device(&[1u32, 2, 3, 4]).unwrap();
+    let y = scratch.device::<f64>(4).unwrap();
+    mock.complete_all(s).unwrap();
+    let calls = mock.total_calls();
+    mock.launch_map(&order, &x, &y, |v| f64::from(v) * 1.5)
+        .unwrap();
+    assert_eq!(mock.total_calls(), calls, "a harness call: not counted");
+    assert_eq!(
+        mock.pending_work(s).unwrap(),
+        1,
+        "one work item on the stream"
+    );
+    // Read in the kernel's order: after it (the read-back waits for `s`).
+    assert_eq!(scratch.to_host(&y).unwrap(), [1.5, 3.0, 4.5, 6.0]);
+    assert_eq!(mock.pending_work(s).unwrap(), 0);
+    // In place: source and destination the same memory.
+    mock.launch_map(&order, &x, &x, |v| v * 10).unwrap();
+    assert_eq!(scratch.to_host(&x).unwrap(), [10, 20, 30, 40]);
+    // Empty slices: one item, and `f` is not called.
+    let none = scratch.device::<u32>(0).unwrap();
+    let before = mock.pending_work(s).unwrap();
+    mock.launch_map(&order, &none, &none, |_| -> u32 { unreachable!() })
+        .unwrap();
+    assert_eq!(mock.pending_work(s).unwrap(), before + 1);
+    drop(scratch);
+    mock.complete_everything();
+    assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
+    assert!(mock.misuses().is_empty());
+    assert_no_leak(&mock);
+}
+
+#[test]
+fn launch_map_refuses_bad_orders_and_slices_and_touches_nothing() {
+    let mock = MockBackend::new(2);
+    let s = stream(&mock, D0);
+    let order = order_of(&mock, s, D0);
+    let scratch = gpupool_core::Scratchpad::new(&mock, order).unwrap();
+    let x = scratch.to_device(&[1u8, 2, 3]).unwrap();
+    let y = scratch.to_device(&[0u8; 3]).unwrap();
+    let short = scratch.device::<u8>(2).unwrap();
+    mock.complete_all(s).unwrap();
+    let other = MockBackend::new(1);
+    let other_s = stream(&other, D0);
+    let other_scratch =
+        gpupool_core::Scratchpad::new(&other, order_of(&other, other_s, D0)).unwrap();
+    let foreign = other_scratch.to_device(&[5u8; 3]).unwrap();
+    let config = gpupool_core::ScratchpadConfig {
+        device: Some(D1),
+        ..Default::default()
+    };
+    let on_one =
+        gpupool_core::Scratchpad::with_config(&mock, gpupool_core::AccessOrder::host(), config)
+            .unwrap();
+    let d1 = on_one.to_device(&[7u8; 3]).unwrap();
+    let id = |v: u8| v;
+    let cases = [
+        (
+            mock.launch_map(&gpupool_core::AccessOrder::host(), &x, &y, id),
+            MockError::HostOrder,
+        ),
+        (
+            mock.launch_map(&order_of(&other, other_s, D0), &x, &y, id),
+            MockError::ForeignOrder,
+        ),
+        (
+            mock.launch_map(&order, &x, &short, id),
+            MockError::LengthMismatch { src: 3, dst: 2 },
+        ),
+        (
+            mock.launch_map(&order, &foreign, &y, id),
+            MockError::NotDeviceMemory {
+                addr: foreign.addr(),
+                len: 3,
+            },
+        ),
+        (
+            mock.launch_map(&order, &x, &d1, id),
+            MockError::CrossDevice {
+                given: D0,
+                actual: D1,
+            },
+        ),
+    ];
+    for (got, want) in cases {
+        assert_eq!(got, Err(want));
+    }
+    // A stream destroyed meanwhile (an order made unsafely) is refused too.
+    let gone = stream(&mock, D0);
+    // SAFETY: a live stream of this mock, destroyed once; the order made
+    // from it below is only handed to the mock, which checks it.
+    unsafe { mock.destroy_stream(gone, D0) }.unwrap();
+    assert_eq!(
+        mock.launch_map(&order_of(&mock, gone, D0), &x, &y, id),
+        Err(MockError::InvalidStream(gone))
+    );
+    assert_eq!(mock.pending_work(s).unwrap(), 0, "nothing queued");
+    assert_eq!(scratch.to_host(&y).unwrap(), [0; 3], "nothing written");
+    // A panicking function: nothing written or queued, and the mock still works.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        mock.launch_map(&order, &x, &y, |v| {
+            if v == 2 {
+                panic!("kernel bug")
+            } else {
+                v
+            }
+        })
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(mock.pending_work(s).unwrap(), 0);
+    assert_eq!(scratch.to_host(&y).unwrap(), [0; 3]);
+    mock.launch_map(&order, &x, &y, |v| v + 1).unwrap();
+    assert_eq!(scratch.to_host(&y).unwrap(), [2, 3, 4]);
+    assert!(mock.misuses().is_empty(), "harness errors are not misuses");
+    assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
+}
+
+#[test]
+fn launch_map_uses_its_ranges_until_it_completes() {
+    let mock = MockBackend::new(1);
+    let (a, b) = (stream(&mock, D0), stream(&mock, D0));
+    let scratch = gpupool_core::Scratchpad::new(&mock, order_of(&mock, a, D0)).unwrap();
+    let x = scratch.to_device(&[1u32; 16]).unwrap();
+    let y = scratch.device::<u32>(16).unwrap();
+    mock.complete_all(a).unwrap();
+    // The kernel on `b` reads `x` and writes `y`, still queued.
+    mock.launch_map(&order_of(&mock, b, D0), &x, &y, |v| v + 1)
+        .unwrap();
+    // Another stream writing what it reads, or touching what it writes,
+    // without a wait: both races are reported, naming `b`.
+    mock.use_memory(a, x.as_ptr().cast(), x.byte_len()).unwrap();
+    mock.use_memory(a, y.as_ptr().cast(), 4).unwrap();
+    let kinds: Vec<(HazardKind, Option<StreamHandle>)> = mock
+        .hazards()
+        .iter()
+        .map(|h| (h.kind, h.conflict))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (HazardKind::ConcurrentUse, Some(b)),
+            (HazardKind::ConcurrentUse, Some(b))
+        ]
+    );
+    mock.clear_hazards();
+    // Once `b` has completed it, nothing conflicts any more.
+    mock.complete_all(b).unwrap();
+    mock.complete_all(a).unwrap();
+    mock.use_memory(a, y.as_ptr().cast(), y.byte_len()).unwrap();
+    assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
+    // A copy on `a` that reads the result while the kernel on `b` still
+    // writes it is flagged too.
+    mock.complete_all(a).unwrap();
+    mock.launch_map(&order_of(&mock, b, D0), &x, &y, |v| v * 3)
+        .unwrap();
+    let staged = mock.allocate(Pinned, D0, y.byte_len(), 8).unwrap();
+    // SAFETY: `staged` is a live pinned block of `y`'s size, `y` live device
+    // memory of this mock; they do not overlap; `a` is a live stream of D0.
+    unsafe {
+        mock.copy_async(
+            staged,
+            NonNull::new(y.as_ptr().cast()).unwrap(),
+            y.byte_len(),
+            a,
+            D0,
+        )
+    }
+    .unwrap();
+    assert_eq!(
+        mock.hazards().len(),
+        1,
+        "a copy on `a` reads what `b` writes"
+    );
+    mock.complete_everything();
+    free(&mock, Pinned, staged, y.byte_len(), 8);
 }

@@ -40,14 +40,39 @@ impl fmt::Display for DeviceId {
 /// thread's current device (resolved once per call through
 /// [`Backend::current_device`]).
 ///
+/// The pools' `get` takes `impl Into<DeviceSelector>`, so it accepts:
+/// - a [`DeviceId`], or a `u32` ordinal: `get(0)` with an integer literal
+///   works, the literal being a `u32`;
+/// - an `Option<DeviceId>`: `None` is the current device (DALI's `-1`);
+/// - a `DeviceSelector` itself.
+///
+/// There is no `From<usize>` (nor `From<i32>`): a second integer type would
+/// make `get(0)` ambiguous, and both conversions can lose the value. An
+/// index held as a `usize` converts with [`TryFrom`], which refuses one past
+/// `u32::MAX` instead of truncating it (an ordinal past the device count is
+/// then refused by the pool with `Error::DeviceOutOfRange`).
+///
 /// ```
 /// use gpupool_core::{DeviceId, DeviceSelector};
 /// assert_eq!(DeviceSelector::from(1), DeviceSelector::Id(DeviceId(1)));
 /// assert_eq!(DeviceSelector::default(), DeviceSelector::Current);
+/// assert_eq!(DeviceSelector::from(None), DeviceSelector::Current);
+/// assert_eq!(DeviceSelector::from(Some(DeviceId(2))), DeviceSelector::Id(DeviceId(2)));
+/// let index: usize = 3;
+/// assert_eq!(DeviceSelector::try_from(index), Ok(DeviceSelector::Id(DeviceId(3))));
+/// if usize::BITS > 32 {
+///     assert!(DeviceSelector::try_from(usize::MAX).is_err()); // not truncated
+/// }
 /// ```
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub enum DeviceSelector {
-    /// The calling thread's current device.
+    /// The calling thread's current device, as [`Backend::current_device`]
+    /// reports it when the call is made: on CUDA the device of the context
+    /// current on the calling thread (device 0 when none is, as in the CUDA
+    /// runtime API); on the mock the machine-wide device set by
+    /// `set_current_device`. It is
+    /// resolved once per call, so a lease's [`device`](crate::StreamLease::device)
+    /// says which device it was.
     #[default]
     Current,
     /// This device.
@@ -63,6 +88,31 @@ impl From<DeviceId> for DeviceSelector {
 impl From<u32> for DeviceSelector {
     fn from(d: u32) -> Self {
         DeviceSelector::Id(DeviceId(d))
+    }
+}
+
+impl From<Option<DeviceId>> for DeviceSelector {
+    /// `None` is the current device.
+    fn from(d: Option<DeviceId>) -> Self {
+        d.map_or(DeviceSelector::Current, DeviceSelector::Id)
+    }
+}
+
+impl TryFrom<usize> for DeviceSelector {
+    type Error = core::num::TryFromIntError;
+
+    /// The device of ordinal `d`; an error past `u32::MAX` (no truncation).
+    fn try_from(d: usize) -> Result<Self, Self::Error> {
+        DeviceId::try_from(d).map(DeviceSelector::Id)
+    }
+}
+
+impl TryFrom<usize> for DeviceId {
+    type Error = core::num::TryFromIntError;
+
+    /// The device of ordinal `d`; an error past `u32::MAX` (no truncation).
+    fn try_from(d: usize) -> Result<Self, Self::Error> {
+        u32::try_from(d).map(DeviceId)
     }
 }
 
@@ -276,8 +326,14 @@ pub struct StreamOptions {
 ///    another backend's id.
 pub unsafe trait Backend: Send + Sync {
     /// The backend's error. Pools wrap it in [`Error::Backend`](crate::Error)
-    /// together with the operation that failed.
-    type Error: fmt::Debug + fmt::Display + Send + Sync + 'static;
+    /// together with the operation that failed, as that error's
+    /// [`source`](core::error::Error::source).
+    ///
+    /// Its `Display` says what went wrong in the backend's terms without
+    /// repeating its own `source()`, if it has one (the convention of
+    /// `core::error::Error`: a report walks the chain and prints each level
+    /// once).
+    type Error: core::error::Error + Send + Sync + 'static;
 
     /// Which driver instance this backend speaks to (see [`BackendId`]). Must
     /// return the same id every time, and the same id as every other backend
@@ -520,6 +576,11 @@ pub trait MemoryBackend: Backend {
     ///    `stream`, do not overlap, and nothing else writes `dst` or `src`
     ///    meanwhile. (CUDA stages a *pageable* host source before the call
     ///    returns, but a pinned or managed source is read when the copy runs.)
+    /// 3. the `size` bytes at `src` are initialised: device memory may be
+    ///    read back as any bit pattern
+    ///    ([`Scratchpad::to_host`](crate::Scratchpad::to_host)), so no
+    ///    uninitialised byte may reach it (a backend that copies with host
+    ///    code, like the mock, would carry it over).
     unsafe fn copy_async(
         &self,
         dst: NonNull<u8>,

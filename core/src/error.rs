@@ -69,11 +69,13 @@ pub enum Error<E> {
         /// How many devices there are.
         count: u32,
     },
-    /// A stream or event was put under a device it does not belong to.
+    /// A stream or event was put under a device it does not belong to, or
+    /// memory of one device was handed to a scratchpad of another
+    /// ([`Scratchpad::copy_to_host`](crate::Scratchpad::copy_to_host)).
     WrongDevice {
-        /// The device named in the call.
+        /// The device named in the call (the scratchpad's, for memory).
         given: DeviceId,
-        /// The device the handle belongs to.
+        /// The device the handle or memory belongs to.
         actual: DeviceId,
     },
     /// The null handle was offered where a real stream or event is needed.
@@ -100,10 +102,19 @@ pub enum Error<E> {
     /// A guard of another epoch collector was passed to a pool call
     /// (see [`StreamPool::collector`](crate::StreamPool::collector)).
     ForeignGuard,
-    /// A stream, event or order made by another backend (another mock
-    /// machine; a mock handle offered to CUDA) was offered: its
+    /// A stream, event, order or device slice made by another backend
+    /// (another mock machine; a mock handle offered to CUDA) was offered: its
     /// [`BackendId`](crate::BackendId) is not the receiver's.
     ForeignHandle,
+    /// Two lengths that must be equal are not: a host buffer for a copy from
+    /// device memory ([`Scratchpad::copy_to_host`](crate::Scratchpad::copy_to_host))
+    /// has another length than the device slice. Nothing was copied.
+    LengthMismatch {
+        /// The length required (the device slice's).
+        expected: usize,
+        /// The length given (the host buffer's).
+        actual: usize,
+    },
 }
 
 impl<E> Error<E> {
@@ -122,16 +133,44 @@ impl<E> Error<E> {
     }
 }
 
+/// Says what failed, not why: a backend failure's cause is its
+/// [`source`](core::error::Error::source) (the backend's own error), which the
+/// message does not repeat, so a report that walks the chain prints each cause
+/// once: "backend call CopyAsync failed", caused by the backend's error.
+///
+/// The alternate form (`{:#}`) appends the cause, itself in alternate form,
+/// after `": "`: the whole chain in one line, for a log that has only the
+/// `Display` (the [lost-error hook](crate::set_lost_error_hook)).
+///
+/// ```
+/// use gpupool_core::{BackendOp, Error};
+/// use gpupool_mock::MockError;
+///
+/// let e = Error::Backend { op: BackendOp::CopyAsync, source: MockError::Injected(BackendOp::CopyAsync) };
+/// assert_eq!(e.to_string(), "backend call CopyAsync failed");
+/// let source = std::error::Error::source(&e).unwrap();
+/// assert_eq!(source.to_string(), "injected failure of a CopyAsync call");
+/// assert_eq!(format!("{e:#}"), "backend call CopyAsync failed: injected failure of a CopyAsync call");
+/// ```
 impl<E: fmt::Display> fmt::Display for Error<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Backend { op, source } => write!(f, "backend call {op:?} failed: {source}"),
+            Error::Backend { op, source } => {
+                write!(f, "backend call {op:?} failed")?;
+                if f.alternate() {
+                    write!(f, ": {source:#}")?;
+                }
+                Ok(())
+            }
             Error::NoDevice => f.write_str("no device is available"),
             Error::DeviceOutOfRange { device, count } => {
                 write!(f, "{device} is out of range: there are {count} devices")
             }
             Error::WrongDevice { given, actual } => {
-                write!(f, "the handle belongs to {actual}, not to {given}")
+                write!(
+                    f,
+                    "the handle or memory belongs to {actual}, not to {given}"
+                )
             }
             Error::NullHandle => f.write_str("the null handle cannot be pooled"),
             Error::InvalidAlignment { align } => {
@@ -151,15 +190,21 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 f.write_str("the epoch guard belongs to another collector than the pool's")
             }
             Error::ForeignHandle => {
-                f.write_str("the handle or order was made by another backend than this one")
+                f.write_str("the handle, order or memory was made by another backend than this one")
+            }
+            Error::LengthMismatch { expected, actual } => {
+                write!(
+                    f,
+                    "length mismatch: {actual} elements given, {expected} needed"
+                )
             }
         }
     }
 }
 
-#[cfg(feature = "std")]
-impl<E: std::error::Error + 'static> std::error::Error for Error<E> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+/// `source()` is the backend's error for [`Error::Backend`], `None` otherwise.
+impl<E: core::error::Error + 'static> core::error::Error for Error<E> {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         match self {
             Error::Backend { source, .. } => Some(source),
             _ => None,
@@ -177,15 +222,30 @@ pub struct Rejected<T, E> {
     pub error: Error<E>,
 }
 
+/// Says what was refused ("OwnedStream refused"); why is the
+/// [`source`](core::error::Error::source), [`error`](Rejected::error), which
+/// the message does not repeat. The alternate form (`{:#}`) appends the
+/// whole chain, as [`Error`]'s does.
 impl<T, E: fmt::Display> fmt::Display for Rejected<T, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "refused: {}", self.error)
+        write!(f, "{} refused", short_type_name::<T>())?;
+        if f.alternate() {
+            write!(f, ": {:#}", self.error)?;
+        }
+        Ok(())
     }
 }
 
-#[cfg(feature = "std")]
-impl<T: fmt::Debug, E: std::error::Error + 'static> std::error::Error for Rejected<T, E> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+/// `source()` is [`error`](Rejected::error), always.
+impl<T: fmt::Debug, E: core::error::Error + 'static> core::error::Error for Rejected<T, E> {
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
         Some(&self.error)
     }
+}
+
+/// `T`'s name without its path or generic arguments (`OwnedStream`).
+fn short_type_name<T>() -> &'static str {
+    let full = core::any::type_name::<T>();
+    let base = full.split('<').next().unwrap_or(full);
+    base.rsplit("::").next().unwrap_or(base)
 }

@@ -275,7 +275,10 @@ impl<B: EventBackend> EventPool<B> {
     }
 
     /// [`get`](Self::get) with a guard the caller pinned in [`collector`](Self::collector).
-    /// Uses the shared lists only (not the calling thread's cache).
+    ///
+    /// With `std`, like `get`, it takes an event from the calling thread's
+    /// cache first (the cell its returns fill), so `get_in`/drop cycles reuse
+    /// one event. Without `std` there are no cells: it uses the shared lists.
     pub fn get_in(
         &self,
         device: impl Into<DeviceSelector>,
@@ -285,6 +288,16 @@ impl<B: EventBackend> EventPool<B> {
             return Err(Error::ForeignGuard);
         }
         let (device, slot) = self.slot(device.into())?;
+        #[cfg(all(feature = "std", not(loom)))]
+        if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
+            // SAFETY: cells hold only events this pool created on the cell's
+            // device (`device`) and owns.
+            return Ok(EventLease::new(
+                self,
+                unsafe { EventHandle::from_raw(h) },
+                device,
+            ));
+        }
         self.get_from(device, slot, guard)
     }
 
@@ -348,6 +361,8 @@ impl<B: EventBackend> EventPool<B> {
         }
         match self.slot(DeviceSelector::Id(event.device)) {
             Ok((_, slot)) => {
+                // Taken in, wherever it goes below.
+                Counters::bump(&slot.counters.put);
                 // The calling thread's cell first, so that its next `get` takes
                 // the event put last (no lease ends here: not counted).
                 #[cfg(all(feature = "std", not(loom)))]
@@ -590,10 +605,15 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     /// Ends the lease without returning the event: the caller owns it now.
     pub fn detach(self) -> OwnedEvent {
         let this = ManuallyDrop::new(self);
+        let slot = this.pool.leased_slot(this.device);
         if !this.vacate() {
-            if let Some(slot) = this.pool.leased_slot(this.device) {
+            if let Some(slot) = slot {
                 Counters::bump(&slot.counters.returned);
             }
+        }
+        if let Some(slot) = slot {
+            // The event leaves the pool (`PoolStats::pooled`).
+            Counters::bump(&slot.counters.detached);
         }
         OwnedEvent {
             handle: this.event,

@@ -98,6 +98,12 @@ pub const MAX_DEVICES: u32 = 1024;
 /// handles ([`StreamPool::with_collector`], the `*_in` calls).
 pub use crossbeam_epoch as epoch_crate;
 
+/// The crate whose traits bound what scratch device memory may be written from
+/// (`NoUninit`) and read back as (`AnyBitPattern`), re-exported so that a
+/// caller can name them, derive them (with bytemuck's `derive` feature in
+/// their own dependency) or cast parts to bytes (`cast_slice`).
+pub use bytemuck;
+
 use static_assertions::assert_impl_all;
 
 assert_impl_all!(StreamHandle: Copy, Send, Sync);

@@ -18,7 +18,7 @@
 //! use gpupool_mock::MockBackend;
 //!
 //! fn log(e: &dyn core::fmt::Display) {
-//!     eprintln!("gpupool: {e}");
+//!     eprintln!("gpupool: {e:#}"); // `#`: with its causes
 //! }
 //! set_lost_error_hook(Some(log));
 //!
@@ -41,6 +41,12 @@ use core::fmt;
 use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 /// What [`set_lost_error_hook`] takes: called with each error a drop met.
+///
+/// The error is handed over as itself ([`Error`](crate::Error)), whose plain
+/// `Display` stops at its own level (its cause is its `source()`, not part of
+/// its message). Format it with `{:#}` to print the whole chain, each cause
+/// once ("backend call DestroyStream failed: injected failure of a
+/// DestroyStream call").
 pub type LostErrorHook = fn(&dyn fmt::Display);
 
 static LOST: AtomicUsize = AtomicUsize::new(0);

@@ -17,6 +17,12 @@
 //! memory can be touched through them after [`reset`](Scratchpad::reset) or
 //! drop, which need `&mut self` or ownership.
 //!
+//! Typed data goes to device memory with [`to_device`](Scratchpad::to_device)
+//! (or packed, [`to_contiguous_device`](Scratchpad::to_contiguous_device))
+//! and comes back with [`to_host`](Scratchpad::to_host) /
+//! [`copy_to_host`](Scratchpad::copy_to_host), both in the device order and
+//! with no `unsafe` on the caller's side.
+//!
 //! # Reuse across iterations
 //!
 //! DALI's scratchpad must be short-lived: kept, it grows without bound (its
@@ -75,7 +81,7 @@ use core::cell::Cell;
 use core::fmt;
 use core::ptr::NonNull;
 
-use crate::backend::{DeviceId, EventBackend, MemoryBackend, MemoryKind, StreamBackend};
+use crate::backend::{BackendId, DeviceId, EventBackend, MemoryBackend, MemoryKind, StreamBackend};
 use crate::error::{BackendOp, Error};
 use crate::monotonic::{check_request, Block, FixedOrder, MonotonicResource, Upstream};
 use crate::order::AccessOrder;
@@ -212,6 +218,8 @@ impl<E: fmt::Display> FirstError<E> {
 /// `'b`: it cannot outlive a lease whose order it was built on.
 pub struct Scratchpad<'b, B: ScratchBackend> {
     backend: &'b B,
+    /// `backend.id()`, read once: the owner its device slices carry.
+    id: BackendId,
     /// Like every order in `config`: of `backend` (or host order, or a
     /// special stream), and, for a stream, on `device` once that is known
     /// (checked at construction).
@@ -312,6 +320,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             | (u8::from(!managed.is_host()) << MemoryKind::Managed.index());
         Scratchpad {
             backend,
+            id: backend.id(),
             device_order,
             config,
             fenced,
@@ -420,6 +429,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     ///
     /// Errors: an alignment that is not a nonzero power of two, a size past
     /// `isize::MAX`, a failed upstream; the scratchpad is unchanged by any of them.
+    ///
+    /// Device memory may be read back later as any `AnyBitPattern` type
+    /// ([`to_host`](Self::to_host)), so whatever writes it through this
+    /// pointer writes initialised bytes only (a kernel's output always is).
     #[inline]
     pub fn alloc(
         &self,

@@ -21,6 +21,10 @@ pub(crate) struct Counters {
     pub(crate) destroyed: AtomicUsize,
     pub(crate) quarantined: AtomicUsize,
     pub(crate) returned: AtomicUsize,
+    /// Handles taken in by `put` (not by a lease's return).
+    pub(crate) put: AtomicUsize,
+    /// Leases ended by `detach`: their handles left the pool.
+    pub(crate) detached: AtomicUsize,
 }
 
 impl Counters {
@@ -51,15 +55,25 @@ impl Counters {
         let (created, busy_hits) = (r(&self.created), r(&self.busy_hits));
         let reused = r(&self.reused).wrapping_add(served);
         let leased = created.wrapping_add(reused).wrapping_add(busy_hits);
+        let live_leases = leased.saturating_sub(returned);
+        let destroyed = r(&self.destroyed);
+        // Handles the pool owns: made or put in, less those destroyed or
+        // detached; those not leased out are held. (A call that runs between
+        // the loads skews the snapshot by its own step, as for `live_leases`;
+        // the subtractions saturate, never wrap.)
+        let owned = created
+            .wrapping_add(r(&self.put))
+            .saturating_sub(destroyed.wrapping_add(r(&self.detached)));
         PoolStats {
             created,
             reused,
             busy_hits,
             promoted: r(&self.promoted),
-            destroyed: r(&self.destroyed),
+            destroyed,
             quarantined: r(&self.quarantined),
             leases: leased,
-            live_leases: leased.saturating_sub(returned),
+            live_leases,
+            pooled: owned.saturating_sub(live_leases),
         }
     }
 }
@@ -86,6 +100,17 @@ pub struct PoolStats {
     pub leases: usize,
     /// Leases out right now (handed out and not yet returned or released).
     pub live_leases: usize,
+    /// Handles the pool holds right now and has not leased out: ready, busy
+    /// (streams returned with work pending), kept in threads' cells, and
+    /// quarantined (set aside after a failed call, destroyed by the next
+    /// purge). In other words, what a purge would try to destroy now.
+    ///
+    /// Computed from the tallies when asked (no cost on a lease's path):
+    /// handles created or `put` in, less those destroyed or detached, less
+    /// the live leases. Exact when no call on the pool is in flight; a
+    /// snapshot taken while other threads lease and return may be off by the
+    /// calls in flight, like `live_leases`.
+    pub pooled: usize,
 }
 
 impl core::ops::Add for PoolStats {
@@ -100,6 +125,7 @@ impl core::ops::Add for PoolStats {
             leases: self.leases.wrapping_add(o.leases),
             live_leases: self.live_leases.wrapping_add(o.live_leases),
             quarantined: self.quarantined.wrapping_add(o.quarantined),
+            pooled: self.pooled.wrapping_add(o.pooled),
         }
     }
 }

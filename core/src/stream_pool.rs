@@ -13,10 +13,11 @@
 //! - Returning a stream queries it once: idle goes to the ready list, pending to
 //!   the busy list.
 //! - With `std`, an idle returned stream goes first to a cell of the returning
-//!   thread (up to four per device), and that thread's next `get` takes it from
-//!   there: no epoch pin, no shared line, one query per lease as before. Purge
-//!   and drop reach every cell; a thread that exits leaves its idle streams to
-//!   the next thread that registers with the pool.
+//!   thread (up to four per device), and that thread's next `get` (or
+//!   `get_in`) takes it from there: no epoch pin, no shared line, one query
+//!   per lease as before. Purge and drop reach every cell; a thread that
+//!   exits leaves its idle streams to the next thread that registers with
+//!   the pool.
 //! - [`StreamPoolConfig::same_thread_reuse`] (opt-in) skips the query as well.
 //!
 //! Differences from DALI's `CUDAStreamPool`, on purpose: no lock; typed errors
@@ -350,14 +351,25 @@ impl<B: StreamBackend> StreamPool<B> {
         }
         let (device, slot) = self.slot(device)?;
         #[cfg(not(loom))]
+        if let Some(lease) = self.take_cached(device) {
+            return Ok(lease);
+        }
+        self.pinning.pin(|g| self.get_from(device, slot, g))
+    }
+
+    /// The calling thread's kept stream of `device` (its cell, registered if
+    /// need be), if it has one; with same-thread reuse, the streams left by
+    /// exited threads go to the busy list first.
+    #[cfg(all(feature = "std", not(loom)))]
+    fn take_cached(&self, device: DeviceId) -> Option<StreamLease<'_, B>> {
         if let Some(Some((h, origin))) = self
             .cache
             .with_cell(device.index(), |c| c.take().map(|h| (h, self.origin_in(c))))
         {
-            // SAFETY: as above.
-            return Ok(self.lease(unsafe { StreamHandle::from_raw(h) }, device, origin));
+            // SAFETY: cells hold only handles of streams this pool created on
+            // the cell's device (`device`) and owns.
+            return Some(self.lease(unsafe { StreamHandle::from_raw(h) }, device, origin));
         }
-        #[cfg(not(loom))]
         if self.config.same_thread_reuse {
             // Streams left by exited threads may run their work: busy list.
             for (d, h) in self.cache.take_orphans() {
@@ -367,7 +379,7 @@ impl<B: StreamBackend> StreamPool<B> {
                 }
             }
         }
-        self.pinning.pin(|g| self.get_from(device, slot, g))
+        None
     }
 
     /// A lease of `stream` (owned by the pool, of `device`) to the calling
@@ -415,7 +427,11 @@ impl<B: StreamBackend> StreamPool<B> {
     }
 
     /// [`get`](Self::get) with a guard the caller pinned in [`collector`](Self::collector).
-    /// Uses the shared lists only (never a thread's kept streams).
+    ///
+    /// With `std`, like `get`, it takes the calling thread's kept stream
+    /// first (the cell its returns fill), so `get_in`/drop cycles reuse one
+    /// stream instead of creating a new one while the cell fills. Without
+    /// `std` there are no cells: it uses the shared lists.
     pub fn get_in(
         &self,
         device: impl Into<DeviceSelector>,
@@ -425,6 +441,10 @@ impl<B: StreamBackend> StreamPool<B> {
             return Err(Error::ForeignGuard);
         }
         let (device, slot) = self.slot(device.into())?;
+        #[cfg(all(feature = "std", not(loom)))]
+        if let Some(lease) = self.take_cached(device) {
+            return Ok(lease);
+        }
         self.get_from(device, slot, guard)
     }
 
@@ -490,7 +510,12 @@ impl<B: StreamBackend> StreamPool<B> {
         };
         // SAFETY: `stream` owns a live stream of this backend (id checked) on
         // its device, and the pool has not taken it yet.
-        match unsafe { self.backend.query_stream(stream.handle, stream.device) } {
+        let completion = unsafe { self.backend.query_stream(stream.handle, stream.device) };
+        if completion.is_ok() {
+            // Taken in, wherever it goes below.
+            Counters::bump(&slot.counters.put);
+        }
+        match completion {
             Ok(Completion::Complete) => {
                 // Idle: like a returned lease, the calling thread's cell first,
                 // so that its next `get` takes the stream put last.
@@ -785,10 +810,12 @@ impl<B: StreamBackend> StreamPool<B> {
         }
     }
 
-    /// Marks a lease as released (no longer live, not returned to the pool).
+    /// Marks a lease as released (no longer live, not returned to the pool:
+    /// its stream left the pool).
     fn forget_lease(&self, device: DeviceId) {
         if let Some(slot) = self.devices.slot_of(device) {
             Counters::bump(&slot.counters.returned);
+            Counters::bump(&slot.counters.detached);
         }
     }
 }

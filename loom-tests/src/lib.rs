@@ -55,8 +55,8 @@
 //!   driver calls (`cuInit`, `cuDevicePrimaryCtxRetain`), which loom cannot
 //!   run.
 //! - The CUDA memory state per device (cuda, `memory.rs`): `OnceLock`s over
-//!   driver calls (the default memory pool, the private stream; a racing
-//!   loser destroys its stream), relaxed tallies, and the over-alignment
+//!   driver calls (gpupool's own memory pool, the private stream; a racing
+//!   loser destroys its pool or stream), relaxed tallies, and the over-alignment
 //!   table: a `Mutex<HashMap>` with a length read without the lock
 //!   (`Acquire`) on every free. That table is not separated from the driver
 //!   calls around it yet; it could be modelled like the block pool.

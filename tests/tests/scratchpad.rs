@@ -510,3 +510,273 @@ fn a_reset_of_a_kind_unused_since_the_last_one_asks_nothing() {
     gpu.host_access(q, 4096).unwrap();
     assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
 }
+
+// ---- read-back: `to_host` / `copy_to_host` (issue 12) ----------------------
+
+/// Uploads `src`, reads it back with both forms, checks it, in the device
+/// order `order`; and that an empty slice makes no backend call.
+fn round_trip<T>(gpu: &MockBackend, order: AccessOrder<'_>, src: &[T])
+where
+    T: gpupool_core::bytemuck::Pod + PartialEq + std::fmt::Debug,
+{
+    let scratch = Scratchpad::new(gpu, order).unwrap();
+    let on_device = scratch.to_device(src).unwrap();
+    let calls = gpu.total_calls();
+    assert_eq!(scratch.to_host(&on_device).unwrap(), src);
+    let mut back = vec![T::zeroed(); src.len()];
+    scratch.copy_to_host(&on_device, &mut back).unwrap();
+    assert_eq!(back, src);
+    if src.is_empty() {
+        assert_eq!(gpu.total_calls(), calls, "an empty read-back calls nothing");
+    }
+}
+
+#[test]
+fn to_host_round_trips_several_types_and_lengths_in_either_order() {
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    for order in [s.order(), AccessOrder::host()] {
+        for len in [0usize, 1, 7, 1000] {
+            let ints: Vec<u32> = (0..len as u32)
+                .map(|i| i.wrapping_mul(2_654_435_761))
+                .collect();
+            round_trip(&gpu, order, &ints);
+            let bytes: Vec<u8> = (0..len).map(|i| i as u8 ^ 0x5a).collect();
+            round_trip(&gpu, order, &bytes);
+            let halves: Vec<i16> = (0..len).map(|i| -(i as i16)).collect();
+            round_trip(&gpu, order, &halves);
+            let floats: Vec<f64> = (0..len).map(|i| i as f64 * 0.25 - 3.0).collect();
+            round_trip(&gpu, order, &floats);
+            let arrays: Vec<[u16; 3]> = (0..len as u16).map(|i| [i, i ^ 7, !i]).collect();
+            round_trip(&gpu, order, &arrays);
+        }
+    }
+    gpu.complete_everything();
+    assert_eq!(live_bytes(&gpu), 0);
+    assert!(gpu.misuses().is_empty() && gpu.hazards().is_empty());
+}
+
+#[test]
+fn never_written_device_memory_reads_back_as_zeros() {
+    // The mock's blocks start zeroed: a read of bytes nothing wrote is
+    // defined (Miri checks it), as it is on a GPU.
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
+    let fresh = scratch.device::<u64>(33).unwrap();
+    assert_eq!(scratch.to_host(&fresh).unwrap(), [0u64; 33]);
+}
+
+#[test]
+fn a_length_mismatch_is_a_typed_error_and_the_scratchpad_stays_usable() {
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
+    let on_device = scratch.to_device(&[1u32, 2, 3]).unwrap();
+    let calls = gpu.total_calls();
+    for len in [0, 2, 4] {
+        let mut dst = vec![9u32; len];
+        let e = scratch.copy_to_host(&on_device, &mut dst).unwrap_err();
+        assert_eq!(
+            e,
+            Error::LengthMismatch {
+                expected: 3,
+                actual: len
+            }
+        );
+        assert!(std::error::Error::source(&e).is_none());
+        assert_eq!(dst, vec![9u32; len], "the buffer is untouched");
+    }
+    assert_eq!(gpu.total_calls(), calls, "refused before any backend call");
+    assert_eq!(scratch.to_host(&on_device).unwrap(), [1, 2, 3]);
+    let more = scratch.to_device(&[4u32, 5]).unwrap();
+    assert_eq!(scratch.to_host(&more).unwrap(), [4, 5]);
+    assert!(gpu.misuses().is_empty() && gpu.hazards().is_empty());
+}
+
+#[test]
+fn a_slice_of_another_device_or_machine_is_refused_before_any_call() {
+    let gpu = mock(2);
+    let s = Stream::new(&gpu); // device 0
+    let here = Scratchpad::new(&gpu, s.order()).unwrap();
+    let config = ScratchpadConfig {
+        device: Some(DeviceId(1)),
+        ..ScratchpadConfig::default()
+    };
+    let there = Scratchpad::with_config(&gpu, AccessOrder::host(), config).unwrap();
+    let on_one = there.to_device(&[1u8, 2]).unwrap();
+    assert_eq!(on_one.device(), DeviceId(1));
+    let other_gpu = mock(1);
+    let elsewhere = Scratchpad::new(&other_gpu, AccessOrder::host()).unwrap();
+    let foreign = elsewhere.to_device(&[3u8, 4]).unwrap();
+    here.device::<u8>(1).unwrap(); // resolves `here`'s device
+    let calls = gpu.total_calls();
+    assert_eq!(
+        here.to_host(&on_one).unwrap_err(),
+        Error::WrongDevice {
+            given: DeviceId(0),
+            actual: DeviceId(1)
+        }
+    );
+    assert_eq!(here.to_host(&foreign).unwrap_err(), Error::ForeignHandle);
+    assert_eq!(gpu.total_calls(), calls);
+    // Each scratchpad reads its own.
+    assert_eq!(there.to_host(&on_one).unwrap(), [1, 2]);
+    assert_eq!(elsewhere.to_host(&foreign).unwrap(), [3, 4]);
+    assert!(gpu.misuses().is_empty() && other_gpu.misuses().is_empty());
+}
+
+#[test]
+fn to_host_copies_on_the_device_order_stream_and_returns_after_the_copy() {
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
+    let on_device = scratch.to_device(&[7u32; 64]).unwrap();
+    // A kernel on the device order's stream writes the slice; still queued.
+    gpu.use_memory(s.get(), on_device.as_ptr().cast(), on_device.byte_len())
+        .unwrap();
+    assert!(gpu.pending_work(s.get()).unwrap() > 0);
+    let (copies, syncs) = (
+        gpu.calls(CallKind::CopyAsync),
+        gpu.calls(CallKind::SynchronizeStream),
+    );
+    assert_eq!(scratch.to_host(&on_device).unwrap(), [7; 64]);
+    assert_eq!(gpu.calls(CallKind::CopyAsync), copies + 1);
+    assert_eq!(gpu.calls(CallKind::SynchronizeStream), syncs + 1);
+    assert_eq!(
+        gpu.pending_work(s.get()).unwrap(),
+        0,
+        "the kernel and the copy behind it have run before it returns"
+    );
+    assert_eq!(
+        gpu.live_bytes(MemoryKind::Pinned),
+        0,
+        "both staging blocks (the upload's, the read-back's) are freed"
+    );
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+
+    // A kernel on another stream, not ordered before the device order: the
+    // read-back's copy (on `s`) races it, which the mock reports.
+    let t = Stream::new(&gpu);
+    gpu.use_memory(t.get(), on_device.as_ptr().cast(), on_device.byte_len())
+        .unwrap();
+    scratch.to_host(&on_device).unwrap();
+    let hazards = gpu.hazards();
+    assert_eq!(hazards.len(), 1, "{hazards:?}");
+    assert_eq!(hazards[0].kind, gpupool_mock::HazardKind::ConcurrentUse);
+    assert_eq!(
+        (hazards[0].stream, hazards[0].conflict),
+        (Some(s.get()), Some(t.get()))
+    );
+    assert!(gpu.misuses().is_empty());
+}
+
+#[test]
+fn a_failed_read_back_leaves_the_buffer_and_the_scratchpad_as_they_were() {
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
+    let on_device = scratch.to_device(&[1u16, 2, 3]).unwrap();
+    gpu.complete_everything();
+    let live = live_bytes(&gpu);
+    for op in [
+        CallKind::Allocate,
+        CallKind::CopyAsync,
+        CallKind::SynchronizeStream,
+    ] {
+        gpu.fail_nth(op, 1);
+        let mut dst = [0u16; 3];
+        let e = scratch.copy_to_host(&on_device, &mut dst).unwrap_err();
+        assert_eq!(e.backend_op(), Some(op));
+        if op != CallKind::SynchronizeStream {
+            assert_eq!(live_bytes(&gpu), live, "{op:?}: the staging block is freed");
+        }
+        assert_eq!(dst, [0; 3], "{op:?}: the buffer is untouched");
+    }
+    assert_eq!(scratch.to_host(&on_device).unwrap(), [1, 2, 3]);
+}
+
+#[test]
+fn error_messages_do_not_repeat_their_sources() {
+    // A real failure: an injected copy failure during a read-back.
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
+    let on_device = scratch.to_device(&[1u8; 8]).unwrap();
+    gpu.fail_nth(CallKind::CopyAsync, 1);
+    let e = scratch.to_host(&on_device).unwrap_err();
+    let mut chain: Vec<String> = Vec::new();
+    let mut next: Option<&dyn std::error::Error> = Some(&e);
+    while let Some(err) = next {
+        chain.push(err.to_string());
+        next = err.source();
+    }
+    assert_eq!(
+        chain,
+        [
+            "backend call CopyAsync failed",
+            "injected failure of a CopyAsync call"
+        ]
+    );
+    for pair in chain.windows(2) {
+        assert!(!pair[0].contains(&pair[1]), "{:?} repeats its source", pair);
+    }
+    // The alternate form prints the chain once, for logs that have only Display.
+    assert_eq!(format!("{e:#}"), chain.join(": "));
+}
+
+#[test]
+fn copy_to_host_after_a_reset_reads_the_bytes_back_as_another_type() {
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let mut scratch = Scratchpad::new(&gpu, s.order()).unwrap();
+    let bits: Vec<u32> = [1.5f32, -0.0, 3.25e9, f32::INFINITY]
+        .iter()
+        .map(|f| f.to_bits())
+        .collect();
+    let first = scratch.to_device(&bits).unwrap().addr();
+    scratch.reset().unwrap();
+    let floats = scratch.device::<f32>(bits.len()).unwrap();
+    assert_eq!(floats.addr(), first, "the same bytes, handed out again");
+    let mut back = [0f32; 4];
+    scratch.copy_to_host(&floats, &mut back).unwrap();
+    let want: Vec<u32> = back.iter().map(|f| f.to_bits()).collect();
+    assert_eq!(want, bits);
+    // And as bytes, after another reset.
+    scratch.reset().unwrap();
+    let bytes = scratch.device::<u8>(16).unwrap();
+    assert_eq!(bytes.addr(), first);
+    let expected: Vec<u8> = bits.iter().flat_map(|b| b.to_ne_bytes()).collect();
+    assert_eq!(scratch.to_host(&bytes).unwrap(), expected);
+    gpu.complete_everything();
+    assert!(gpu.misuses().is_empty() && gpu.hazards().is_empty());
+}
+
+#[test]
+fn mixed_parts_pack_into_one_copy_each_aligned_for_its_type() {
+    use gpupool_core::bytemuck::cast_slice;
+    let gpu = mock(1);
+    let s = Stream::new(&gpu);
+    let scratch = Scratchpad::new(&gpu, s.order()).unwrap();
+    let flags: &[u8] = &[1, 0, 1];
+    let weights: &[f64] = &[0.5, -2.0];
+    let ids: &[u32] = &[10, 20, 30];
+    let copies = gpu.calls(CallKind::CopyAsync);
+    let (block, ranges) = scratch
+        .to_contiguous_device_bytes(&[flags, cast_slice(weights), cast_slice(ids)], 8)
+        .unwrap();
+    assert_eq!(gpu.calls(CallKind::CopyAsync), copies + 1, "one copy");
+    assert_eq!(ranges, [0..3, 8..24, 24..36]);
+    assert_eq!(block.addr() % 8, 0);
+    let back = scratch.to_host(&block).unwrap();
+    assert_eq!(&back[0..3], flags);
+    assert_eq!(&back[3..8], [0; 5], "the gap is zeroed");
+    assert_eq!(cast_slice::<u8, f64>(&back[8..24]), weights);
+    assert_eq!(cast_slice::<u8, u32>(&back[24..36]), ids);
+    assert_eq!(
+        scratch.to_contiguous_device_bytes(&[flags], 3).unwrap_err(),
+        Error::InvalidAlignment { align: 3 }
+    );
+    gpu.complete_everything();
+    assert!(gpu.misuses().is_empty() && gpu.hazards().is_empty());
+}

@@ -82,3 +82,46 @@ fn same_thread_reuse_streams_are_destroyed_with_the_pool() {
     assert_eq!(gpu.live_streams(), 0);
     assert!(gpu.misuses().is_empty());
 }
+
+#[test]
+fn a_refused_put_chains_rejected_error_and_backend_error_each_said_once() {
+    use gpupool_mock::{CallKind, MockError};
+    use std::error::Error as _;
+    let gpu = mock(1);
+    let pool = StreamPool::new(gpu.clone());
+    let owned = pool.get(0).unwrap().detach();
+    gpu.fail_nth(CallKind::QueryStream, 1);
+    let refused = pool.put(owned, None).unwrap_err();
+    let mut chain = vec![refused.to_string()];
+    let mut next = refused.source();
+    while let Some(e) = next {
+        chain.push(e.to_string());
+        next = e.source();
+    }
+    assert_eq!(
+        chain,
+        [
+            "OwnedStream refused",
+            "backend call QueryStream failed",
+            &MockError::Injected(CallKind::QueryStream).to_string(),
+        ]
+    );
+    for pair in chain.windows(2) {
+        assert!(
+            !pair[0].contains(&pair[1]),
+            "{pair:?}: a message repeats its source"
+        );
+    }
+    assert_eq!(format!("{refused:#}"), chain.join(": "));
+    // The stream came back with the error, still the caller's.
+    pool.put(refused.value, None).unwrap();
+    assert_eq!(pool.stats(DeviceId(0)).unwrap().pooled, 1);
+}
+
+#[test]
+fn the_error_types_implement_core_error() {
+    fn is_error<E: core::error::Error + Send + Sync + 'static>() {}
+    is_error::<gpupool_core::Error<gpupool_mock::MockError>>();
+    is_error::<gpupool_core::Rejected<gpupool_core::OwnedStream, gpupool_mock::MockError>>();
+    is_error::<gpupool_mock::MockError>();
+}

@@ -336,3 +336,76 @@ fn the_current_device_is_resolved_once_per_call() {
         "an explicit device: reuse, then the return's query",
     );
 }
+
+// ---- issue 12: `pooled`, device selectors, `get_in` and the thread's cell --
+
+#[test]
+fn pooled_counts_the_streams_the_pool_holds_and_has_not_leased() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = StreamPool::new(gpu.backend());
+    let pooled = |pool: &StreamPool<_>| pool.stats(D0).unwrap().pooled;
+    let leases: Vec<_> = (0..6).map(|_| pool.get(0).unwrap()).collect();
+    assert_eq!(pooled(&pool), 0, "every stream is out");
+    // SAFETY: the lease holds this live stream of device 0.
+    unsafe { gpu.make_busy(leases[5].handle(), D0) };
+    let mut leases = leases.into_iter();
+    let detached = leases.next().unwrap().detach();
+    drop(leases); // four idle (cell, then ready list) and one busy
+    assert_eq!(pooled(&pool), 5, "idle, kept in the cell and busy alike");
+    assert_eq!(pool.live_leases(), 0);
+    pool.put(detached, None).unwrap();
+    assert_eq!(pooled(&pool), 6, "put in");
+    let again = pool.get(0).unwrap();
+    assert_eq!(pooled(&pool), 5, "one out again");
+    assert_eq!(pool.total_stats().pooled, 5);
+    let gone = again.detach(); // leaves the pool
+    assert_eq!(pooled(&pool), 5);
+    gone.destroy(&gpu.backend()).unwrap();
+    assert_eq!(pool.purge().unwrap(), 5);
+    assert_eq!(pooled(&pool), 0, "purged");
+    gpu.quiesce();
+}
+
+#[test]
+fn a_device_is_named_by_an_integer_literal_an_option_or_a_checked_index() {
+    let Some(gpu) = machine(1, 2) else { return };
+    let last = DeviceId(gpu.device_count() - 1);
+    gpu.set_current_device(last);
+    let pool = StreamPool::new(gpu.backend());
+    assert_eq!(pool.get(0).unwrap().device(), D0, "a literal is a u32");
+    assert_eq!(
+        pool.get(None).unwrap().device(),
+        last,
+        "None: the current device"
+    );
+    assert_eq!(pool.get(Some(D0)).unwrap().device(), D0);
+    let index: usize = last.index();
+    let selector = DeviceSelector::try_from(index).unwrap();
+    assert_eq!(pool.get(selector).unwrap().device(), last);
+    assert_eq!(DeviceId::try_from(index), Ok(last));
+    if usize::BITS > 32 {
+        assert!(
+            DeviceSelector::try_from(u32::MAX as usize + 1).is_err(),
+            "not truncated"
+        );
+    }
+    gpu.set_current_device(D0);
+}
+
+#[test]
+fn get_in_cycles_reuse_the_threads_kept_stream() {
+    let Some(gpu) = gpu(1) else { return };
+    let pool = StreamPool::new(gpu.backend());
+    let handle = pool.collector().register();
+    let guard = handle.pin();
+    let first = pool.get_in(0, &guard).unwrap().handle();
+    for _ in 0..10 {
+        // Each return goes to this thread's cell; each get_in takes it back.
+        assert_eq!(pool.get_in(0, &guard).unwrap().handle(), first);
+    }
+    let stats = pool.stats(D0).unwrap();
+    assert_eq!((stats.created, stats.live_leases, stats.pooled), (1, 0, 1));
+    // `get` and `get_in` share the cell.
+    assert_eq!(pool.get(0).unwrap().handle(), first);
+    assert_count(gpu.live_streams(), 1, "one stream for every cycle");
+}

@@ -1,29 +1,74 @@
-//! Device memory from the device's default memory pool: the pool (its
-//! release threshold raised on first use), the private stream of the
+//! Device memory from gpupool's own memory pool per device: the pool (created
+//! on first use, its release threshold raised), the private stream of the
 //! host-order calls, and allocation and free in front of which sits the
 //! [device cache](crate::device_cache). The why is in the parent module's
 //! documentation ("Device memory").
 
+use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
 use cudarc::driver::result;
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, StreamBackend, StreamHandle, StreamOptions};
 
-use super::{invalid_value, not_supported, raw_stream, teardown_ok, DeviceMemory};
+use super::{invalid_value, not_supported, raw_stream, state, teardown_ok, DeviceMemory};
 use crate::driver::Driver;
 use crate::error::{check, CudaError};
 use crate::CudaBackend;
 
+/// `CUmemLocation` as the CUDA headers lay it out in every version: the
+/// location type, then the id. From CUDA 13.2 the id sits in an anonymous
+/// union at the same offset, which cudarc's bindings for those versions spell
+/// as another field; building the value through this struct works with every
+/// CUDA version feature.
+#[repr(C)]
+struct Location {
+    type_: sys::CUmemLocationType,
+    id: c_int,
+}
+
+/// The location of device `ordinal`'s memory.
+fn device_location(ordinal: c_int) -> sys::CUmemLocation {
+    let location = Location {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: ordinal,
+    };
+    // SAFETY: `CUmemLocation` is `#[repr(C)]` { the same `CUmemLocationType`,
+    // then either a `c_int` id or (CUDA 13.2 and later) a `#[repr(C)]` union
+    // whose `id: c_int` member starts at its first byte and which is no
+    // larger than a `c_int` }: the same size (`transmute` checks it at compile
+    // time), the same offsets, and every byte of the union initialised by the
+    // `c_int`.
+    unsafe { core::mem::transmute::<Location, sys::CUmemLocation>(location) }
+}
+
+/// The properties of gpupool's pool on device `ordinal`: ordinary device
+/// memory (`CU_MEM_ALLOCATION_TYPE_PINNED`, which for a pool means resident
+/// device memory, not pinned host memory), no handle for sharing between
+/// processes, every other property at its default (zero).
+fn pool_props(ordinal: c_int) -> sys::CUmemPoolProps {
+    // SAFETY: every field of `CUmemPoolProps`, in each CUDA version cudarc
+    // has bindings for, is an integer, a raw pointer, a byte array, a union
+    // of integers, or an enum with a variant of value 0 (`..._INVALID`,
+    // `CU_MEM_HANDLE_TYPE_NONE`): all zero bytes is a valid value, and the
+    // one the CUDA documentation asks for in the fields not set below.
+    let mut props: sys::CUmemPoolProps = unsafe { core::mem::zeroed() };
+    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    props.location = device_location(ordinal);
+    props
+}
+
 impl DeviceMemory {
-    /// The device's default memory pool, its release threshold raised on
-    /// first use.
+    /// gpupool's own memory pool on `device`, created on first use (once:
+    /// a thread that loses the race to create it destroys its own, never
+    /// used), its release threshold raised to `u64::MAX`. Never destroyed.
     fn mempool(&self, drv: &Driver, device: DeviceId) -> Result<sys::CUmemoryPool, CudaError> {
         if let Some(&p) = self.mempool.get() {
             return Ok(p as sys::CUmemoryPool);
         }
         let made = drv.with_context(device, |_| {
-            let ordinal = i32::try_from(device.0).map_err(|_| invalid_value())?;
+            let ordinal = c_int::try_from(device.0).map_err(|_| invalid_value())?;
             let dev = result::device::get(ordinal)?;
             // SAFETY: `dev` was just returned by `cuDeviceGet`.
             let supported = unsafe {
@@ -35,23 +80,39 @@ impl DeviceMemory {
             if supported == 0 {
                 return Err(not_supported());
             }
-            // SAFETY: as above.
-            let pool = unsafe { result::device::get_default_mem_pool(dev) }?;
+            let props = pool_props(ordinal);
+            // SAFETY: `props` is a valid `CUmemPoolProps` (`pool_props`),
+            // read by the driver during the call only.
+            let pool = unsafe { result::mem_pool::create(&props) }?;
             let mut threshold: u64 = u64::MAX;
-            // SAFETY: `pool` is the device's default pool, which lives as
-            // long as the process; the release threshold is a `cuuint64_t`,
-            // which `threshold` is.
-            unsafe {
+            // SAFETY: `pool` was just created and is alive; the release
+            // threshold is a `cuuint64_t`, which `threshold` is.
+            let raised = unsafe {
                 result::mem_pool::set_attribute(
                     pool,
                     sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                     (&raw mut threshold).cast(),
                 )
-            }?;
+            };
+            if let Err(e) = raised {
+                // SAFETY: created just now, nothing allocated from it, never
+                // handed out.
+                let _ = unsafe { result::mem_pool::destroy(pool) };
+                return Err(e.into());
+            }
             Ok(pool as usize)
         })?;
-        // A racing thread did the same to the same pool: keep either.
-        Ok(*self.mempool.get_or_init(|| made) as sys::CUmemoryPool)
+        let kept = *self.mempool.get_or_init(|| made);
+        if kept != made {
+            // Another thread's pool won the race; ours was never used.
+            let _ = drv.with_context(device, |_| {
+                // SAFETY: created above by this call, nothing allocated from
+                // it, never handed out: ours to destroy.
+                unsafe { result::mem_pool::destroy(made as sys::CUmemoryPool) }?;
+                Ok(())
+            });
+        }
+        Ok(kept as sys::CUmemoryPool)
     }
 
     /// The private stream for host-order device memory calls, created on
@@ -72,7 +133,7 @@ impl DeviceMemory {
         Ok(kept)
     }
 
-    /// Device memory from the default pool: in the order of `stream` (from
+    /// Device memory from gpupool's pool: in the order of `stream` (from
     /// the device cache when it has a block of this size freed on the same
     /// stream), or (`None`) usable by every stream when this returns.
     ///
@@ -137,8 +198,9 @@ impl DeviceMemory {
     /// `cuMemAllocFromPoolAsync` on `s`, then (`wait`) synchronizing `s`.
     ///
     /// # Safety
-    /// Called with `device`'s primary context current; `pool` is `device`'s
-    /// default pool; `s` is a usable stream of `device`.
+    /// Called with `device`'s primary context current; `pool` is gpupool's
+    /// pool of `device` ([`mempool`](Self::mempool)); `s` is a usable stream
+    /// of `device`.
     unsafe fn driver_allocate(
         pool: sys::CUmemoryPool,
         s: StreamHandle,
@@ -146,8 +208,8 @@ impl DeviceMemory {
         size: usize,
     ) -> Result<usize, CudaError> {
         let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `dptr` is a valid place for the address; `pool` is the
-        // device's default pool; `s` is a live stream of `device` or a
+        // SAFETY: `dptr` is a valid place for the address; `pool` is
+        // gpupool's live pool of `device`; `s` is a live stream of `device` or a
         // special stream, which means the context current: `device`'s (this
         // function's contract).
         check(unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, size, pool, raw_stream(s)) })?;
@@ -201,5 +263,39 @@ impl DeviceMemory {
                 }
             }),
         )
+    }
+}
+
+impl CudaBackend {
+    /// gpupool's own memory pool on `device` (a `CUmemoryPool`), the one
+    /// every device allocation of this backend comes from; created now if no
+    /// device memory call has needed it yet. See the [memory
+    /// documentation](crate::memory) ("Device memory").
+    ///
+    /// For reading the pool's attributes with the driver API
+    /// (`cuMemPoolGetAttribute`: `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`,
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, ...), or telling an address
+    /// of this pool from others (`CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE`). The
+    /// handle is a raw pointer: nothing in safe code can destroy the pool,
+    /// and every driver call that could (`cuMemPoolDestroy`) is `unsafe`;
+    /// the pool must outlive every allocation of this backend, so it is never
+    /// destroyed.
+    ///
+    /// Errors: [`CudaError::NoDriver`], [`CudaError::DeviceOutOfRange`], and
+    /// the driver's own (`CUDA_ERROR_NOT_SUPPORTED` on a device without
+    /// memory pools).
+    ///
+    /// ```
+    /// use gpupool_cuda::{CudaBackend, CudaError};
+    ///
+    /// match CudaBackend::new().memory_pool(gpupool_core::DeviceId(0)) {
+    ///     Ok(pool) => println!("device 0's memory comes from pool {pool:p}"),
+    ///     Err(CudaError::NoDriver) => println!("no CUDA driver here"),
+    ///     Err(e) => println!("{e}"),
+    /// }
+    /// ```
+    pub fn memory_pool(&self, device: DeviceId) -> Result<sys::CUmemoryPool, CudaError> {
+        let (drv, mem) = state(device)?;
+        mem.mempool(drv, device)
     }
 }

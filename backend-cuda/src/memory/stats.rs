@@ -29,8 +29,9 @@ pub(crate) struct KindCounters {
 /// [`MemoryKind::index`] (host, pinned, device, managed).
 ///
 /// The upstream allocators are `std::alloc` (host), `cuMemHostAlloc`
-/// (pinned), `cuMemAllocFromPoolAsync` on the device's default memory pool
-/// (device: a driver call even when the driver's pool has the memory), and
+/// (pinned), `cuMemAllocFromPoolAsync` on gpupool's own memory pool of the
+/// device ([`CudaBackend::memory_pool`]; a driver call even when the pool has
+/// the memory), and
 /// `cuMemAllocManaged` (managed). The counters cover every caller in the
 /// process, not one scratchpad.
 ///
@@ -124,9 +125,10 @@ impl CudaBackend {
     /// included; those still waiting stay), the idle events of those pools,
     /// every block of the [device cache](crate::device_cache) (when it holds
     /// any, this first **synchronizes the device's primary context**: the
-    /// blocks' streams may be gone), and the unused memory of the device's
-    /// default memory pool (`cuMemPoolTrimTo(pool, 0)`). Returns the pinned,
-    /// managed and device-cache bytes freed.
+    /// blocks' streams may be gone), and the unused memory of gpupool's own
+    /// memory pool on `device` ([`memory_pool`](Self::memory_pool),
+    /// `cuMemPoolTrimTo(pool, 0)`; the device's default pool is not
+    /// touched). Returns the pinned, managed and device-cache bytes freed.
     ///
     /// Without it, the memory is kept until the process exits. Later
     /// allocations take new blocks from the driver again.
@@ -169,8 +171,8 @@ impl CudaBackend {
         }
         if let Some(&pool) = mem.mempool.get() {
             let trimmed = drv.ensure_context(device).and_then(|()| {
-                // SAFETY: the device's default pool, which lives as long as
-                // the process; trimming frees only memory no allocation holds.
+                // SAFETY: gpupool's pool of `device`, never destroyed;
+                // trimming frees only memory no allocation holds.
                 check(unsafe { sys::cuMemPoolTrimTo(pool as sys::CUmemoryPool, 0) })
             });
             if let Err(e) = trimmed {

@@ -1,13 +1,24 @@
 //! The typed views of a [`Scratchpad`] (host-visible slices, [`DeviceSlice`]s),
-//! its copy helpers, and [`KernelContext`].
+//! its copy helpers (to the device, packed, and back to the host), and
+//! [`KernelContext`].
+//!
+//! Device memory has no "uninitialised" state the host can see: on a GPU its
+//! bytes come back through the driver, and the mock's blocks start zeroed.
+//! What it holds is whatever was last written, possibly under another type
+//! (a reset hands the same bytes out again). So the copies keep two bounds
+//! from `bytemuck`: what goes to the device is `NoUninit` (every byte
+//! initialised, no padding), and what is read back is `AnyBitPattern` (every
+//! bit pattern a valid value).
 
 use alloc::vec::Vec;
 use core::marker::PhantomData;
-use core::mem::{size_of, MaybeUninit};
+use core::mem::{align_of, size_of, MaybeUninit};
 use core::ops::Range;
 use core::ptr::NonNull;
 
-use crate::backend::{MemoryKind, StreamHandle};
+use bytemuck::{AnyBitPattern, NoUninit};
+
+use crate::backend::{DeviceId, MemoryKind, StreamHandle};
 use crate::error::{BackendOp, Error};
 use crate::order::AccessOrder;
 
@@ -75,12 +86,19 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// `count` `T`s of device memory.
     pub fn device_slice<T>(&self, count: usize) -> Result<DeviceSlice<'_, T>, Error<B::Error>> {
         let ptr = self.alloc_typed::<T>(MemoryKind::Device, count)?;
-        Ok(DeviceSlice {
+        Ok(self.device_view(ptr, count, self.device_id()?))
+    }
+
+    /// The slice of `len` `T`s at `ptr`, device memory of this scratchpad on
+    /// `device` just handed out (or dangling for no bytes).
+    fn device_view<T>(&self, ptr: NonNull<T>, len: usize, device: DeviceId) -> DeviceSlice<'_, T> {
+        DeviceSlice {
             ptr,
-            len: count,
-            device: self.device_id()?,
+            len,
+            device,
+            owner: self.id,
             _memory: PhantomData,
-        })
+        }
     }
 
     /// Shorthand for [`device_slice`](Self::device_slice).
@@ -108,6 +126,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
 
     /// `src` packed one after another into one block of host-visible `kind`
     /// memory, and the range each part occupies.
+    ///
+    /// Parts of one element type; for parts of several types see
+    /// [`to_contiguous_device_bytes`](Self::to_contiguous_device_bytes).
     // A bump allocator: every call hands out a fresh region, disjoint from all
     // others, so `&self` may return `&mut` (as bumpalo's `alloc` does).
     #[allow(clippy::mut_from_ref)]
@@ -135,7 +156,12 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// `src` may be changed or dropped as soon as this returns, whatever
     /// memory it is in: it is staged through a pinned block first (see
     /// [`to_contiguous_device`](Self::to_contiguous_device)).
-    pub fn to_device<T: Copy>(&self, src: &[T]) -> Result<DeviceSlice<'_, T>, Error<B::Error>> {
+    ///
+    /// `T: NoUninit` (no padding, no uninitialised bytes): device memory can
+    /// be read back as any [`AnyBitPattern`] type ([`to_host`](Self::to_host)),
+    /// after a reset under another type too, so every byte written to it
+    /// must be initialised.
+    pub fn to_device<T: NoUninit>(&self, src: &[T]) -> Result<DeviceSlice<'_, T>, Error<B::Error>> {
         self.to_contiguous_device(&[src]).map(|(dst, _)| dst)
     }
 
@@ -151,7 +177,14 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// the block before the copy is done. With host order as the device
     /// order, the copy runs on the device's null stream and is waited for
     /// before this returns.
-    pub fn to_contiguous_device<T: Copy>(
+    ///
+    /// Parts of one element type `T` (`NoUninit`: see
+    /// [`to_device`](Self::to_device)). Parts of several types (DALI packs
+    /// any mix) go in one copy through
+    /// [`to_contiguous_device_bytes`](Self::to_contiguous_device_bytes), each
+    /// part as bytes (`bytemuck::cast_slice`) and aligned for the most
+    /// demanding type; or one call per type, one copy each.
+    pub fn to_contiguous_device<T: NoUninit>(
         &self,
         parts: &[&[T]],
     ) -> Result<PackedDevice<'_, T>, Error<B::Error>> {
@@ -161,34 +194,226 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if bytes == 0 {
             return Ok((dst, ranges));
         }
-        let device = dst.device;
-        // The device order's stream (usable for the backend on `device`: the
-        // order borrows it for the scratchpad's life, and its owner and device
-        // were checked at construction), or the null stream, waited for.
-        let (stream, wait_here) = match self.device_order.stream_handle() {
+        self.upload(
+            dst.ptr.cast(),
+            bytes,
+            align_of::<T>(),
+            dst.device,
+            |staging| {
+                let base = staging.as_ptr().cast::<T>();
+                for (part, r) in parts.iter().zip(&ranges) {
+                    // SAFETY: the staging block holds `total` `T`s, aligned for
+                    // `T`; `r` lies in `0..total`; `part` has `r.len()` elements
+                    // and is a different object. The ranges cover `0..total`, so
+                    // every byte is written, with initialised bytes (`NoUninit`).
+                    unsafe {
+                        core::ptr::copy_nonoverlapping(part.as_ptr(), base.add(r.start), r.len())
+                    };
+                }
+            },
+        )?;
+        Ok((dst, ranges))
+    }
+
+    /// Byte `parts`, of any types, packed into one block of device memory with
+    /// a single copy in the device order, each part starting at a multiple of
+    /// `align` (DALI's `ToContiguousGPU` of mixed parts). Returns the block and
+    /// the byte range of each part in it; the gaps between parts are zeroed.
+    /// Staged and ordered as [`to_contiguous_device`](Self::to_contiguous_device).
+    ///
+    /// Pass each part as bytes with `bytemuck::cast_slice` (its element type
+    /// `NoUninit`: see [`to_device`](Self::to_device)) and `align` at least
+    /// the largest alignment among the parts' types; a kernel finds part `i`
+    /// at `block.addr() + ranges[i].start`.
+    ///
+    /// ```
+    /// use gpupool_core::{bytemuck, AccessOrder, Scratchpad};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let scratch = Scratchpad::new(&gpu, AccessOrder::host())?;
+    /// let (ids, weights): (&[u16], &[f64]) = (&[1, 2, 3], &[0.5, 0.25]);
+    /// let (block, ranges) = scratch.to_contiguous_device_bytes(
+    ///     &[bytemuck::cast_slice(ids), bytemuck::cast_slice(weights)],
+    ///     align_of::<f64>(),
+    /// )?;
+    /// assert_eq!(ranges, [0..6, 8..24]); // `weights` starts 8-aligned
+    /// assert_eq!(block.addr() % 8, 0);
+    /// let back = scratch.to_host(&block)?;
+    /// assert_eq!(bytemuck::cast_slice::<u8, f64>(&back[8..24]), weights);
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
+    ///
+    /// Errors: [`Error::InvalidAlignment`] for an `align` that is not a
+    /// nonzero power of two, [`Error::SizeOverflow`], or a backend failure;
+    /// as for `to_contiguous_device`.
+    pub fn to_contiguous_device_bytes(
+        &self,
+        parts: &[&[u8]],
+        align: usize,
+    ) -> Result<PackedDevice<'_, u8>, Error<B::Error>> {
+        if !align.is_power_of_two() {
+            return Err(Error::InvalidAlignment { align });
+        }
+        let mut total = 0usize;
+        let mut ranges = Vec::with_capacity(parts.len());
+        for p in parts {
+            let start = total.checked_add(align - 1).ok_or(Error::SizeOverflow)? & !(align - 1);
+            let end = start.checked_add(p.len()).ok_or(Error::SizeOverflow)?;
+            ranges.push(start..end);
+            total = end;
+        }
+        let dst = match self.alloc(MemoryKind::Device, total, align)? {
+            Some(p) => self.device_view(p, total, self.device_id()?),
+            None => self.device_view(NonNull::dangling(), 0, self.device_id()?),
+        };
+        if total == 0 {
+            return Ok((dst, ranges));
+        }
+        self.upload(dst.ptr, total, align, dst.device, |staging| {
+            let base = staging.as_ptr();
+            let mut at = 0;
+            for (part, r) in parts.iter().zip(&ranges) {
+                // SAFETY: the staging block holds `total` bytes; `at..r.end`
+                // lies in it (the ranges are increasing and end at `total`);
+                // `part` has `r.len()` bytes and is a different object.
+                unsafe {
+                    core::ptr::write_bytes(base.add(at), 0, r.start - at);
+                    core::ptr::copy_nonoverlapping(part.as_ptr(), base.add(r.start), r.len());
+                }
+                at = r.end;
+            }
+        })?;
+        Ok((dst, ranges))
+    }
+
+    /// Copies `src` to `dst` on the host, in the device order: the copy runs
+    /// after the work issued in the device order so far (the kernels that
+    /// wrote `src`, if they ran there), and this returns once it has run.
+    ///
+    /// The bytes are staged through a pinned block of their own (a copy
+    /// straight into `dst` would need `dst` to stay put until the copy runs):
+    /// the device order's stream copies `src` there, the host waits for that
+    /// stream, then copies the staged bytes into `dst`. With host order as
+    /// the device order the copy runs on the device's null stream, waited for
+    /// the same way. Work on other streams that writes `src` must be ordered
+    /// before the device order first ([`AccessOrder::wait`]).
+    ///
+    /// `T: AnyBitPattern`: device memory holds whatever bytes were written to
+    /// it (a kernel's output, or another type's before a
+    /// [`reset`](Self::reset)), so only a type for which every bit pattern is
+    /// a valid value can be read back from it.
+    ///
+    /// Errors, with `dst` untouched: [`Error::LengthMismatch`] when `dst` is
+    /// not as long as `src`; [`Error::ForeignHandle`] for a slice of another
+    /// backend, [`Error::WrongDevice`] for one of another device than the
+    /// scratchpad's; a backend failure (the copy, the wait, the staging
+    /// block). An empty slice makes no backend call.
+    pub fn copy_to_host<T: AnyBitPattern>(
+        &self,
+        src: &DeviceSlice<'_, T>,
+        dst: &mut [T],
+    ) -> Result<(), Error<B::Error>> {
+        if dst.len() != src.len() {
+            return Err(Error::LengthMismatch {
+                expected: src.len(),
+                actual: dst.len(),
+            });
+        }
+        if src.owner != self.id {
+            return Err(Error::ForeignHandle);
+        }
+        let bytes = src.byte_len();
+        if bytes == 0 {
+            return Ok(());
+        }
+        let device = self.device_id()?;
+        if src.device != device {
+            return Err(Error::WrongDevice {
+                given: device,
+                actual: src.device,
+            });
+        }
+        self.download(src.ptr.cast(), bytes, align_of::<T>(), device, |staged| {
+            // SAFETY: `staged` holds the `bytes` bytes of `src`, aligned for
+            // `T` (the staging alignment is at least `align_of::<T>()`), and
+            // the copy into it has completed. They are initialised: every
+            // writer of device memory writes initialised bytes (`NoUninit`
+            // copies, `MemoryBackend::copy_async`'s contract; the driver's
+            // output on a GPU; mock blocks start zeroed), and any bytes are a
+            // valid `T` (`AnyBitPattern`). `dst` holds `src.len()` `T`s and is
+            // host memory of the caller's, not the staging block.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    staged.as_ptr().cast::<T>(),
+                    dst.as_mut_ptr(),
+                    dst.len(),
+                )
+            };
+        })
+    }
+
+    /// `src` read back into a new `Vec` ([`copy_to_host`](Self::copy_to_host)).
+    ///
+    /// ```
+    /// use gpupool_core::{AccessOrder, Scratchpad};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let scratch = Scratchpad::new(&gpu, AccessOrder::host())?;
+    /// let on_gpu = scratch.to_device(&[1.5f32, 2.5])?;
+    /// assert_eq!(scratch.to_host(&on_gpu)?, [1.5, 2.5]);
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
+    pub fn to_host<T: AnyBitPattern>(
+        &self,
+        src: &DeviceSlice<'_, T>,
+    ) -> Result<Vec<T>, Error<B::Error>> {
+        let mut dst = alloc::vec![T::zeroed(); src.len()];
+        self.copy_to_host(src, &mut dst)?;
+        Ok(dst)
+    }
+
+    /// The stream copies run on in the device order, and whether the host
+    /// waits for each: the device order's stream (usable for the backend on
+    /// the scratchpad's device: the order borrows it for the scratchpad's
+    /// life, and its owner and device were checked at construction), or, in
+    /// host order, the null stream, waited for.
+    fn copy_stream(&self) -> (StreamHandle, bool) {
+        match self.device_order.stream_handle() {
             Some(s) => (s, false),
             None => (StreamHandle::NULL, true),
-        };
-        let align = core::mem::align_of::<T>().max(256);
+        }
+    }
+
+    /// Copies `bytes` bytes to `dst` (device memory of this scratchpad on
+    /// `device`, released only in the device order) in the device order,
+    /// through a fresh pinned staging block that `fill` writes first: `fill`
+    /// gets the block (`bytes` bytes aligned to at least `align`) and must
+    /// initialise all of it. The staging block is freed in the device order,
+    /// after the copy (or, in host order, after the wait).
+    fn upload(
+        &self,
+        dst: NonNull<u8>,
+        bytes: usize,
+        align: usize,
+        device: DeviceId,
+        fill: impl FnOnce(NonNull<u8>),
+    ) -> Result<(), Error<B::Error>> {
+        let (stream, wait_here) = self.copy_stream();
+        let align = align.max(STAGING_ALIGN);
         let staging = self
             .backend
             .allocate(MemoryKind::Pinned, device, bytes, align)
             .map_err(Error::backend(BackendOp::Allocate))?;
-        let base = staging.as_ptr().cast::<T>();
-        for (part, r) in parts.iter().zip(&ranges) {
-            // SAFETY: the staging block holds `total` `T`s, aligned; `r` lies in
-            // `0..total`; `part` has `r.len()` elements and is a different object.
-            unsafe { core::ptr::copy_nonoverlapping(part.as_ptr(), base.add(r.start), r.len()) };
-        }
-        // SAFETY: `stream` is usable on `device` (above); `dst` is `bytes` of
-        // this scratchpad's device memory, released only in the device order
-        // (after the copy) or, in host order, after the wait below; the
-        // staging block is `bytes` of pinned memory nobody else knows of,
-        // freed only after the copy (below). They do not overlap.
-        let copied = unsafe {
-            self.backend
-                .copy_async(dst.ptr.cast(), staging, bytes, stream, device)
-        };
+        fill(staging);
+        // SAFETY: `stream` is usable on `device` (`copy_stream`); `dst` is
+        // `bytes` of this scratchpad's device memory, released only in the
+        // device order (after the copy) or, in host order, after the wait
+        // below; the staging block is `bytes` of pinned memory nobody else
+        // knows of, all initialised by `fill`, freed only after the copy
+        // (below). They do not overlap.
+        let copied = unsafe { self.backend.copy_async(dst, staging, bytes, stream, device) };
         let waited = match (&copied, wait_here) {
             // SAFETY: the null stream is a usable stream of every device.
             (Ok(()), true) => unsafe { self.backend.synchronize_stream(stream, device) }
@@ -228,10 +453,73 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if let Err(e) = freed {
             errors.push(e);
         }
-        errors.result()?;
-        Ok((dst, ranges))
+        errors.result()
+    }
+
+    /// Copies `bytes` bytes of `src` (device memory of `device`, valid while
+    /// the caller's borrow lasts) into a fresh pinned staging block in the
+    /// device order, waits for the copy's stream, hands the block (`bytes`
+    /// bytes aligned to at least `align`, the copy complete) to `read`, and
+    /// frees it. `read` runs only if the copy and the wait succeeded.
+    fn download(
+        &self,
+        src: NonNull<u8>,
+        bytes: usize,
+        align: usize,
+        device: DeviceId,
+        read: impl FnOnce(NonNull<u8>),
+    ) -> Result<(), Error<B::Error>> {
+        let (stream, _) = self.copy_stream();
+        let align = align.max(STAGING_ALIGN);
+        let staging = self
+            .backend
+            .allocate(MemoryKind::Pinned, device, bytes, align)
+            .map_err(Error::backend(BackendOp::Allocate))?;
+        // SAFETY: `stream` is usable on `device` (`copy_stream`); `src` is
+        // `bytes` of device memory of `device` that the caller's borrow keeps
+        // allocated until this returns, which is after the copy has run (the
+        // wait below) unless the wait fails; the staging block is `bytes` of
+        // pinned memory nobody else knows of. They do not overlap.
+        let copied = unsafe { self.backend.copy_async(staging, src, bytes, stream, device) };
+        let waited = match &copied {
+            // SAFETY: `stream` as above.
+            Ok(()) => unsafe { self.backend.synchronize_stream(stream, device) }
+                .map_err(Error::backend(BackendOp::SynchronizeStream)),
+            Err(_) => Ok(()),
+        };
+        if copied.is_ok() && waited.is_ok() {
+            read(staging);
+        }
+        let freed = if waited.is_ok() {
+            // SAFETY: the staging block came from `allocate` with these
+            // arguments; no copy was issued, or it has run (waited for
+            // above); `read` is done with it.
+            unsafe {
+                self.backend
+                    .deallocate(MemoryKind::Pinned, device, staging, bytes, align)
+                    .map_err(Error::backend(BackendOp::Deallocate))
+            }
+        } else {
+            // The copy may still be writing the staging block and the wait
+            // failed: leaking it is the safe choice (as in `upload`).
+            Ok(())
+        };
+        let mut errors = FirstError::new();
+        if let Err(e) = copied {
+            errors.push(Error::backend(BackendOp::CopyAsync)(e));
+        }
+        if let Err(e) = waited {
+            errors.push(e);
+        }
+        if let Err(e) = freed {
+            errors.push(e);
+        }
+        errors.result()
     }
 }
+
+/// The least alignment of a pinned staging block (that of CUDA's allocations).
+const STAGING_ALIGN: usize = 256;
 
 /// Packed parts: the block, and the range of each part in it.
 pub type Packed<'a, T> = (&'a mut [T], Vec<Range<usize>>);

@@ -5,15 +5,25 @@ use core::marker::PhantomData;
 use core::mem::size_of;
 use core::ptr::NonNull;
 
-use crate::backend::DeviceId;
+use crate::backend::{BackendId, DeviceId};
 
-/// A typed range of scratch device memory: its address, length and device. It
-/// borrows the scratchpad, so it cannot outlive the memory. The host cannot
-/// dereference it; pass [`as_ptr`](Self::as_ptr) to kernels and copies.
+/// A typed range of scratch device memory: its address, length, device and
+/// backend. It borrows the scratchpad, so it cannot outlive the memory. The
+/// host cannot dereference it; pass [`as_ptr`](Self::as_ptr) or
+/// [`addr`](Self::addr) to kernels, and read it back with
+/// [`Scratchpad::to_host`](crate::Scratchpad::to_host).
+///
+/// Only a scratchpad makes one (safe code cannot forge one), so its range
+/// always lies in a live device block of [`backend_id`](Self::backend_id)'s
+/// backend, aligned for `T`.
 pub struct DeviceSlice<'a, T> {
+    /// Aligned for `T`; valid for `len` `T`s of device memory of `device`
+    /// (dangling when the slice is empty).
     pub(super) ptr: NonNull<T>,
     pub(super) len: usize,
     pub(super) device: DeviceId,
+    /// The backend the memory belongs to.
+    pub(super) owner: BackendId,
     pub(super) _memory: PhantomData<&'a mut [T]>,
 }
 
@@ -53,6 +63,12 @@ impl<T> DeviceSlice<'_, T> {
     #[inline]
     pub fn device(&self) -> DeviceId {
         self.device
+    }
+
+    /// The backend the memory belongs to (see [`BackendId`]).
+    #[inline]
+    pub fn backend_id(&self) -> BackendId {
+        self.owner
     }
 }
 
