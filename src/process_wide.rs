@@ -13,7 +13,8 @@ use crate::{DefaultBackend, EventPool, StreamPool};
 ///   first use, whose work completes as soon as it is queued
 ///   ([`CompletionPolicy::Immediate`](gpupool_mock::CompletionPolicy::Immediate)):
 ///   it behaves like an infinitely fast GPU, so code written for a real GPU
-///   runs on it unchanged. It has one device, or as many as the environment
+///   runs on it unchanged — and, for the same reason, a missing wait is never
+///   seen as a hazard there. It has one device, or as many as the environment
 ///   variable `GPUPOOL_MOCK_DEVICES` says (1 to 64, read once, on first use).
 ///   Tests that complete work by hand, inject faults or check hazards make a
 ///   machine of their own with `gpupool::mock::MockBackend::new`.

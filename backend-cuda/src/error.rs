@@ -115,9 +115,10 @@ impl fmt::Display for CudaError {
                 f.write_str("CUDA driver call failed: ")?;
                 write_driver_error(f, e)
             }
-            CudaError::DeviceOutOfRange { device, count } => {
-                write!(f, "{device} is out of range: there are {count} devices")
-            }
+            CudaError::DeviceOutOfRange { device, count } => match count {
+                1 => write!(f, "{device} is out of range: there is 1 device"),
+                _ => write!(f, "{device} is out of range: there are {count} devices"),
+            },
             CudaError::SpecialStream(s) => write!(
                 f,
                 "stream handle {:#x} is one of CUDA's special streams, not a created one",

@@ -23,7 +23,9 @@
 //!   `LaunchArgs` that borrows the stream, `synchronize`, `wait`, `join`,
 //!   `record_event` (the `CudaEvent` keeps the context only), `fork` (a new
 //!   stream of cudarc's own, which waits for ours once and keeps nothing of
-//!   it), `begin_capture`, `capture_status`, `context`, `cu_stream`;
+//!   it), `begin_capture` (a capture left open is ended when the closure
+//!   returns or unwinds: it cannot be ended with a `&CudaStream`),
+//!   `capture_status`, `context`, `cu_stream`;
 //! - the closure's type, `FnOnce(&CudaStream) -> R` for every lifetime of
 //!   the reference, keeps any borrow of the stream out of `R`, and a thread
 //!   the closure starts can hold the reference only within a
@@ -45,10 +47,12 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::safe::CudaStream;
 use cudarc::driver::sys;
 use gpupool_core::{Backend, DeviceId, OwnedStream, StreamHandle, StreamLease};
 
+use crate::driver::driver;
 use crate::{CudaBackend, CudaError};
 
 /// Runs `f` with the leased stream as cudarc's [`CudaStream`], for cudarc's
@@ -67,11 +71,19 @@ use crate::{CudaBackend, CudaError};
 /// here. cudarc's copies to and from its own `CudaSlice`s need the
 /// `Arc<CudaStream>` and so are not available in `f` (see
 /// [`cudarc_stream`]). A graph capture begun in `f` cannot be ended through
-/// cudarc with a `&CudaStream`: end it before the stream goes back to the
-/// pool, or do not begin one here.
+/// cudarc with a `&CudaStream` (`end_capture` needs the `Arc`), so do not
+/// begin one here: one that `f` leaves open is ended and its graph discarded
+/// when `f` returns (or unwinds), so that the stream never goes back to the
+/// pool capturing, and the call fails with
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (`f`'s result is dropped).
+///
+/// `f` runs with the device's primary context current (cudarc's calls make
+/// it current anyway); the thread's previous context is current again
+/// afterwards, also when `f` panics.
 ///
 /// Errors, before `f` runs: [`CudaError::NoDriver`] and the driver's, from
-/// retaining the device's primary context on first use.
+/// retaining the device's primary context on first use. After it: a capture
+/// left open (above), or a failure to restore the thread's context.
 ///
 /// ```no_run
 /// use gpupool_core::Scratchpad;
@@ -152,9 +164,69 @@ unsafe fn scoped<R>(
     // documentation), and the `Arc` is dropped below, or during unwinding if
     // `f` panics.
     let stream: Arc<CudaStream> = unsafe { ctx.wrap_borrowed_stream(raw_stream(handle)) };
-    let out = f(&stream);
+    // `device`'s primary context current for `f` and the capture check, the
+    // thread's own restored afterwards (also on a panic).
+    let out = driver()?.with_context(device, |_| {
+        let capture = OpenCapture(raw_stream(handle));
+        let out = f(&stream);
+        capture.end()?;
+        Ok(out)
+    });
     drop(stream);
-    Ok(out)
+    out
+}
+
+/// Ends a graph capture that the closure left open on the stream: by
+/// [`end`](Self::end), which reports it, or by its drop if the closure
+/// panics. Otherwise the stream would go back to its pool (or owner) still
+/// capturing, and every later user's work on it would be captured instead of
+/// run, or fail.
+struct OpenCapture(sys::CUstream);
+
+impl OpenCapture {
+    /// `Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)` if a capture was open
+    /// (ended now, its graph destroyed), or the driver's error.
+    fn end(self) -> Result<(), CudaError> {
+        let stream = self.0;
+        core::mem::forget(self);
+        // SAFETY: made by `scoped` for its stream, a created stream that is
+        // live while the guard exists (`scoped`'s contract).
+        unsafe { end_open_capture(stream) }
+    }
+}
+
+impl Drop for OpenCapture {
+    fn drop(&mut self) {
+        // Unwinding: nobody to report to; the capture is ended all the same.
+        // SAFETY: as in `end`.
+        let _ = unsafe { end_open_capture(self.0) };
+    }
+}
+
+/// If `stream` is capturing a graph (or its capture was invalidated but not
+/// ended), ends the capture and destroys the graph. A created stream carries
+/// its context; the calls need only some context current (`scoped` makes the
+/// primary one current, and cudarc's calls in the closure keep one current).
+///
+/// # Safety
+/// `stream` is a live created stream (not a special one).
+unsafe fn end_open_capture(stream: sys::CUstream) -> Result<(), CudaError> {
+    // SAFETY: a live stream (this function's contract).
+    let status = unsafe { result::stream::is_capturing(stream) }?;
+    if status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(());
+    }
+    // SAFETY: as above; the capture is one this call ends (the closure that
+    // began it can no longer end it).
+    let graph = unsafe { result::stream::end_capture(stream) }?;
+    if !graph.is_null() {
+        // SAFETY: the graph `end_capture` just returned, ours alone: nothing
+        // was instantiated from it.
+        let _ = unsafe { result::graph::destroy(graph) };
+    }
+    Err(CudaError::Driver(DriverError(
+        sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+    )))
 }
 
 #[inline]
@@ -214,4 +286,56 @@ pub unsafe fn cudarc_stream(
     // the lease (this function's contract), and cudarc does not destroy a
     // borrowed stream.
     Ok(unsafe { ctx.wrap_borrowed_stream(raw_stream(lease.handle())) })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    use gpupool_core::{Scratchpad, StreamPool};
+
+    use super::*;
+
+    fn capture_status(lease: &StreamLease<'_, CudaBackend>) -> sys::CUstreamCaptureStatus {
+        with_cudarc_stream(lease, |s| s.capture_status())
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_capture_left_open_is_ended_before_the_stream_goes_back() {
+        const NONE: sys::CUstreamCaptureStatus =
+            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        let gpu = CudaBackend::new();
+        let pool = StreamPool::new(gpu);
+        let lease = pool.get(0).unwrap();
+
+        // Left open when the closure returns: ended, and reported.
+        let r = with_cudarc_stream(&lease, |s| s.begin_capture(mode));
+        assert_eq!(
+            r.map_err(|e| e.code()),
+            Err(Some(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED))
+        );
+        assert_eq!(capture_status(&lease), NONE);
+
+        // Left open by a panic: ended while unwinding.
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            with_cudarc_stream(&lease, |s| {
+                s.begin_capture(mode).unwrap();
+                panic!("inside the capture")
+            })
+        }));
+        assert!(caught.is_err());
+        assert_eq!(capture_status(&lease), NONE);
+
+        // The stream runs work again: a round trip through scratch memory in
+        // its order, and a closure that captures nothing succeeds.
+        let scratch = Scratchpad::new(&gpu, lease.order()).unwrap();
+        let x = scratch.to_device(&[1u32, 2, 3]).unwrap();
+        assert_eq!(scratch.to_host(&x).unwrap(), [1, 2, 3]);
+        drop(scratch);
+        assert_eq!(with_cudarc_stream(&lease, |s| s.synchronize()), Ok(Ok(())));
+    }
 }

@@ -163,9 +163,10 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
                 Ok(())
             }
             Error::NoDevice => f.write_str("no device is available"),
-            Error::DeviceOutOfRange { device, count } => {
-                write!(f, "{device} is out of range: there are {count} devices")
-            }
+            Error::DeviceOutOfRange { device, count } => match count {
+                1 => write!(f, "{device} is out of range: there is 1 device"),
+                _ => write!(f, "{device} is out of range: there are {count} devices"),
+            },
             Error::WrongDevice { given, actual } => {
                 write!(
                     f,
