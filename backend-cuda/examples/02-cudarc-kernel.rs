@@ -22,47 +22,6 @@ use gpupool_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use gpupool_cuda::cudarc::nvrtc::Ptx;
 use gpupool_cuda::{with_cudarc_stream, CudaBackend, CudaError, DeviceSliceExt};
 
-/// `affine(float *y, const float *x, unsigned n)`: `y[i] = 2 * x[i] + 1` for
-/// every `i < n`, one thread per element. Written by hand for `sm_70` and
-/// later (the driver JIT-compiles it for the GPU at hand, an H200 is `sm_90`).
-const AFFINE_PTX: &str = "
-.version 7.0
-.target sm_70
-.address_size 64
-
-.visible .entry affine(
-    .param .u64 affine_param_0,
-    .param .u64 affine_param_1,
-    .param .u32 affine_param_2
-)
-{
-    .reg .pred  %p<2>;
-    .reg .b32   %r<6>;
-    .reg .f32   %f<3>;
-    .reg .b64   %rd<8>;
-
-    ld.param.u64        %rd1, [affine_param_0];
-    ld.param.u64        %rd2, [affine_param_1];
-    ld.param.u32        %r1, [affine_param_2];
-    mov.u32             %r2, %ctaid.x;
-    mov.u32             %r3, %ntid.x;
-    mov.u32             %r4, %tid.x;
-    mad.lo.s32          %r5, %r2, %r3, %r4;
-    setp.ge.u32         %p1, %r5, %r1;
-    @%p1 bra            AFFINE_DONE;
-    cvta.to.global.u64  %rd3, %rd1;
-    cvta.to.global.u64  %rd4, %rd2;
-    mul.wide.u32        %rd5, %r5, 4;
-    add.s64             %rd6, %rd4, %rd5;
-    ld.global.f32       %f1, [%rd6];
-    fma.rn.f32          %f2, %f1, 0f40000000, 0f3F800000;
-    add.s64             %rd7, %rd3, %rd5;
-    st.global.f32       [%rd7], %f2;
-AFFINE_DONE:
-    ret;
-}
-";
-
 /// Elements in the test vector: several blocks, the last one partly full.
 const N: u32 = 100_003;
 
@@ -123,7 +82,7 @@ fn run() -> Result<(), Outcome> {
     let gpu = CudaBackend::new();
     let module = gpu
         .context(lease.device())?
-        .load_module(Ptx::from_src(AFFINE_PTX))?;
+        .load_module(Ptx::from_src(gpupool_cuda::testing::AFFINE_PTX))?;
     let affine = module.load_function("affine")?;
 
     let host_x: Vec<f32> = (0..N).map(|i| i as f32).collect();

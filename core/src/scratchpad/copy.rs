@@ -442,18 +442,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             // it is the safe choice; the error says why.
             Ok(())
         };
-        // Several may fail: the copy's error is returned, the others reported.
-        let mut errors = FirstError::new();
-        if let Err(e) = copied {
-            errors.push(Error::backend(BackendOp::CopyAsync)(e));
-        }
-        if let Err(e) = waited {
-            errors.push(e);
-        }
-        if let Err(e) = freed {
-            errors.push(e);
-        }
-        errors.result()
+        staged_copy_result(copied, waited, freed)
     }
 
     /// Copies `bytes` bytes of `src` (device memory of `device`, valid while
@@ -504,17 +493,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             // failed: leaking it is the safe choice (as in `upload`).
             Ok(())
         };
-        let mut errors = FirstError::new();
-        if let Err(e) = copied {
-            errors.push(Error::backend(BackendOp::CopyAsync)(e));
-        }
-        if let Err(e) = waited {
-            errors.push(e);
-        }
-        if let Err(e) = freed {
-            errors.push(e);
-        }
-        errors.result()
+        staged_copy_result(copied, waited, freed)
     }
 }
 
@@ -564,4 +543,24 @@ impl<'s, 'b, B: ScratchBackend> KernelContext<'s, 'b, B> {
             scratchpad: Some(scratchpad),
         }
     }
+}
+
+/// The outcome of a copy through a staging block: the copy's error first, the
+/// wait's and the free's reported after it (several may fail).
+fn staged_copy_result<E: core::fmt::Display>(
+    copied: Result<(), E>,
+    waited: Result<(), Error<E>>,
+    freed: Result<(), Error<E>>,
+) -> Result<(), Error<E>> {
+    let mut errors = FirstError::new();
+    if let Err(e) = copied {
+        errors.push(Error::backend(BackendOp::CopyAsync)(e));
+    }
+    if let Err(e) = waited {
+        errors.push(e);
+    }
+    if let Err(e) = freed {
+        errors.push(e);
+    }
+    errors.result()
 }
