@@ -4,7 +4,9 @@
 # (git-ignored) under stable names:
 #
 #   .gpu/test-gpupool-cuda-<target>   each test executable of gpupool-cuda
-#                                     (`lib` is the unit tests), release build
+#                                     (`lib` is the unit tests), release build;
+#                                     one that holds no test with these
+#                                     features is left out (it says so)
 #   .gpu/example-<name>               each example of gpupool-cuda, and the
 #                                     side-by-side benchmark of gpupool-tests
 #                                     (built with its `cuda` feature)
@@ -17,6 +19,8 @@
 # Usage: scripts/build-gpu-binaries.sh [--with-suite]
 #   --with-suite  also build the acceptance suite (`-p gpupool-tests
 #                 --features cuda`) as .gpu/test-gpupool-tests-<target>
+#                 (the generic suite, `suite`, and the mock-only soundness
+#                 tests in `mock`; the other binaries hold no test there)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +28,7 @@ with_suite=0
 for arg in "$@"; do
   case "$arg" in
     --with-suite) with_suite=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
@@ -48,6 +52,14 @@ for line in sys.stdin:
   fi
 }
 
+# How many tests a test executable holds (its `--list`, ignored tests
+# included; listing runs none), or nothing if it cannot be listed here.
+tests_held() {
+  local listing
+  listing=$("$1" --list --format terse 2>/dev/null) || return 0
+  printf '%s\n' "$listing" | grep -c ': test$' || true
+}
+
 # Copies the test and example executables of one cargo invocation.
 # $1: the package name used in the copies' names; the rest: cargo arguments.
 collect() {
@@ -63,6 +75,10 @@ collect() {
       example | bin) out="example-$name" ;;
       *) continue ;;
     esac
+    if [[ $out == test-* && $(tests_held "$exe") == 0 ]]; then
+      echo "  (no tests with these features: $out left out)"
+      continue
+    fi
     cp "$exe" "$dest/$out"
     strip "$dest/$out" 2>/dev/null || true
     echo "  $dest/$out"

@@ -6,7 +6,8 @@
 #   1. the machine: date, host, nvidia-smi, driver and tool versions, and
 #      .gpu/MANIFEST (which commit the binaries were built from);
 #   2. every test executable .gpu/test-*, with --include-ignored (the GPU tests
-#      are #[ignore]d elsewhere) and --test-threads=1;
+#      are #[ignore]d elsewhere) and --test-threads=1, counting the tests each
+#      ran (libtest's "test result: ... N passed" line);
 #   3. every example .gpu/example-*;
 #   4. compute-sanitizer --tool memcheck on every example;
 #   5. compute-sanitizer --tool memcheck, racecheck and synccheck on the
@@ -14,9 +15,11 @@
 #      still reads it shows up there, and as wrong sums in the test itself).
 #
 # Everything printed also goes to $OUT/gpu-check.log, and one line per step to
-# $OUT/gpu-check-summary.txt (OUT defaults to ./gpu-out when unset). Exits 0
-# only if every step passed. Each step is limited to $GPU_CHECK_STEP_TIMEOUT
-# seconds (default 300).
+# $OUT/gpu-check-summary.txt (OUT defaults to ./gpu-out when unset): PASS or
+# FAIL, and for a test executable the number of tests it ran; an executable
+# that ran no test is marked NONE ("no tests"), not passed. The summary ends
+# with the totals. Exits 0 only if no step failed. Each step is limited to
+# $GPU_CHECK_STEP_TIMEOUT seconds (default 300).
 #
 # Usage: bash scripts/gpu-check.sh
 set -uo pipefail
@@ -58,28 +61,70 @@ expect_ok() {
 }
 
 failed=0
+steps=0
+test_steps=0
+no_test_steps=0
+tests_passed=0
 : > "$summary"
 
-# Runs one step, timing it and recording PASS/FAIL in the summary.
-# $1: the step's name; the rest: the command.
+# Sums one field of libtest's result lines ("test result: ok. 12 passed; 0
+# failed; ..."; one per test executable) in a step's output.
+# $1: the field ("passed" or "failed"); $2: the output file.
+tests_counted() {
+  awk -v field="$1" '/^test result: / {
+      for (i = 1; i < NF; i++) if ($(i + 1) ~ "^" field) n += $i
+    } END { print n + 0 }' "$2"
+}
+
+# Runs one step, timing it and recording it in the summary.
+# Options first: --tests for a test executable (counts its tests; one that ran
+# none is NONE, "no tests", rather than a pass), --must-test for one filtered to
+# tests that must exist (running none fails the step). Then $1: the step's
+# name; the rest: the command.
 step() {
+  local mode=
+  if [[ $1 == --tests || $1 == --must-test ]]; then
+    mode=$1
+    shift
+  fi
   local name=$1
   shift
   section "$name: $*"
-  local start end rc
+  local start end rc out
+  out=$(mktemp)
   start=$(date +%s.%N)
-  "$@"
-  rc=$?
+  "$@" 2>&1 | tee "$out"
+  rc=${PIPESTATUS[0]}
   end=$(date +%s.%N)
-  local secs
+  local secs passed=0 what=
   secs=$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')
+  steps=$((steps + 1))
+  if [[ -n $mode ]]; then
+    passed=$(tests_counted passed "$out")
+    what="$passed tests"
+    test_steps=$((test_steps + 1))
+    tests_passed=$((tests_passed + passed))
+    if [[ $rc == 0 && $passed == 0 ]]; then
+      if [[ $mode == --must-test ]]; then
+        echo "(exit 0, but no test ran)"
+        rc=3
+      else
+        printf 'NONE  %-60s %8ss  no tests\n' "$name" "$secs" | tee -a "$summary"
+        no_test_steps=$((no_test_steps + 1))
+        rm -f "$out"
+        return
+      fi
+    fi
+  fi
   if [[ $rc == 0 ]]; then
-    printf 'PASS  %-60s %8ss\n' "$name" "$secs" | tee -a "$summary"
+    printf 'PASS  %-60s %8ss%s\n' "$name" "$secs" "${what:+  $what}" | tee -a "$summary"
   else
     [[ $rc == 124 || $rc == 137 ]] && echo "(timed out after ${step_timeout}s)"
-    printf 'FAIL  %-60s %8ss  exit %s\n' "$name" "$secs" "$rc" | tee -a "$summary"
+    [[ -n $mode ]] && what="$passed passed, $(tests_counted failed "$out") failed; "
+    printf 'FAIL  %-60s %8ss  %sexit %s\n' "$name" "$secs" "$what" "$rc" | tee -a "$summary"
     failed=$((failed + 1))
   fi
+  rm -f "$out"
 }
 
 main() {
@@ -122,7 +167,7 @@ main() {
   chmod +x "${tests[@]}" "${examples[@]}" 2>/dev/null || true
 
   for t in "${tests[@]}"; do
-    step "$(basename "$t")" limited "$t" --include-ignored --test-threads=1
+    step --tests "$(basename "$t")" limited "$t" --include-ignored --test-threads=1
   done
   for e in "${examples[@]}"; do
     case "$(basename "$e")" in
@@ -152,7 +197,7 @@ main() {
   local proof="$bin_dir/test-gpupool-cuda-gpu_memory" filter=stream_order_proof
   if [[ -e $proof ]]; then
     for tool in memcheck racecheck synccheck; do
-      step "$tool $(basename "$proof") $filter" limited compute-sanitizer --tool "$tool" \
+      step --must-test "$tool $(basename "$proof") $filter" limited compute-sanitizer --tool "$tool" \
         --report-api-errors no --error-exitcode 1 \
         "$proof" --include-ignored --test-threads=1 "$filter"
     done
@@ -162,12 +207,14 @@ main() {
   fi
 
   section "summary"
+  printf 'total: %s steps; %s tests passed in %s test steps; %s test executable(s) with no tests; %s step(s) failed\n' \
+    "$steps" "$tests_passed" "$test_steps" "$no_test_steps" "$failed" | tee -a "$summary" >/dev/null
   cat "$summary"
   if (( failed > 0 )); then
     echo "$failed step(s) FAILED"
     return 1
   fi
-  echo "all steps passed"
+  echo "no step failed ($tests_passed tests passed)"
 }
 
 main "$@" 2>&1 | tee "$log"

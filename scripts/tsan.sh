@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ThreadSanitizer over the multi-threaded tests (nightly, std rebuilt with TSan).
 #
-#   bash scripts/tsan.sh            # the stress and soundness tests, and the stack's own tests
+#   bash scripts/tsan.sh            # the generic suite (stress included), the soundness tests, the stack's own tests
 #
 # Installs the nightly components it needs. Builds in target/tsan. Exits
 # non-zero on any report (TSAN_OPTIONS halt_on_error=1).
@@ -18,5 +18,6 @@ common=(+nightly test -Zbuild-std --target "$target" --target-dir target/tsan)
 echo "== gpupool-core: stack tests under TSan"
 cargo "${common[@]}" -p gpupool-core --lib
 echo "== gpupool-tests: multi-threaded tests under TSan"
-cargo "${common[@]}" -p gpupool-tests --test suite_stress --test suite_streams --test suite_events --test soundness
+cargo "${common[@]}" -p gpupool-tests --test suite
+cargo "${common[@]}" -p gpupool-tests --test mock -- soundness::
 echo "== TSan: clean"

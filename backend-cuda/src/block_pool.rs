@@ -54,18 +54,17 @@ use std::collections::VecDeque;
 // The tallies in `KindCounters` are std atomics in every build (loom
 // included): relaxed statistics, read by the models only after every thread
 // has been joined.
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use cudarc::driver::sys;
 use gpupool_core::{
     Completion, DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend, StreamHandle,
 };
 
+use crate::backend::CudaBackend;
 use crate::driver::driver;
-use crate::error::{check, CudaError};
-use crate::memory::{invalid_value, KindCounters};
+use crate::error::{check, invalid_value, teardown_ok, CudaError};
 use crate::sync::{Mutex, MutexGuard};
-use crate::CudaBackend;
 
 /// log2 of the smallest block.
 const MIN_BLOCK_SHIFT: u32 = 12;
@@ -222,17 +221,13 @@ impl Upstream for PoolKind {
     }
 
     unsafe fn free(&self, device: DeviceId, addr: usize) -> Result<(), CudaError> {
-        let r = driver()?.with_context(device, |_| match self {
+        // At process exit the driver has already freed everything.
+        teardown_ok(driver()?.with_context(device, |_| match self {
             // SAFETY: the caller's contract.
             PoolKind::Pinned => check(unsafe { sys::cuMemFreeHost(addr as *mut _) }),
             // SAFETY: the caller's contract.
             PoolKind::Managed => check(unsafe { sys::cuMemFree_v2(addr as sys::CUdeviceptr) }),
-        });
-        match r {
-            // At process exit the driver has already freed everything.
-            Err(e) if e.is_deinitialized() => Ok(()),
-            other => other,
-        }
+        }))
     }
 
     fn create_fence(&self, device: DeviceId) -> Result<EventHandle, CudaError> {
@@ -423,6 +418,20 @@ pub struct PoolTallies {
     pub upstream_frees: u64,
     /// Blocks handed out again without an upstream call.
     pub reuses: u64,
+}
+
+/// Counters of one memory kind on one device: kept by each pool for its
+/// blocks, and by the memory state for host and device memory
+/// ([`MemoryStats`](crate::MemoryStats) reads them). Independent relaxed
+/// tallies.
+#[derive(Debug, Default)]
+pub(crate) struct KindCounters {
+    /// Blocks taken from the upstream allocator.
+    pub(crate) upstream_allocations: AtomicU64,
+    /// Blocks given back to the upstream allocator.
+    pub(crate) upstream_frees: AtomicU64,
+    /// Blocks handed out again by a pool, without an upstream call.
+    pub(crate) reuses: AtomicU64,
 }
 
 /// The pooling logic over any [`Upstream`]. See the [module documentation](self).

@@ -112,9 +112,10 @@ use gpupool_core::{DeviceId, StreamHandle};
 #[cfg(doc)]
 use gpupool_core::{MemoryBackend, StreamBackend};
 
-use crate::driver::Driver;
-use crate::error::{check, CudaError};
-use crate::CudaBackend;
+use crate::backend::CudaBackend;
+use crate::driver::{raw_stream, Driver};
+use crate::error::{check, invalid_value, CudaError};
+use crate::library;
 
 /// The most blocks the cache holds per device.
 pub const MAX_BLOCKS: usize = 64;
@@ -288,7 +289,7 @@ type GetId = unsafe extern "C" fn(sys::CUstream, *mut c_ulonglong) -> sys::CUres
 /// symbol switches the cache off instead of panicking.
 fn get_id_fn() -> Option<GetId> {
     static GET_ID: OnceLock<Option<GetId>> = OnceLock::new();
-    if !crate::driver::is_loaded() {
+    if !library::is_loaded() {
         return None;
     }
     *GET_ID.get_or_init(|| {
@@ -314,11 +315,6 @@ fn active() -> bool {
     // Relaxed: a switch, not a synchronization; a call racing with it may go
     // either way, both of which are correct.
     ENABLED.load(Ordering::Relaxed) && supported()
-}
-
-#[inline]
-fn raw_stream(s: StreamHandle) -> sys::CUstream {
-    s.as_raw() as sys::CUstream
 }
 
 /// `cuStreamGetId` of a live created stream; `None` if the driver refuses
@@ -535,7 +531,7 @@ impl DeviceCache {
         }
         // SAFETY: as above.
         let Some(id) = (unsafe { stream_id(stream) }) else {
-            return Err(crate::memory::invalid_value());
+            return Err(invalid_value());
         };
         let blocks = {
             let mut shelf = self.shelf();
@@ -699,35 +695,6 @@ impl<B> Shelf<B> {
 }
 
 impl CudaBackend {
-    /// Gives the device blocks cached for `stream` (freed in its order; see
-    /// [`device_cache`](self)) back to the driver, with `cuMemFreeAsync` on
-    /// `stream`. Returns how many.
-    ///
-    /// [`destroy_stream`](StreamBackend::destroy_stream) of this backend does
-    /// this itself; call it before destroying a stream some other way (raw
-    /// cudarc, the CUDA runtime) to have its blocks back at once rather than
-    /// at the next [`trim_memory`](Self::trim_memory). Not calling it is
-    /// safe: the blocks stay cached, and are never handed to another stream.
-    ///
-    /// A stream capturing a graph is refused
-    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); a special stream has
-    /// nothing cached (`Ok(0)`).
-    ///
-    /// # Safety
-    /// `stream` is a usable stream of `device` in the sense of
-    /// [`CudaBackend`]'s "Raw handles" (the core traits' contract): a live
-    /// stream created on `device` (on its primary context; by a
-    /// `CudaBackend`, the CUDA runtime, or cudarc on that context), not
-    /// destroyed before this call returns; or a special stream.
-    pub unsafe fn forget_stream(
-        &self,
-        stream: StreamHandle,
-        device: DeviceId,
-    ) -> Result<usize, CudaError> {
-        // SAFETY: this function's contract.
-        unsafe { crate::memory::forget_stream_blocks(stream, device) }
-    }
-
     /// Turns the device cache ([`device_cache`](self)) on or off for the
     /// whole process (on by default). Off, stream-ordered device calls go
     /// to the driver; blocks already cached stay until their stream is

@@ -38,9 +38,10 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::safe::CudaContext;
 use cudarc::driver::sys;
-use gpupool_core::DeviceId;
+use gpupool_core::{DeviceId, EventHandle, StreamHandle};
 
 use crate::error::{check, CudaError};
+use crate::library;
 
 /// The driver as this process found it.
 pub(crate) struct Driver {
@@ -78,17 +79,8 @@ pub(crate) fn driver() -> Result<&'static Driver, CudaError> {
     }
 }
 
-/// Whether `libcuda` has been loaded (so that asking it to describe an error
-/// cannot panic): true once the first call found it, even if `cuInit` failed.
-pub(crate) fn is_loaded() -> bool {
-    matches!(DRIVER.get(), Some(Ok(_) | Err(CudaError::Init(_))))
-}
-
 fn load() -> Result<Driver, CudaError> {
-    // SAFETY: `is_culib_present` only tries to open the library under its
-    // usual names and closes it again; opening `libcuda` runs the driver's own
-    // initialisers, which every use of the driver does anyway.
-    if !unsafe { sys::is_culib_present() } {
+    if !library::present() {
         return Err(CudaError::NoDriver);
     }
     match result::init() {
@@ -195,6 +187,26 @@ impl Driver {
         Ok(())
     }
 
+    /// Runs `op` in the right context for a call on `stream`: rule 2 (the
+    /// device's primary context, for the call only) for a special stream,
+    /// which means "the current context's"; rule 1 (any current context, the
+    /// device's primary one if the thread has none) for a created stream,
+    /// which carries its context.
+    #[inline]
+    pub(crate) fn on_stream<T>(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+        op: impl FnOnce() -> Result<T, CudaError>,
+    ) -> Result<T, CudaError> {
+        if stream.is_special() {
+            self.with_context(device, |_| op())
+        } else {
+            self.ensure_context(device)?;
+            op()
+        }
+    }
+
     /// Rule 2 of the [module documentation](self): runs `op` with `device`'s
     /// primary context current, then restores the previous one, also when
     /// `op` panics (the scope guard's drop does it then).
@@ -249,6 +261,18 @@ impl Primary {
     pub(crate) fn clamp_priority(&self, priority: i32) -> i32 {
         priority.clamp(self.greatest, self.least)
     }
+}
+
+/// The driver's handle of a stream.
+#[inline]
+pub(crate) fn raw_stream(s: StreamHandle) -> sys::CUstream {
+    s.as_raw() as sys::CUstream
+}
+
+/// The driver's handle of an event.
+#[inline]
+pub(crate) fn raw_event(e: EventHandle) -> sys::CUevent {
+    e.as_raw() as sys::CUevent
 }
 
 /// Puts something back when dropped: `put(value)` runs once, from
@@ -343,6 +367,25 @@ mod tests {
 
     fn invalid() -> CudaError {
         CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_INVALID_CONTEXT))
+    }
+
+    #[test]
+    fn raw_handles_are_the_driver_values() {
+        for s in [
+            StreamHandle::NULL,
+            StreamHandle::LEGACY,
+            StreamHandle::PER_THREAD,
+        ] {
+            assert_eq!(raw_stream(s) as usize, s.as_raw());
+        }
+        assert!(raw_stream(StreamHandle::NULL).is_null());
+    }
+
+    #[test]
+    fn loading_is_answered_once_and_remembered() {
+        let present = library::present();
+        assert_eq!(library::is_loaded(), present);
+        assert_eq!(library::present(), present);
     }
 
     #[test]

@@ -93,7 +93,7 @@ impl From<DriverError> for CudaError {
 /// `Debug` and `Display` call it unconditionally, which panics without `libcuda`.
 fn write_driver_error(f: &mut fmt::Formatter<'_>, e: &DriverError) -> fmt::Result {
     write!(f, "{:?} ({})", e.0, e.0 as u32)?;
-    if crate::driver::is_loaded() {
+    if crate::library::is_loaded() {
         if let Ok(text) = e.error_string() {
             write!(f, ": {}", text.to_string_lossy())?;
         }
@@ -165,6 +165,33 @@ pub(crate) fn check(r: sys::CUresult) -> Result<(), CudaError> {
     }
 }
 
+/// `CUDA_ERROR_INVALID_VALUE`: an argument the backend refuses before the
+/// driver is asked (a layout, a size no class holds, a host order).
+pub(crate) fn invalid_value() -> CudaError {
+    CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE))
+}
+
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+pub(crate) fn out_of_memory() -> CudaError {
+    CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY))
+}
+
+/// `CUDA_ERROR_NOT_SUPPORTED`.
+pub(crate) fn not_supported() -> CudaError {
+    CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED))
+}
+
+/// A destroy or free that meets a driver already shut down
+/// (`CUDA_ERROR_DEINITIALIZED`, at process exit) has nothing left to destroy
+/// or free: success, as in DALI (#6166).
+#[inline]
+pub(crate) fn teardown_ok(r: Result<(), CudaError>) -> Result<(), CudaError> {
+    match r {
+        Err(e) if e.is_deinitialized() => Ok(()),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +206,33 @@ mod tests {
             next = s.source();
         }
         out
+    }
+
+    #[test]
+    fn only_a_driver_shut_down_counts_as_a_finished_teardown() {
+        let deinit = CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_DEINITIALIZED));
+        assert_eq!(teardown_ok(Err(deinit)), Ok(()));
+        assert_eq!(teardown_ok(Ok(())), Ok(()));
+        for other in [
+            invalid_value(),
+            out_of_memory(),
+            not_supported(),
+            CudaError::NoDriver,
+        ] {
+            assert_eq!(teardown_ok(Err(other)), Err(other));
+        }
+        assert_eq!(
+            invalid_value().code(),
+            Some(sys::CUresult::CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            out_of_memory().code(),
+            Some(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+        );
+        assert_eq!(
+            not_supported().code(),
+            Some(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED)
+        );
     }
 
     #[test]

@@ -52,8 +52,9 @@ use cudarc::driver::safe::CudaStream;
 use cudarc::driver::sys;
 use gpupool_core::{Backend, DeviceId, OwnedStream, StreamHandle, StreamLease};
 
-use crate::driver::driver;
-use crate::{CudaBackend, CudaError};
+use crate::backend::CudaBackend;
+use crate::driver::{driver, raw_stream};
+use crate::error::CudaError;
 
 /// Runs `f` with the leased stream as cudarc's [`CudaStream`], for cudarc's
 /// kernel launches (`launch_builder`), `synchronize`, `wait`, `join`,
@@ -227,11 +228,6 @@ unsafe fn end_open_capture(stream: sys::CUstream) -> Result<(), CudaError> {
     Err(CudaError::Driver(DriverError(
         sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
     )))
-}
-
-#[inline]
-fn raw_stream(s: StreamHandle) -> sys::CUstream {
-    s.as_raw() as sys::CUstream
 }
 
 /// The leased stream as cudarc's [`CudaStream`], for all of cudarc's safe API

@@ -87,7 +87,9 @@ mod driver;
 mod error;
 pub mod interop;
 mod kernel_arg;
+mod library;
 pub mod memory;
+mod streams_events;
 mod sync;
 pub mod testing;
 

@@ -159,91 +159,22 @@
 
 mod device;
 mod overalign;
+mod state;
 mod stats;
 
 use core::ptr::NonNull;
 use std::alloc::Layout;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::Ordering;
 
-use cudarc::driver::result::DriverError;
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryBackend, MemoryKind, StreamBackend, StreamHandle};
 
-use crate::block_pool::{BlockPool, PoolKind};
-use crate::device_cache::DeviceCache;
-use crate::driver::{driver, Driver};
-use crate::error::{check, CudaError};
-use crate::CudaBackend;
+use crate::backend::CudaBackend;
+use crate::driver::{driver, raw_stream, Driver};
+use crate::error::{check, invalid_value, out_of_memory, CudaError};
+use state::{state, DeviceMemory};
 
-pub(crate) use stats::KindCounters;
 pub use stats::MemoryStats;
-
-/// `CUDA_ERROR_INVALID_VALUE`: a layout the backend refuses.
-pub(crate) fn invalid_value() -> CudaError {
-    CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE))
-}
-
-/// `CUDA_ERROR_OUT_OF_MEMORY`.
-fn out_of_memory() -> CudaError {
-    CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY))
-}
-
-/// `CUDA_ERROR_NOT_SUPPORTED`.
-fn not_supported() -> CudaError {
-    CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_NOT_SUPPORTED))
-}
-
-/// The alignment CUDA guarantees for every allocation.
-const CUDA_ALIGN: usize = 256;
-
-/// The alignment up to which a kind's blocks are tried as they come (and
-/// checked); above it a request is over-allocated.
-fn direct_align(kind: MemoryKind) -> usize {
-    match kind {
-        MemoryKind::Device => CUDA_ALIGN,
-        _ => crate::block_pool::MIN_BLOCK,
-    }
-}
-
-/// The memory state of one device.
-#[derive(Debug)]
-struct DeviceMemory {
-    /// gpupool's own memory pool on this device (`CUmemoryPool` as an
-    /// address), its threshold raised; set once, never destroyed.
-    mempool: OnceLock<usize>,
-    /// The private stream for host-order device memory calls: created by
-    /// this backend on the device, never destroyed.
-    sync_stream: OnceLock<StreamHandle>,
-    host: KindCounters,
-    device: KindCounters,
-    pinned: BlockPool,
-    managed: BlockPool,
-    /// Device blocks freed in stream order, kept for the same stream.
-    cache: DeviceCache,
-    /// Over-aligned blocks: handed-out address to the address allocated.
-    overaligned: Mutex<HashMap<usize, usize>>,
-    /// `overaligned.len()`, readable without the lock (written under it).
-    overaligned_len: AtomicUsize,
-}
-
-/// The memory state of every device, by ordinal; created on the first memory
-/// call and never dropped (the driver frees what is left at exit).
-static MEMORY: OnceLock<Box<[DeviceMemory]>> = OnceLock::new();
-
-/// The driver, and `device`'s memory state.
-fn state(device: DeviceId) -> Result<(&'static Driver, &'static DeviceMemory), CudaError> {
-    let drv = driver()?;
-    let table = MEMORY.get_or_init(|| (0..drv.count()).map(|_| DeviceMemory::new()).collect());
-    let mem = table
-        .get(device.index())
-        .ok_or(CudaError::DeviceOutOfRange {
-            device,
-            count: drv.count(),
-        })?;
-    Ok((drv, mem))
-}
 
 /// Frees the device-cache blocks of `stream` on `device` in its order
 /// ([`CudaBackend::forget_stream`], and [`StreamBackend::destroy_stream`]
@@ -258,13 +189,44 @@ pub(crate) unsafe fn forget_stream_blocks(
     device: DeviceId,
 ) -> Result<usize, CudaError> {
     let drv = driver()?;
-    let Some(mem) = MEMORY.get().and_then(|t| t.get(device.index())) else {
+    let Some(mem) = state::existing(device) else {
         drv.device(device)?;
         return Ok(0);
     };
     drv.ensure_context(device)?;
     // SAFETY: this function's contract.
     unsafe { mem.cache.forget(stream, &mem.device.upstream_frees) }
+}
+
+impl CudaBackend {
+    /// Gives the device blocks cached for `stream` (freed in its order; see
+    /// [`device_cache`](crate::device_cache)) back to the driver, with `cuMemFreeAsync` on
+    /// `stream`. Returns how many.
+    ///
+    /// [`destroy_stream`](StreamBackend::destroy_stream) of this backend does
+    /// this itself; call it before destroying a stream some other way (raw
+    /// cudarc, the CUDA runtime) to have its blocks back at once rather than
+    /// at the next [`trim_memory`](Self::trim_memory). Not calling it is
+    /// safe: the blocks stay cached, and are never handed to another stream.
+    ///
+    /// A stream capturing a graph is refused
+    /// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); a special stream has
+    /// nothing cached (`Ok(0)`).
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` in the sense of
+    /// [`CudaBackend`]'s "Raw handles" (the core traits' contract): a live
+    /// stream created on `device` (on its primary context; by a
+    /// `CudaBackend`, the CUDA runtime, or cudarc on that context), not
+    /// destroyed before this call returns; or a special stream.
+    pub unsafe fn forget_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<usize, CudaError> {
+        // SAFETY: this function's contract.
+        unsafe { forget_stream_blocks(stream, device) }
+    }
 }
 
 /// A size and alignment every kind accepts: nonzero size, power-of-two
@@ -276,67 +238,18 @@ fn check_layout(size: usize, align: usize) -> Result<(), CudaError> {
     Ok(())
 }
 
-#[inline]
-fn raw_stream(s: StreamHandle) -> sys::CUstream {
-    s.as_raw() as sys::CUstream
-}
-
-/// Runs `op` in the right context for `stream`, as the stream calls of the
-/// backend do (the device memory calls always make `device`'s primary
-/// context current, for the call only: the pool and the context must agree): the device's primary context for a special stream (for the
-/// call only), any current context for a created one (the device's primary
-/// context if the thread has none).
-fn on_stream<T>(
-    drv: &Driver,
-    stream: StreamHandle,
+/// The layout checked ([`check_layout`]), then the driver and `device`'s
+/// memory state: what every allocation and free starts with.
+fn checked_state(
     device: DeviceId,
-    op: impl FnOnce() -> Result<T, CudaError>,
-) -> Result<T, CudaError> {
-    if stream.is_special() {
-        drv.with_context(device, |_| op())
-    } else {
-        drv.ensure_context(device)?;
-        op()
-    }
-}
-
-/// A free that meets a driver already shut down (process exit) has nothing
-/// left to free.
-fn teardown_ok(r: Result<(), CudaError>) -> Result<(), CudaError> {
-    match r {
-        Err(e) if e.is_deinitialized() => Ok(()),
-        other => other,
-    }
-}
-
-fn non_null(addr: usize) -> Result<NonNull<u8>, CudaError> {
-    NonNull::new(addr as *mut u8).ok_or_else(out_of_memory)
+    size: usize,
+    align: usize,
+) -> Result<(&'static Driver, &'static DeviceMemory), CudaError> {
+    check_layout(size, align)?;
+    state(device)
 }
 
 impl DeviceMemory {
-    fn new() -> Self {
-        DeviceMemory {
-            mempool: OnceLock::new(),
-            sync_stream: OnceLock::new(),
-            host: KindCounters::default(),
-            device: KindCounters::default(),
-            pinned: BlockPool::new(PoolKind::Pinned),
-            managed: BlockPool::new(PoolKind::Managed),
-            cache: DeviceCache::new(),
-            overaligned: Mutex::new(HashMap::new()),
-            overaligned_len: AtomicUsize::new(0),
-        }
-    }
-
-    fn counters(&self, kind: MemoryKind) -> &KindCounters {
-        match kind {
-            MemoryKind::Host => &self.host,
-            MemoryKind::Pinned => &self.pinned.counters,
-            MemoryKind::Device => &self.device,
-            MemoryKind::Managed => &self.managed.counters,
-        }
-    }
-
     /// A block of `kind` (not host) with the kind's own alignment.
     ///
     /// # Safety
@@ -531,8 +444,7 @@ impl MemoryBackend for CudaBackend {
         size: usize,
         align: usize,
     ) -> Result<NonNull<u8>, CudaError> {
-        check_layout(size, align)?;
-        let (drv, mem) = state(device)?;
+        let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: no stream.
         unsafe { mem.allocate(drv, kind, device, size, align, None) }
     }
@@ -551,8 +463,7 @@ impl MemoryBackend for CudaBackend {
         size: usize,
         align: usize,
     ) -> Result<(), CudaError> {
-        check_layout(size, align)?;
-        let (drv, mem) = state(device)?;
+        let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: the caller's contract (the trait's).
         unsafe { mem.deallocate(drv, kind, device, ptr, size, align, None) }
     }
@@ -573,8 +484,7 @@ impl MemoryBackend for CudaBackend {
         align: usize,
         stream: StreamHandle,
     ) -> Result<NonNull<u8>, CudaError> {
-        check_layout(size, align)?;
-        let (drv, mem) = state(device)?;
+        let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: this call's contract.
         unsafe { mem.allocate(drv, kind, device, size, align, Some(stream)) }
     }
@@ -598,8 +508,7 @@ impl MemoryBackend for CudaBackend {
         align: usize,
         stream: StreamHandle,
     ) -> Result<(), CudaError> {
-        check_layout(size, align)?;
-        let (drv, mem) = state(device)?;
+        let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: the caller's contract (the trait's).
         unsafe { mem.deallocate(drv, kind, device, ptr, size, align, Some(stream)) }
     }
@@ -625,11 +534,11 @@ impl MemoryBackend for CudaBackend {
         if size == 0 {
             return Ok(());
         }
-        on_stream(drv, stream, device, || {
+        drv.on_stream(stream, device, || {
             // SAFETY: the caller's contract: both ranges are valid for `size`
             // bytes until the copy has run on `stream`, and do not overlap;
             // `stream` is a live stream of `device` or a special stream of
-            // the context `on_stream` made current.
+            // the context `Driver::on_stream` made current.
             check(unsafe {
                 sys::cuMemcpyAsync(
                     dst.as_ptr() as usize as sys::CUdeviceptr,
@@ -665,12 +574,5 @@ mod tests {
             let r = unsafe { gpu.allocate_async(kind, DeviceId(0), 8, 12, StreamHandle::NULL) };
             assert_eq!(r.map(drop), Err(invalid_value()));
         }
-    }
-
-    #[test]
-    fn direct_alignments() {
-        assert_eq!(direct_align(MemoryKind::Device), 256);
-        assert_eq!(direct_align(MemoryKind::Pinned), 4096);
-        assert_eq!(direct_align(MemoryKind::Managed), 4096);
     }
 }

@@ -37,8 +37,9 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{sys, DriverError};
 use gpupool_core::{AccessOrder, DeviceId, StreamHandle};
 
-use crate::driver::driver;
-use crate::error::{check, CudaError};
+use crate::backend::CudaBackend;
+use crate::driver::{driver, raw_stream};
+use crate::error::{check, invalid_value, out_of_memory, CudaError};
 
 /// `gpupool_spin(u64 ns)`: returns once `%globaltimer` has advanced by `ns`.
 /// `gpupool_gate(u64 flags, u64 ns)`: `flags` points at two `u32`s, `open` and
@@ -157,11 +158,9 @@ fn load_kernels() -> Result<Kernels, CudaError> {
 /// a usable stream of the device for as long as the order lives.
 fn stream_of(order: AccessOrder<'_>) -> Result<(StreamHandle, DeviceId), CudaError> {
     let (Some(stream), Some(device)) = (order.stream_handle(), order.device()) else {
-        return Err(CudaError::Driver(DriverError(
-            sys::CUresult::CUDA_ERROR_INVALID_VALUE,
-        )));
+        return Err(invalid_value());
     };
-    if !order.is_usable_with(&crate::CudaBackend::new()) {
+    if !order.is_usable_with(&CudaBackend::new()) {
         return Err(CudaError::Driver(DriverError(
             sys::CUresult::CUDA_ERROR_INVALID_HANDLE,
         )));
@@ -174,7 +173,7 @@ fn stream_of(order: AccessOrder<'_>) -> Result<(StreamHandle, DeviceId), CudaErr
 /// # Safety
 /// `function` is one of [`Kernels`] loaded into the current context, and
 /// `params` match its parameters; `stream` is a usable stream of that
-/// context's device (see [`CudaBackend`](crate::CudaBackend), "Raw
+/// context's device (see [`CudaBackend`], "Raw
 /// handles").
 unsafe fn launch(
     function: usize,
@@ -195,7 +194,7 @@ unsafe fn launch(
             1,
             1,
             0,
-            stream.as_raw() as sys::CUstream,
+            raw_stream(stream),
             params.as_mut_ptr(),
             core::ptr::null_mut(),
         )
@@ -264,7 +263,7 @@ fn take_slot() -> Result<(usize, NonNull<AtomicU32>), CudaError> {
             free: (0..MAX_GATES).rev().collect(),
         });
     }
-    let exhausted = CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    let exhausted = out_of_memory();
     let slab = slab.as_mut().ok_or(exhausted)?;
     let slot = slab.free.pop().ok_or(exhausted)?;
     let addr = slab.base + slot * 2 * size_of::<u32>();

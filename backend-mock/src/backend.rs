@@ -4,7 +4,7 @@
 //! Every call goes through [`MockBackend::call`] under the write lock: it
 //! counts itself, fires an armed fault (a failing call has no other effect),
 //! then runs the operation on the state; an argument error is logged as a
-//! [`Misuse`](crate::Misuse). Afterwards the free-pending blocks whose stream
+//! [`Misuse`]. Afterwards the free-pending blocks whose stream
 //! has passed the free are reclaimed.
 //!
 //! The read-only calls (`device_count`, `current_device`, `query_stream`,
@@ -20,15 +20,15 @@
 use core::ptr::NonNull;
 
 use gpupool_core::{
-    Backend, BackendId, Completion, DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend,
-    MemoryKind, StreamBackend, StreamHandle, StreamOptions,
+    Backend, BackendId, BackendOp as CallKind, Completion, DeviceId, EventBackend, EventFlags,
+    EventHandle, MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
 };
 
-use crate::error::BlockLayout;
+use crate::error::{BlockLayout, Misuse, MockError};
 
 use crate::state::State;
 use crate::sync::{read, write};
-use crate::{CallKind, Misuse, MockBackend, MockError};
+use crate::MockBackend;
 
 impl MockBackend {
     /// Runs one backend call of `kind` under the lock: count, faults, `op`.

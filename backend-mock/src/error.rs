@@ -6,7 +6,7 @@ use core::fmt;
 
 use gpupool_core::{DeviceId, EventHandle, MemoryKind, StreamHandle};
 
-use crate::CallKind;
+use gpupool_core::BackendOp as CallKind;
 
 /// Why a call to the mock failed.
 ///

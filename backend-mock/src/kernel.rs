@@ -15,8 +15,9 @@ use core::mem::size_of;
 use bytemuck::{AnyBitPattern, NoUninit};
 use gpupool_core::{AccessOrder, Backend, DeviceSlice};
 
+use crate::error::MockError;
 use crate::sync::write;
-use crate::{MockBackend, MockError};
+use crate::MockBackend;
 
 impl MockBackend {
     /// A simulated kernel on `order`'s stream: `dst[i] = f(src[i])` for every

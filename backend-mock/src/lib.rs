@@ -219,6 +219,7 @@ mod error;
 mod heap;
 mod kernel;
 mod memory;
+mod memory_calls;
 mod queue;
 mod state;
 mod sync;
@@ -230,22 +231,11 @@ use gpupool_core::{BackendId, DeviceId, EventFlags, EventHandle, MemoryKind, Str
 
 pub use error::{BlockLayout, Misuse, MockError};
 pub use memory::{Hazard, HazardKind};
+pub use queue::CompletionPolicy;
 
 use queue::StreamKey;
 use state::State;
 use sync::{write, Arc, RwLock};
-
-/// When simulated work completes.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum CompletionPolicy {
-    /// Only when a test completes it (or a synchronize needs it). The default.
-    Manual,
-    /// As soon as nothing is queued before it: streams look idle unless blocked
-    /// on a wait, and a wait resolves as soon as the work it waits for is done.
-    /// Since that work completes at once too, every stream is idle after every
-    /// call. Switching to it completes the work already queued.
-    Immediate,
-}
 
 /// A simulated machine with a fixed number of devices. See the
 /// [crate documentation](crate) for the model.

@@ -22,7 +22,17 @@ use std::collections::{BTreeMap, VecDeque};
 
 use gpupool_core::{DeviceId, StreamHandle};
 
-use crate::CompletionPolicy;
+/// When simulated work completes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum CompletionPolicy {
+    /// Only when a test completes it (or a synchronize needs it). The default.
+    Manual,
+    /// As soon as nothing is queued before it: streams look idle unless blocked
+    /// on a wait, and a wait resolves as soon as the work it waits for is done.
+    /// Since that work completes at once too, every stream is idle after every
+    /// call. Switching to it completes the work already queued.
+    Immediate,
+}
 
 /// Which stream: a device's implicit stream (what the special handles 0, 1 and
 /// 2 name), or a stream made by `create_stream`, by handle.

@@ -7,12 +7,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use gpupool_core::BackendOp as CallKind;
 use gpupool_core::{Completion, DeviceId, EventFlags, EventHandle, StreamHandle};
 
+use crate::error::{Misuse, MockError};
 use crate::memory::Memory;
-use crate::queue::{Point, Stream, StreamKey, Streams};
+use crate::queue::{CompletionPolicy, Point, Stream, StreamKey, Streams};
 use crate::sync::{AtomicU64, Ordering};
-use crate::{CallKind, CompletionPolicy, Misuse, MockError};
 
 /// The first handle `create_stream` returns; later ones count up by one.
 pub(crate) const FIRST_STREAM: usize = 0x1000;

@@ -185,7 +185,7 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::TooManyDevices { count } => write!(
                 f,
                 "the backend reports {count} devices, more than the {} a pool supports",
-                crate::MAX_DEVICES
+                crate::backend::MAX_DEVICES
             ),
             Error::ForeignGuard => {
                 f.write_str("the epoch guard belongs to another collector than the pool's")

@@ -17,127 +17,49 @@ use core::fmt;
 use core::mem::ManuallyDrop;
 use core::ops::Deref;
 
-use crate::backend::{BackendId, DeviceId, DeviceSelector, EventBackend, EventFlags, EventHandle};
+#[cfg(feature = "std")]
+use crate::backend::DeviceSelector;
+use crate::backend::{DeviceId, EventBackend, EventFlags, EventHandle};
 use crate::epoch::Pinning;
 use crate::error::{BackendOp, Error, Rejected};
-use crate::stack::{Bag, Stack};
-use crate::stats::{Counters, ParkedError, PoolStats};
-use crate::sync::epoch::{self, Collector, Guard};
+pub use crate::owned::OwnedEvent;
+use crate::pool::{fmt_lease, shared_pool_methods, Pool, PoolKind, Slot};
+use crate::stats::Counters;
+use crate::sync::epoch::{Collector, Guard};
 use crate::sync::Arc;
-use crate::table::{DeviceSlot, DeviceTable};
 #[cfg(all(feature = "std", not(loom)))]
-use crate::thread_cache::ThreadCache;
+use crate::thread_cache::Cell;
 
-/// An event owned by the caller, outside any pool: what [`EventLease::detach`]
-/// hands out and [`EventPool::put`] takes back. Not `Clone`; dropping it
-/// neither destroys nor returns the event. It knows the backend that made it:
-/// a pool or backend of another [`BackendId`] refuses it with
-/// [`Error::ForeignHandle`].
-#[must_use = "dropping an OwnedEvent leaks the event: put it back or destroy it"]
-#[derive(Debug, PartialEq, Eq)]
-pub struct OwnedEvent {
-    /// A live event of `owner` on `device`, never null (checked by every
-    /// constructor), owned by this value alone.
-    handle: EventHandle,
-    device: DeviceId,
-    owner: BackendId,
-}
+/// The event kind of [`Pool`]: a device keeps only a ready list (and the
+/// quarantine); a returned event goes back with no backend call.
+pub(crate) struct Events;
 
-impl OwnedEvent {
-    /// Takes ownership of a raw event of `backend` created on `device` (CUDA
-    /// cannot tell an event's device, so the caller says it). The null handle
-    /// is refused.
-    ///
-    /// # Safety
-    /// The caller hands the event over, as with `File::from_raw_fd`:
-    /// 1. `handle` is a live event created on `device` by a backend with
-    ///    `backend`'s [`id`](crate::Backend::id);
-    /// 2. nothing else owns it or will use it as its own from now on (a pool
-    ///    that took it twice would lease one event to two users).
-    pub unsafe fn from_raw_parts<B: EventBackend>(
-        backend: &B,
-        handle: EventHandle,
-        device: DeviceId,
-    ) -> Result<Self, Error<B::Error>> {
-        if handle.is_null() {
-            return Err(Error::NullHandle);
-        }
-        Ok(OwnedEvent {
-            handle,
-            device,
-            owner: backend.id(),
-        })
+impl<B: EventBackend> PoolKind<B> for Events {
+    type Handle = EventHandle;
+    type Busy = ();
+    type Config = EventFlags;
+    const CREATE: BackendOp = BackendOp::CreateEvent;
+    const DESTROY: BackendOp = BackendOp::DestroyEvent;
+
+    #[inline]
+    fn create(backend: &B, device: DeviceId, flags: &EventFlags) -> Result<EventHandle, B::Error> {
+        backend.create_event(device, *flags)
     }
 
-    /// The backend the event belongs to.
-    pub fn backend_id(&self) -> BackendId {
-        self.owner
+    #[inline]
+    unsafe fn destroy(backend: &B, handle: EventHandle, device: DeviceId) -> Result<(), B::Error> {
+        // SAFETY: the caller's guarantee (`PoolKind::destroy`).
+        unsafe { backend.destroy_event(handle, device) }
     }
 
-    /// The raw handle.
-    pub fn handle(&self) -> EventHandle {
-        self.handle
-    }
-
-    /// The device the event was created on.
-    pub fn device(&self) -> DeviceId {
-        self.device
-    }
-
-    /// Gives up ownership and returns the raw handle; the caller destroys it.
-    pub fn into_raw(self) -> EventHandle {
-        self.handle
-    }
-
-    /// Destroys the event. On failure (a backend of another [`BackendId`]:
-    /// [`Error::ForeignHandle`], nothing called; a failed destroy) the event
-    /// comes back with the error.
-    pub fn destroy<B: EventBackend>(
-        self,
-        backend: &B,
-    ) -> Result<(), Rejected<OwnedEvent, B::Error>> {
-        if backend.id() != self.owner {
-            return Err(Rejected {
-                value: self,
-                error: Error::ForeignHandle,
-            });
-        }
-        // SAFETY: `self` owns a live event of `device`, made by a backend of
-        // this id (checked above), and is consumed here.
-        match unsafe { backend.destroy_event(self.handle, self.device) } {
-            Ok(()) => Ok(()),
-            Err(e) => Err(Rejected {
-                value: self,
-                error: Error::Backend {
-                    op: BackendOp::DestroyEvent,
-                    source: e,
-                },
-            }),
-        }
+    unsafe fn flushed(_: &EventFlags, slot: &EventSlot, raw: usize) {
+        // SAFETY: the caller's guarantee: the raw word of a live event.
+        slot.ready.push(unsafe { EventHandle::from_raw(raw) });
     }
 }
 
-struct EventSlot {
-    ready: Stack<EventHandle>,
-    /// Events whose destroy failed: never leased again; purge and drop try
-    /// again.
-    quarantine: Bag<EventHandle>,
-    counters: Counters,
-}
-
-impl DeviceSlot for EventSlot {
-    fn new() -> Self {
-        EventSlot {
-            ready: Stack::new(),
-            quarantine: Bag::new(),
-            counters: Counters::default(),
-        }
-    }
-
-    fn counters(&self) -> &Counters {
-        &self.counters
-    }
-}
+/// One device's lists: ready and quarantine.
+type EventSlot = Slot<EventHandle, ()>;
 
 /// Per-device pools of events. See the [module documentation](self).
 ///
@@ -157,26 +79,10 @@ impl DeviceSlot for EventSlot {
 /// assert_eq!(pool.live_leases(), 0);
 /// ```
 pub struct EventPool<B: EventBackend> {
-    backend: B,
-    /// `backend.id()`, read once at construction (it never changes).
-    id: BackendId,
-    flags: EventFlags,
-    pinning: Pinning,
-    devices: DeviceTable<EventSlot>,
-    parked: ParkedError<Error<B::Error>>,
-    /// Per-thread caches in front of the ready lists (`std` only; the loom
-    /// models check the cache on its own, see `internals::CacheModel`).
-    #[cfg(all(feature = "std", not(loom)))]
-    cache: ThreadCache,
-}
-
-impl<B: EventBackend> fmt::Debug for EventPool<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EventPool")
-            .field("flags", &self.flags)
-            .field("devices", &self.devices.len())
-            .finish_non_exhaustive()
-    }
+    /// The lists, tallies, parked error and (`std`) the per-thread cells in
+    /// front of the ready lists (the loom models check the cells on their
+    /// own, see `internals::CacheModel`).
+    inner: Pool<B, Events>,
 }
 
 impl<B: EventBackend> EventPool<B> {
@@ -201,104 +107,57 @@ impl<B: EventBackend> EventPool<B> {
 
     fn build(backend: B, flags: EventFlags, pinning: Pinning) -> Self {
         EventPool {
-            id: backend.id(),
-            backend,
-            flags,
-            pinning,
-            devices: DeviceTable::new(),
-            parked: ParkedError::new(),
-            #[cfg(all(feature = "std", not(loom)))]
-            cache: ThreadCache::new(),
+            // Every cached event is idle: an adopted cell's may be served.
+            inner: Pool::new(backend, flags, pinning, true),
         }
     }
 
-    /// The backend.
-    pub fn backend(&self) -> &B {
-        &self.backend
+    shared_pool_methods! {
+        EventLease, "event";
+        // The memo hit inline, the rest out of line.
+        get: [#[inline]], get_slow: [#[inline(never)]];
+        /// Destroys every pooled event. Leases that are out come back normally
+        /// later. Returns how many were destroyed. An event whose destroy fails
+        /// stays pooled for the next purge; the first failure is returned after the
+        /// others were tried, later ones are parked.
     }
 
     /// The flags every event of this pool is created with.
     pub fn flags(&self) -> EventFlags {
-        self.flags
+        self.inner.config
     }
 
-    /// The epoch collector the pool's stacks use.
-    pub fn collector(&self) -> &Collector {
-        self.pinning.collector()
-    }
-
-    /// Leases an event on `device`: a pooled one, or a new one.
-    #[cfg(feature = "std")]
+    /// A lease of an event in the calling thread's memoised `cell` of
+    /// `device`, if it holds one. The event is leased in place: it stays in
+    /// the cell, marked, and the lease's drop puts it back with one plain
+    /// store.
+    #[cfg(all(feature = "std", not(loom)))]
     #[inline]
-    pub fn get(
-        &self,
-        device: impl Into<DeviceSelector>,
-    ) -> Result<EventLease<'_, B>, Error<B::Error>> {
-        let device = device.into();
-        // The calling thread's own cache first: no epoch, no shared line. A cell
-        // in the memo was registered after its device was checked, so a hit
-        // needs no table lookup.
-        // The event is leased in place: it stays in the cell, marked, and the
-        // lease's drop puts it back with one plain store.
-        #[cfg(not(loom))]
-        if let DeviceSelector::Id(d) = device {
-            if let Some((h, cell_slot)) = self.cache.memo(d.index()).and_then(|c| c.lease()) {
-                return Ok(EventLease {
-                    pool: self,
-                    // SAFETY: cells hold only events this pool created on the
-                    // cell's device and owns.
-                    event: unsafe { EventHandle::from_raw(h) },
-                    device: d,
-                    in_place: Some(cell_slot),
-                });
-            }
-        }
-        self.get_slow(device)
-    }
-
-    /// `get` past the memo: resolves the device, then the thread's cell (found
-    /// the slow way, registered if need be), then the shared list or the backend.
-    #[cfg(feature = "std")]
-    #[inline(never)]
-    fn get_slow(&self, device: DeviceSelector) -> Result<EventLease<'_, B>, Error<B::Error>> {
-        let (device, slot) = self.slot(device)?;
-        #[cfg(not(loom))]
-        if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
-            // SAFETY: as in `get`.
-            return Ok(EventLease::new(
-                self,
-                unsafe { EventHandle::from_raw(h) },
-                device,
-            ));
-        }
-        self.pinning.pin(|g| self.get_from(device, slot, g))
-    }
-
-    /// [`get`](Self::get) with a guard the caller pinned in [`collector`](Self::collector).
-    ///
-    /// With `std`, like `get`, it takes an event from the calling thread's
-    /// cache first (the cell its returns fill), so `get_in`/drop cycles reuse
-    /// one event. Without `std` there are no cells: it uses the shared lists.
-    pub fn get_in(
-        &self,
-        device: impl Into<DeviceSelector>,
-        guard: &Guard,
-    ) -> Result<EventLease<'_, B>, Error<B::Error>> {
-        if !self.pinning.owns(guard) {
-            return Err(Error::ForeignGuard);
-        }
-        let (device, slot) = self.slot(device.into())?;
-        #[cfg(all(feature = "std", not(loom)))]
-        if let Some(Some(h)) = self.cache.with_cell(device.index(), |c| c.take()) {
+    fn take_memo<'p>(&'p self, device: DeviceId, cell: &'p Cell) -> Option<EventLease<'p, B>> {
+        let (h, cell_slot) = cell.lease()?;
+        Some(EventLease {
+            pool: self,
             // SAFETY: cells hold only events this pool created on the cell's
-            // device (`device`) and owns.
-            return Ok(EventLease::new(
-                self,
-                unsafe { EventHandle::from_raw(h) },
-                device,
-            ));
-        }
-        self.get_from(device, slot, guard)
+            // device and owns.
+            event: unsafe { EventHandle::from_raw(h) },
+            device,
+            in_place: Some(cell_slot),
+        })
+    }
+
+    /// An event from the calling thread's cell of `device` (found the slow
+    /// way, registered if need be), if it holds one.
+    #[cfg(all(feature = "std", not(loom)))]
+    #[inline]
+    fn take_cached(&self, device: DeviceId) -> Option<EventLease<'_, B>> {
+        let h = self.inner.cache.with_cell(device.index(), |c| c.take())??;
+        // SAFETY: cells hold only events this pool created on the cell's
+        // device (`device`) and owns.
+        Some(EventLease::new(
+            self,
+            unsafe { EventHandle::from_raw(h) },
+            device,
+        ))
     }
 
     /// Pops `device`'s ready list, or creates an event.
@@ -308,20 +167,7 @@ impl<B: EventBackend> EventPool<B> {
         slot: &EventSlot,
         guard: &Guard,
     ) -> Result<EventLease<'p, B>, Error<B::Error>> {
-        let event = match slot.ready.pop(guard) {
-            Some(e) => {
-                Counters::bump(&slot.counters.reused);
-                e
-            }
-            None => {
-                let e = self
-                    .backend
-                    .create_event(device, self.flags)
-                    .map_err(Error::backend(BackendOp::CreateEvent))?;
-                Counters::bump(&slot.counters.created);
-                e
-            }
-        };
+        let event = self.inner.pop_or_create(device, slot, guard, || None)?;
         Ok(EventLease::new(self, event, device))
     }
 
@@ -344,29 +190,15 @@ impl<B: EventBackend> EventPool<B> {
         event: OwnedEvent,
         device: Option<DeviceId>,
     ) -> Result<(), Rejected<OwnedEvent, B::Error>> {
-        if event.owner != self.id {
-            return Err(Rejected {
-                value: event,
-                error: Error::ForeignHandle,
-            });
-        }
-        if let Some(given) = device {
-            if given != event.device {
-                let actual = event.device;
-                return Err(Rejected {
-                    value: event,
-                    error: Error::WrongDevice { given, actual },
-                });
-            }
-        }
-        match self.slot(DeviceSelector::Id(event.device)) {
-            Ok((_, slot)) => {
+        match self.inner.admit(event.owner, event.device, device) {
+            Ok(slot) => {
                 // Taken in, wherever it goes below.
                 Counters::bump(&slot.counters.put);
                 // The calling thread's cell first, so that its next `get` takes
                 // the event put last (no lease ends here: not counted).
                 #[cfg(all(feature = "std", not(loom)))]
                 if self
+                    .inner
                     .cache
                     .with_cell(event.device.index(), |c| c.keep(event.handle.as_raw()))
                     == Some(true)
@@ -383,159 +215,16 @@ impl<B: EventBackend> EventPool<B> {
         }
     }
 
-    /// Destroys every pooled event. Leases that are out come back normally
-    /// later. Returns how many were destroyed. An event whose destroy fails
-    /// stays pooled for the next purge; the first failure is returned after the
-    /// others were tried, later ones are parked.
-    #[cfg(feature = "std")]
-    pub fn purge(&self) -> Result<usize, Error<B::Error>> {
-        self.pinning.pin(|g| self.purge_in(g))
-    }
-
-    /// [`purge`](Self::purge) with a guard the caller pinned in [`collector`](Self::collector).
-    pub fn purge_in(&self, guard: &Guard) -> Result<usize, Error<B::Error>> {
-        if !self.pinning.owns(guard) {
-            return Err(Error::ForeignGuard);
-        }
-        self.flush_caches();
-        let mut first_error = None;
-        let mut destroyed = 0;
-        for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
-            let device = DeviceId(i as u32);
-            let mut quarantined = slot.quarantine.take_all();
-            let doomed = slot
-                .ready
-                .drain(guard)
-                .into_iter()
-                .chain(core::iter::from_fn(|| quarantined.pop_first()));
-            for e in doomed {
-                // SAFETY: events of the lists: created by this pool's backend
-                // on `device`, owned by the pool alone, just taken out.
-                match unsafe { self.backend.destroy_event(e, device) } {
-                    Ok(()) => {
-                        destroyed += 1;
-                        Counters::bump(&slot.counters.destroyed);
-                    }
-                    Err(source) => {
-                        // Not destroyed: set aside for the next purge, never
-                        // leased again.
-                        slot.quarantine.push(e);
-                        Counters::bump(&slot.counters.quarantined);
-                        let e = Error::Backend {
-                            op: BackendOp::DestroyEvent,
-                            source,
-                        };
-                        if first_error.is_none() {
-                            first_error = Some(e);
-                        } else {
-                            self.parked.park(e);
-                        }
-                    }
-                }
-            }
-        }
-        match first_error {
-            None => Ok(destroyed),
-            Some(e) => Err(e),
-        }
-    }
-
-    /// Moves every handle the per-thread caches hold to the shared ready lists,
-    /// so that purge and drop reach them.
-    fn flush_caches(&self) {
-        #[cfg(all(feature = "std", not(loom)))]
-        for (d, h) in self.cache.drain() {
-            if let Some(slot) = self.devices.slot_of(DeviceId(d as u32)) {
-                // SAFETY: cells hold only events of this pool, of device `d`.
-                slot.ready.push(unsafe { EventHandle::from_raw(h) });
-            }
-        }
-    }
-
-    /// Tallies for one device, or `None` before first use or out of range.
-    pub fn stats(&self, device: DeviceId) -> Option<PoolStats> {
-        self.devices.stats(device, || {
-            #[cfg(all(feature = "std", not(loom)))]
-            return self.cache.counts(device.index());
-            #[cfg(not(all(feature = "std", not(loom))))]
-            (0, 0)
-        })
-    }
-
-    /// Tallies summed over all devices.
-    pub fn total_stats(&self) -> PoolStats {
-        self.devices.total_of(|d| self.stats(d))
-    }
-
-    /// Leases out right now, over all devices.
-    pub fn live_leases(&self) -> usize {
-        self.total_stats().live_leases
-    }
-
-    /// The number of devices, once the pool has asked the backend.
-    pub fn device_count(&self) -> Option<usize> {
-        self.devices.len()
-    }
-
-    /// Takes the first error met where none could be returned, if any.
-    pub fn take_error(&self) -> Option<Error<B::Error>> {
-        self.parked.take()
-    }
-
-    /// How many errors were dropped because one was already parked.
-    pub fn dropped_errors(&self) -> usize {
-        self.parked.dropped()
-    }
-
     /// Parks an error met where it could not be returned.
     pub(crate) fn park(&self, e: Error<B::Error>) {
-        self.parked.park(e)
-    }
-
-    fn slot(&self, device: DeviceSelector) -> Result<(DeviceId, &EventSlot), Error<B::Error>> {
-        self.devices.resolve(&self.backend, device)
+        self.inner.parked.park(e)
     }
 
     /// The slot of a leased event's device: always there, since a lease exists
     /// only after its slot was found and borrows the pool that owns the table.
     /// (No assertion: this runs in a lease's drop, which never panics.)
     fn leased_slot(&self, device: DeviceId) -> Option<&EventSlot> {
-        self.devices.slot_of(device)
-    }
-}
-
-impl<B: EventBackend> Drop for EventPool<B> {
-    fn drop(&mut self) {
-        self.flush_caches();
-        // An error parked and never taken has nobody left to take it now.
-        if let Some(e) = self.parked.take() {
-            crate::lost::report(&e);
-        }
-        if let Some(table) = self.devices.take() {
-            // SAFETY: `&mut self` excludes every concurrent reader of the stacks,
-            // so their nodes may be freed at once.
-            let guard = unsafe { epoch::unprotected() };
-            for (i, slot) in table.iter().enumerate() {
-                let mut quarantined = slot.quarantine.take_all();
-                let doomed = slot
-                    .ready
-                    .drain(guard)
-                    .into_iter()
-                    .chain(core::iter::from_fn(|| quarantined.pop_first()));
-                for e in doomed {
-                    // No owner is left to park an error with: `lost_errors`.
-                    // SAFETY: events of the lists: this backend's, of device
-                    // `i`, owned by the pool alone (no lease is out).
-                    let destroyed = unsafe { self.backend.destroy_event(e, DeviceId(i as u32)) };
-                    if let Err(source) = destroyed {
-                        crate::lost::report(&Error::<B::Error>::Backend {
-                            op: BackendOp::DestroyEvent,
-                            source,
-                        });
-                    }
-                }
-            }
-        }
+        self.inner.devices.slot_of(device)
     }
 }
 
@@ -553,10 +242,7 @@ pub struct EventLease<'p, B: EventBackend> {
 
 impl<B: EventBackend> fmt::Debug for EventLease<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EventLease")
-            .field("event", &self.event)
-            .field("device", &self.device)
-            .finish()
+        fmt_lease(f, "EventLease", "event", &self.event, self.device)
     }
 }
 
@@ -605,20 +291,14 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     /// Ends the lease without returning the event: the caller owns it now.
     pub fn detach(self) -> OwnedEvent {
         let this = ManuallyDrop::new(self);
-        let slot = this.pool.leased_slot(this.device);
-        if !this.vacate() {
-            if let Some(slot) = slot {
-                Counters::bump(&slot.counters.returned);
-            }
-        }
-        if let Some(slot) = slot {
-            // The event leaves the pool (`PoolStats::pooled`).
-            Counters::bump(&slot.counters.detached);
-        }
+        // The event leaves the pool (`PoolStats::pooled`); a lease served in
+        // place ends uncounted in the shared tallies.
+        let returned = !this.vacate();
+        this.pool.inner.count_detached(this.device, returned);
         OwnedEvent {
             handle: this.event,
             device: this.device,
-            owner: this.pool.id,
+            owner: this.pool.inner.id,
         }
     }
 
@@ -636,7 +316,12 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
         }
         // SAFETY: the lease held this event of the pool's backend on its
         // device alone; it ends here without going back to any list.
-        match unsafe { this.pool.backend.destroy_event(this.event, this.device) } {
+        match unsafe {
+            this.pool
+                .inner
+                .backend
+                .destroy_event(this.event, this.device)
+        } {
             Ok(()) => {
                 if let Some(slot) = slot {
                     Counters::bump(&slot.counters.destroyed);
@@ -685,6 +370,7 @@ impl<B: EventBackend> EventLease<'_, B> {
         #[cfg(all(feature = "std", not(loom)))]
         if self
             .pool
+            .inner
             .cache
             .with_cell(self.device.index(), |c| c.give(self.event.as_raw()))
             == Some(true)
@@ -722,5 +408,11 @@ impl<'p, B: EventBackend> Deref for SharedEvent<'p, B> {
     type Target = EventLease<'p, B>;
     fn deref(&self) -> &EventLease<'p, B> {
         &self.lease
+    }
+}
+
+impl<B: EventBackend> fmt::Debug for EventPool<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt_as(f, "EventPool", "flags")
     }
 }

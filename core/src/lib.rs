@@ -65,6 +65,8 @@ pub mod internals;
 mod lost;
 mod monotonic;
 mod order;
+mod owned;
+mod pool;
 pub mod scratchpad;
 mod stack;
 mod stats;
@@ -77,6 +79,7 @@ mod thread_cache;
 pub use backend::{
     Backend, BackendId, Completion, DeviceId, DeviceSelector, EventBackend, EventFlags,
     EventHandle, MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
+    MAX_DEVICES,
 };
 pub use error::{BackendOp, Error, Rejected};
 pub use event_pool::{EventLease, EventPool, OwnedEvent, SharedEvent};
@@ -90,10 +93,6 @@ pub use scratchpad::{
 pub use stats::PoolStats;
 pub use stream_pool::{OwnedStream, StreamLease, StreamPool, StreamPoolConfig};
 
-/// The most devices a pool keeps a table for; a backend reporting more gets
-/// [`Error::TooManyDevices`] instead of a huge allocation.
-pub const MAX_DEVICES: u32 = 1024;
-
 /// The epoch crate the pools use, for `no_std` callers that register their own
 /// handles ([`StreamPool::with_collector`], the `*_in` calls).
 pub use crossbeam_epoch as epoch_crate;
@@ -103,12 +102,3 @@ pub use crossbeam_epoch as epoch_crate;
 /// caller can name them, derive them (with bytemuck's `derive` feature in
 /// their own dependency) or cast parts to bytes (`cast_slice`).
 pub use bytemuck;
-
-use static_assertions::assert_impl_all;
-
-assert_impl_all!(StreamHandle: Copy, Send, Sync);
-assert_impl_all!(EventHandle: Copy, Send, Sync);
-assert_impl_all!(AccessOrder<'static>: Copy, Send, Sync);
-assert_impl_all!(BackendId: Copy, Send, Sync);
-assert_impl_all!(OwnedStream: Send, Sync);
-assert_impl_all!(OwnedEvent: Send, Sync);

@@ -1,13 +1,19 @@
 //! [`AccessOrder`]: the host, or a stream on a device — the order in which some
 //! piece of memory or work is accessed — and how to make one order wait for
 //! another.
+//!
+//! A stream lease's and an owned stream's `order()` are written here, so that
+//! the pools below need nothing from this module.
 
 use core::marker::PhantomData;
 
 use crate::backend::{Backend, BackendId, DeviceId, EventBackend, StreamBackend, StreamHandle};
 use crate::error::{BackendOp, Error};
 use crate::event_pool::{EventLease, EventPool};
+use crate::owned::OwnedStream;
+use crate::stream_pool::StreamLease;
 use crate::sync::epoch::Guard;
+use static_assertions::assert_impl_all;
 
 /// The order in which work happens: on the host (synchronously), or on a
 /// stream of a device (in stream order).
@@ -319,3 +325,28 @@ impl<'s> AccessOrder<'s> {
         }
     }
 }
+
+impl OwnedStream {
+    /// The stream as an access order, borrowing it (so the stream cannot be
+    /// put back or destroyed while the order is in use).
+    pub fn order(&self) -> AccessOrder<'_> {
+        AccessOrder::of_held(self.handle(), self.device(), self.backend_id())
+    }
+}
+
+impl<B: StreamBackend> StreamLease<'_, B> {
+    /// The stream as an access order, borrowing the lease: the order cannot
+    /// be used after the lease ends.
+    #[inline]
+    pub fn order(&self) -> AccessOrder<'_> {
+        AccessOrder::of_held(self.handle(), self.device(), self.backend_id())
+    }
+}
+
+impl<'l, B: StreamBackend> From<&'l StreamLease<'_, B>> for AccessOrder<'l> {
+    fn from(l: &'l StreamLease<'_, B>) -> AccessOrder<'l> {
+        l.order()
+    }
+}
+
+assert_impl_all!(AccessOrder<'static>: Copy, Send, Sync);

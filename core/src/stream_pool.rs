@@ -30,18 +30,16 @@
 use core::fmt;
 use core::mem::ManuallyDrop;
 
-use crate::backend::{
-    BackendId, Completion, DeviceId, DeviceSelector, StreamBackend, StreamHandle, StreamOptions,
-};
+use crate::backend::{BackendId, Completion, DeviceId, StreamBackend, StreamHandle, StreamOptions};
 use crate::epoch::Pinning;
 use crate::error::{BackendOp, Error, Rejected};
-use crate::order::AccessOrder;
-use crate::stack::{Bag, Chain, Stack};
-use crate::stats::{Counters, ParkedError, PoolStats};
-use crate::sync::epoch::{self, Collector, Guard};
-use crate::table::{DeviceSlot, DeviceTable};
+pub use crate::owned::OwnedStream;
+use crate::pool::{fmt_lease, shared_pool_methods, Pool, PoolKind, Slot};
+use crate::stack::{Bag, Chain};
+use crate::stats::Counters;
+use crate::sync::epoch::{Collector, Guard};
 #[cfg(all(feature = "std", not(loom)))]
-use crate::thread_cache::ThreadCache;
+use crate::thread_cache::Cell;
 
 /// How a [`StreamPool`] creates streams and scans its busy list.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -80,163 +78,48 @@ impl Default for StreamPoolConfig {
     }
 }
 
-/// A stream owned by the caller, outside any pool: what
-/// [`StreamLease::detach`] hands out and [`StreamPool::put`] takes back.
-///
-/// It is not `Clone`, so one stream cannot be put into a pool twice through it.
-/// It knows the backend that made it ([`BackendId`]): a pool or backend of
-/// another id refuses it with [`Error::ForeignHandle`]. Dropping it neither
-/// destroys the stream nor returns it: pass it to [`StreamPool::put`] or
-/// [`OwnedStream::destroy`].
-#[must_use = "dropping an OwnedStream leaks the stream: put it back or destroy it"]
-#[derive(Debug, PartialEq, Eq)]
-pub struct OwnedStream {
-    /// A live stream of `owner` on `device`, never special (checked by every
-    /// constructor), owned by this value alone.
-    handle: StreamHandle,
-    device: DeviceId,
-    owner: BackendId,
-}
+/// The stream kind of [`Pool`]: a device keeps a busy list besides its
+/// ready list (streams returned with work pending; never popped one at a
+/// time).
+pub(crate) struct Streams;
 
-impl OwnedStream {
-    /// Takes ownership of a raw stream of `backend` that belongs to `device`.
-    /// The null handle and CUDA's other special streams are refused.
-    ///
-    /// # Safety
-    /// The caller hands the stream over, as with `File::from_raw_fd`:
-    /// 1. `handle` is a live stream of `device`, created by a backend with
-    ///    `backend`'s [`id`](crate::Backend::id);
-    /// 2. nothing else owns it or will use it as its own from now on (a pool
-    ///    that took it twice would lease one stream to two users, and stream
-    ///    order is what keeps scratch memory from being reused while a kernel
-    ///    still reads it).
-    pub unsafe fn from_raw_parts<B: StreamBackend>(
+impl<B: StreamBackend> PoolKind<B> for Streams {
+    type Handle = StreamHandle;
+    type Busy = Bag<StreamHandle>;
+    type Config = StreamPoolConfig;
+    const CREATE: BackendOp = BackendOp::CreateStream;
+    const DESTROY: BackendOp = BackendOp::DestroyStream;
+
+    #[inline]
+    fn create(
         backend: &B,
-        handle: StreamHandle,
         device: DeviceId,
-    ) -> Result<Self, Error<B::Error>> {
-        check_poolable(handle)?;
-        Ok(OwnedStream {
-            handle,
-            device,
-            owner: backend.id(),
-        })
+        config: &StreamPoolConfig,
+    ) -> Result<StreamHandle, B::Error> {
+        backend.create_stream(device, config.stream)
     }
 
-    /// Takes ownership of a raw stream of `backend`, asking the backend which
-    /// device it belongs to. The null handle and CUDA's other special streams
-    /// are refused.
-    ///
-    /// # Safety
-    /// As for [`from_raw_parts`](Self::from_raw_parts), except that the backend
-    /// supplies the device: `handle` is a live stream of `backend` that nothing
-    /// else owns from now on.
-    pub unsafe fn adopt<B: StreamBackend>(
-        backend: &B,
-        handle: StreamHandle,
-    ) -> Result<Self, Error<B::Error>> {
-        check_poolable(handle)?;
-        // SAFETY: the caller's guarantee 1: a live stream of this backend.
-        let device = unsafe { backend.stream_device(handle) }
-            .map_err(Error::backend(BackendOp::StreamDevice))?;
-        Ok(OwnedStream {
-            handle,
-            device,
-            owner: backend.id(),
-        })
+    #[inline]
+    unsafe fn destroy(backend: &B, handle: StreamHandle, device: DeviceId) -> Result<(), B::Error> {
+        // SAFETY: the caller's guarantee (`PoolKind::destroy`).
+        unsafe { backend.destroy_stream(handle, device) }
     }
 
-    /// The raw handle.
-    pub fn handle(&self) -> StreamHandle {
-        self.handle
-    }
-
-    /// The device the stream belongs to.
-    pub fn device(&self) -> DeviceId {
-        self.device
-    }
-
-    /// The backend the stream belongs to.
-    pub fn backend_id(&self) -> BackendId {
-        self.owner
-    }
-
-    /// The stream as an access order, borrowing it (so the stream cannot be
-    /// put back or destroyed while the order is in use).
-    pub fn order(&self) -> AccessOrder<'_> {
-        AccessOrder::of_held(self.handle, self.device, self.owner)
-    }
-
-    /// Gives up ownership and returns the raw handle; the caller destroys it.
-    pub fn into_raw(self) -> StreamHandle {
-        self.handle
-    }
-
-    /// Destroys the stream. On failure (a backend of another
-    /// [`BackendId`]: [`Error::ForeignHandle`], nothing called; a failed
-    /// destroy) the stream comes back with the error.
-    pub fn destroy<B: StreamBackend>(
-        self,
-        backend: &B,
-    ) -> Result<(), Rejected<OwnedStream, B::Error>> {
-        if backend.id() != self.owner {
-            return Err(Rejected {
-                value: self,
-                error: Error::ForeignHandle,
-            });
-        }
-        // SAFETY: `self` owns a live, non-special stream of `device`, made by a
-        // backend of this id (checked above), and is consumed here.
-        match unsafe { backend.destroy_stream(self.handle, self.device) } {
-            Ok(()) => Ok(()),
-            Err(e) => Err(Rejected {
-                value: self,
-                error: Error::Backend {
-                    op: BackendOp::DestroyStream,
-                    source: e,
-                },
-            }),
+    /// Streams kept unqueried for same-thread reuse may still run work: busy
+    /// list; streams found idle on return: ready list.
+    unsafe fn flushed(config: &StreamPoolConfig, slot: &StreamSlot, raw: usize) {
+        // SAFETY: the caller's guarantee: the raw word of a live stream.
+        let handle = unsafe { StreamHandle::from_raw(raw) };
+        if config.same_thread_reuse {
+            slot.busy.push(handle);
+        } else {
+            slot.ready.push(handle);
         }
     }
 }
 
-/// Refuses the handles no pool may hold.
-fn check_poolable<E>(handle: StreamHandle) -> Result<(), Error<E>> {
-    if handle.is_null() {
-        Err(Error::NullHandle)
-    } else if handle.is_special() {
-        Err(Error::SpecialHandle)
-    } else {
-        Ok(())
-    }
-}
-
-/// One device's lists.
-struct StreamSlot {
-    /// Streams known idle when they were returned. LIFO.
-    ready: Stack<StreamHandle>,
-    /// Streams returned with work pending. Never popped one at a time.
-    busy: Bag<StreamHandle>,
-    /// Streams a backend call failed on (query, destroy): never leased again;
-    /// purge and drop try to destroy them.
-    quarantine: Bag<StreamHandle>,
-    counters: Counters,
-}
-
-impl DeviceSlot for StreamSlot {
-    fn new() -> Self {
-        StreamSlot {
-            ready: Stack::new(),
-            busy: Bag::new(),
-            quarantine: Bag::new(),
-            counters: Counters::default(),
-        }
-    }
-
-    fn counters(&self) -> &Counters {
-        &self.counters
-    }
-}
+/// One device's lists: ready, busy, quarantine.
+type StreamSlot = Slot<StreamHandle, Bag<StreamHandle>>;
 
 /// Per-device pools of streams. See the [module documentation](self).
 ///
@@ -254,25 +137,10 @@ impl DeviceSlot for StreamSlot {
 /// assert_eq!(pool.stats(DeviceId(1)).unwrap().reused, 1);
 /// ```
 pub struct StreamPool<B: StreamBackend> {
-    backend: B,
-    /// `backend.id()`, read once at construction (it never changes).
-    id: BackendId,
-    config: StreamPoolConfig,
-    pinning: Pinning,
-    devices: DeviceTable<StreamSlot>,
-    parked: ParkedError<Error<B::Error>>,
-    /// Streams kept for same-thread reuse (`std` only, when configured).
-    #[cfg(all(feature = "std", not(loom)))]
-    cache: ThreadCache,
-}
-
-impl<B: StreamBackend> fmt::Debug for StreamPool<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StreamPool")
-            .field("config", &self.config)
-            .field("devices", &self.devices.len())
-            .finish_non_exhaustive()
-    }
+    /// The lists, tallies, parked error and (`std`) the per-thread cells,
+    /// which keep streams found idle on return or, with same-thread reuse,
+    /// streams kept unqueried for their thread.
+    inner: Pool<B, Streams>,
 }
 
 impl<B: StreamBackend> StreamPool<B> {
@@ -298,63 +166,43 @@ impl<B: StreamBackend> StreamPool<B> {
 
     fn build(backend: B, mut config: StreamPoolConfig, pinning: Pinning) -> Self {
         config.scan_limit = config.scan_limit.max(1);
+        // Idle-at-return streams may go to whichever thread adopts an exited
+        // thread's cell; unqueried ones may not.
+        let adopt = !config.same_thread_reuse;
         StreamPool {
-            id: backend.id(),
-            backend,
-            config,
-            pinning,
-            devices: DeviceTable::new(),
-            parked: ParkedError::new(),
-            #[cfg(all(feature = "std", not(loom)))]
-            // Idle-at-return streams may go to whichever thread adopts an
-            // exited thread's cell; unqueried ones may not.
-            cache: ThreadCache::with_adoption(!config.same_thread_reuse),
+            inner: Pool::new(backend, config, pinning, adopt),
         }
     }
 
-    /// The backend.
-    pub fn backend(&self) -> &B {
-        &self.backend
+    shared_pool_methods! {
+        StreamLease, "stream";
+        // The slow path stays inline: the stream pool's `get` is one body.
+        get: [], get_slow: [#[inline]];
+        /// Destroys every stream in the pool, ready or busy (CUDA lets pending work
+        /// finish). Leases that are out are untouched and come back normally later;
+        /// so does a stream another thread's `get` is scanning at this moment.
+        ///
+        /// Returns how many streams were destroyed. A failed destroy does not stop
+        /// the purge: that stream stays in the pool (so it is not lost and the next
+        /// purge tries again) but is never leased again; the first error is
+        /// returned, later ones are parked.
     }
 
     /// The configuration.
     pub fn config(&self) -> &StreamPoolConfig {
-        &self.config
+        &self.inner.config
     }
 
-    /// The epoch collector the pool's stacks use; guards passed to the `*_in`
-    /// calls must be pinned in it.
-    pub fn collector(&self) -> &Collector {
-        self.pinning.collector()
-    }
-
-    /// Leases a stream on `device` (see the [module documentation](self)).
-    #[cfg(feature = "std")]
-    pub fn get(
-        &self,
-        device: impl Into<DeviceSelector>,
-    ) -> Result<StreamLease<'_, B>, Error<B::Error>> {
-        let device = device.into();
-        // This thread's own kept stream first: no driver call, no shared line.
-        // A cell in the memo was registered after its device was checked, so a
-        // hit needs no table lookup.
-        #[cfg(not(loom))]
-        if let DeviceSelector::Id(d) = device {
-            if let Some(c) = self.cache.memo(d.index()) {
-                if let Some(h) = c.take() {
-                    // SAFETY: cells hold only handles of streams this pool
-                    // created on `d` (the cell's device) and owns.
-                    let stream = unsafe { StreamHandle::from_raw(h) };
-                    return Ok(self.lease(stream, d, self.origin_in(c)));
-                }
-            }
-        }
-        let (device, slot) = self.slot(device)?;
-        #[cfg(not(loom))]
-        if let Some(lease) = self.take_cached(device) {
-            return Ok(lease);
-        }
-        self.pinning.pin(|g| self.get_from(device, slot, g))
+    /// A lease of the stream in the calling thread's memoised `cell` of
+    /// `device`, if it holds one.
+    #[cfg(all(feature = "std", not(loom)))]
+    #[inline]
+    fn take_memo<'p>(&'p self, device: DeviceId, cell: &'p Cell) -> Option<StreamLease<'p, B>> {
+        let h = cell.take()?;
+        // SAFETY: cells hold only handles of streams this pool created on the
+        // cell's device (`device`) and owns.
+        let stream = unsafe { StreamHandle::from_raw(h) };
+        Some(self.lease(stream, device, self.origin_in(cell)))
     }
 
     /// The calling thread's kept stream of `device` (its cell, registered if
@@ -363,6 +211,7 @@ impl<B: StreamBackend> StreamPool<B> {
     #[cfg(all(feature = "std", not(loom)))]
     fn take_cached(&self, device: DeviceId) -> Option<StreamLease<'_, B>> {
         if let Some(Some((h, origin))) = self
+            .inner
             .cache
             .with_cell(device.index(), |c| c.take().map(|h| (h, self.origin_in(c))))
         {
@@ -370,10 +219,10 @@ impl<B: StreamBackend> StreamPool<B> {
             // the cell's device (`device`) and owns.
             return Some(self.lease(unsafe { StreamHandle::from_raw(h) }, device, origin));
         }
-        if self.config.same_thread_reuse {
+        if self.inner.config.same_thread_reuse {
             // Streams left by exited threads may run their work: busy list.
-            for (d, h) in self.cache.take_orphans() {
-                if let Some(s) = self.devices.slot_of(DeviceId(d as u32)) {
+            for (d, h) in self.inner.cache.take_orphans() {
+                if let Some(s) = self.inner.devices.slot_of(DeviceId(d as u32)) {
                     // SAFETY: as above: a stream of this pool's, of device `d`.
                     s.busy.push(unsafe { StreamHandle::from_raw(h) });
                 }
@@ -404,8 +253,8 @@ impl<B: StreamBackend> StreamPool<B> {
     /// owner mark when the pool keeps streams for same-thread reuse, else 0.
     #[cfg(all(feature = "std", not(loom)))]
     #[inline]
-    fn origin_in(&self, cell: &crate::thread_cache::Cell) -> usize {
-        if self.config.same_thread_reuse {
+    fn origin_in(&self, cell: &Cell) -> usize {
+        if self.inner.config.same_thread_reuse {
             cell.owner_mark()
         } else {
             0
@@ -417,35 +266,14 @@ impl<B: StreamBackend> StreamPool<B> {
     #[inline]
     fn origin_here(&self, #[allow(unused_variables)] device: DeviceId) -> usize {
         #[cfg(all(feature = "std", not(loom)))]
-        if self.config.same_thread_reuse {
+        if self.inner.config.same_thread_reuse {
             return self
+                .inner
                 .cache
                 .with_cell(device.index(), |c| c.owner_mark())
                 .unwrap_or(0);
         }
         0
-    }
-
-    /// [`get`](Self::get) with a guard the caller pinned in [`collector`](Self::collector).
-    ///
-    /// With `std`, like `get`, it takes the calling thread's kept stream
-    /// first (the cell its returns fill), so `get_in`/drop cycles reuse one
-    /// stream instead of creating a new one while the cell fills. Without
-    /// `std` there are no cells: it uses the shared lists.
-    pub fn get_in(
-        &self,
-        device: impl Into<DeviceSelector>,
-        guard: &Guard,
-    ) -> Result<StreamLease<'_, B>, Error<B::Error>> {
-        if !self.pinning.owns(guard) {
-            return Err(Error::ForeignGuard);
-        }
-        let (device, slot) = self.slot(device.into())?;
-        #[cfg(all(feature = "std", not(loom)))]
-        if let Some(lease) = self.take_cached(device) {
-            return Ok(lease);
-        }
-        self.get_from(device, slot, guard)
     }
 
     /// Pops `device`'s ready list, else scans its busy list, else creates.
@@ -455,20 +283,9 @@ impl<B: StreamBackend> StreamPool<B> {
         slot: &StreamSlot,
         guard: &Guard,
     ) -> Result<StreamLease<'p, B>, Error<B::Error>> {
-        let stream = if let Some(s) = slot.ready.pop(guard) {
-            Counters::bump(&slot.counters.reused);
-            s
-        } else if let Some(s) = self.scan_busy(device, slot) {
-            Counters::bump(&slot.counters.busy_hits);
-            s
-        } else {
-            let s = self
-                .backend
-                .create_stream(device, self.config.stream)
-                .map_err(Error::backend(BackendOp::CreateStream))?;
-            Counters::bump(&slot.counters.created);
-            s
-        };
+        let stream = self
+            .inner
+            .pop_or_create(device, slot, guard, || self.scan_busy(device, slot))?;
         Ok(self.lease(stream, device, self.origin_here(device)))
     }
 
@@ -484,23 +301,8 @@ impl<B: StreamBackend> StreamPool<B> {
         stream: OwnedStream,
         device: Option<DeviceId>,
     ) -> Result<(), Rejected<OwnedStream, B::Error>> {
-        if stream.owner != self.id {
-            return Err(Rejected {
-                value: stream,
-                error: Error::ForeignHandle,
-            });
-        }
-        if let Some(given) = device {
-            if given != stream.device {
-                let actual = stream.device;
-                return Err(Rejected {
-                    value: stream,
-                    error: Error::WrongDevice { given, actual },
-                });
-            }
-        }
-        let slot = match self.slot(DeviceSelector::Id(stream.device)) {
-            Ok((_, slot)) => slot,
+        let slot = match self.inner.admit(stream.owner, stream.device, device) {
+            Ok(slot) => slot,
             Err(error) => {
                 return Err(Rejected {
                     value: stream,
@@ -510,7 +312,11 @@ impl<B: StreamBackend> StreamPool<B> {
         };
         // SAFETY: `stream` owns a live stream of this backend (id checked) on
         // its device, and the pool has not taken it yet.
-        let completion = unsafe { self.backend.query_stream(stream.handle, stream.device) };
+        let completion = unsafe {
+            self.inner
+                .backend
+                .query_stream(stream.handle, stream.device)
+        };
         if completion.is_ok() {
             // Taken in, wherever it goes below.
             Counters::bump(&slot.counters.put);
@@ -520,8 +326,9 @@ impl<B: StreamBackend> StreamPool<B> {
                 // Idle: like a returned lease, the calling thread's cell first,
                 // so that its next `get` takes the stream put last.
                 #[cfg(all(feature = "std", not(loom)))]
-                if !self.config.same_thread_reuse
+                if !self.inner.config.same_thread_reuse
                     && self
+                        .inner
                         .cache
                         .with_cell(stream.device.index(), |c| c.keep(stream.handle.as_raw()))
                         == Some(true)
@@ -544,130 +351,6 @@ impl<B: StreamBackend> StreamPool<B> {
         Ok(())
     }
 
-    /// Destroys every stream in the pool, ready or busy (CUDA lets pending work
-    /// finish). Leases that are out are untouched and come back normally later;
-    /// so does a stream another thread's `get` is scanning at this moment.
-    ///
-    /// Returns how many streams were destroyed. A failed destroy does not stop
-    /// the purge: that stream stays in the pool (so it is not lost and the next
-    /// purge tries again) but is never leased again; the first error is
-    /// returned, later ones are parked.
-    #[cfg(feature = "std")]
-    pub fn purge(&self) -> Result<usize, Error<B::Error>> {
-        self.pinning.pin(|g| self.purge_in(g))
-    }
-
-    /// [`purge`](Self::purge) with a guard the caller pinned in [`collector`](Self::collector).
-    pub fn purge_in(&self, guard: &Guard) -> Result<usize, Error<B::Error>> {
-        if !self.pinning.owns(guard) {
-            return Err(Error::ForeignGuard);
-        }
-        self.flush_caches();
-        let mut first_error = None;
-        let mut destroyed = 0;
-        for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
-            let device = DeviceId(i as u32);
-            let mut busy = slot.busy.take_all();
-            let mut quarantined = slot.quarantine.take_all();
-            let ready = slot.ready.drain(guard);
-            let doomed = ready
-                .into_iter()
-                .chain(core::iter::from_fn(|| busy.pop_first()))
-                .chain(core::iter::from_fn(|| quarantined.pop_first()));
-            for s in doomed {
-                // SAFETY: every stream in the lists was created by this pool's
-                // backend on `device` and is owned by the pool alone; it was
-                // just taken out of the lists, so nothing else can reach it.
-                match unsafe { self.backend.destroy_stream(s, device) } {
-                    Ok(()) => {
-                        destroyed += 1;
-                        Counters::bump(&slot.counters.destroyed);
-                    }
-                    Err(e) => {
-                        // Not destroyed: set it aside (never leased again) for the
-                        // next purge or the pool's drop.
-                        slot.quarantine.push(s);
-                        Counters::bump(&slot.counters.quarantined);
-                        let e = Error::Backend {
-                            op: BackendOp::DestroyStream,
-                            source: e,
-                        };
-                        if first_error.is_none() {
-                            first_error = Some(e);
-                        } else {
-                            self.parked.park(e);
-                        }
-                    }
-                }
-            }
-        }
-        match first_error {
-            None => Ok(destroyed),
-            Some(e) => Err(e),
-        }
-    }
-
-    /// Tallies for one device, or `None` before the pool has met the backend or
-    /// for a device out of range.
-    pub fn stats(&self, device: DeviceId) -> Option<PoolStats> {
-        self.devices.stats(device, || {
-            #[cfg(all(feature = "std", not(loom)))]
-            return self.cache.counts(device.index());
-            #[cfg(not(all(feature = "std", not(loom))))]
-            (0, 0)
-        })
-    }
-
-    /// Tallies summed over all devices.
-    pub fn total_stats(&self) -> PoolStats {
-        self.devices.total_of(|d| self.stats(d))
-    }
-
-    /// Moves every stream the per-thread cells hold to the shared lists, so
-    /// that purge and drop reach them: to the ready lists when they were idle
-    /// on return, to the busy lists when kept unqueried for same-thread reuse.
-    fn flush_caches(&self) {
-        #[cfg(all(feature = "std", not(loom)))]
-        for (d, h) in self.cache.drain() {
-            if let Some(slot) = self.devices.slot_of(DeviceId(d as u32)) {
-                // SAFETY: cells hold only streams of this pool, of device `d`.
-                let h = unsafe { StreamHandle::from_raw(h) };
-                if self.config.same_thread_reuse {
-                    slot.busy.push(h);
-                } else {
-                    slot.ready.push(h);
-                }
-            }
-        }
-    }
-
-    /// Leases out right now, over all devices.
-    pub fn live_leases(&self) -> usize {
-        self.total_stats().live_leases
-    }
-
-    /// The number of devices, once the pool has asked the backend.
-    pub fn device_count(&self) -> Option<usize> {
-        self.devices.len()
-    }
-
-    /// Takes the first error met where none could be returned (a lease's
-    /// `Drop`, a failed query during a scan, a purge's second failure), if any.
-    pub fn take_error(&self) -> Option<Error<B::Error>> {
-        self.parked.take()
-    }
-
-    /// How many errors were dropped because one was already parked.
-    pub fn dropped_errors(&self) -> usize {
-        self.parked.dropped()
-    }
-
-    /// The device a call is about, and its slot. Resolves "current" once, builds
-    /// the table on first use, checks the range.
-    fn slot(&self, device: DeviceSelector) -> Result<(DeviceId, &StreamSlot), Error<B::Error>> {
-        self.devices.resolve(&self.backend, device)
-    }
-
     /// Looks for a finished stream in the busy list (module documentation).
     /// Everything not leased goes back where it belongs. A stream whose query
     /// fails is quarantined and the error parked; the scan goes on, so one
@@ -682,14 +365,14 @@ impl<B: StreamBackend> StreamPool<B> {
         let mut found = None;
         let mut queried = 0;
         while let Some(&s) = rest.first() {
-            if queried == self.config.scan_limit {
+            if queried == self.inner.config.scan_limit {
                 break;
             }
             queried += 1;
             // SAFETY: a stream of the busy list: created by this pool's backend
             // on `device`, owned by the pool, taken out of the list by this
             // scan (so no purge can destroy it meanwhile).
-            match unsafe { self.backend.query_stream(s, device) } {
+            match unsafe { self.inner.backend.query_stream(s, device) } {
                 Ok(Completion::Complete) => {
                     found = rest.pop_first();
                     break;
@@ -702,10 +385,10 @@ impl<B: StreamBackend> StreamPool<B> {
         }
         if found.is_some() {
             let mut promoted = 0;
-            while promoted < self.config.promote_limit {
+            while promoted < self.inner.config.promote_limit {
                 let Some(&s) = rest.first() else { break };
                 // SAFETY: as above.
-                match unsafe { self.backend.query_stream(s, device) } {
+                match unsafe { self.inner.backend.query_stream(s, device) } {
                     Ok(Completion::Complete) => {
                         slot.ready.push_from(&mut rest);
                         promoted += 1;
@@ -739,7 +422,7 @@ impl<B: StreamBackend> StreamPool<B> {
             slot.quarantine.push(s);
             Counters::bump(&slot.counters.quarantined);
         }
-        self.parked.park(Error::Backend {
+        self.inner.parked.park(Error::Backend {
             op: BackendOp::QueryStream,
             source: e,
         });
@@ -757,7 +440,7 @@ impl<B: StreamBackend> StreamPool<B> {
         device: DeviceId,
         #[allow(unused_variables)] origin: usize,
     ) -> Result<(), Error<B::Error>> {
-        let Some(slot) = self.devices.slot_of(device) else {
+        let Some(slot) = self.inner.devices.slot_of(device) else {
             // A lease exists only after its slot was found, and the table lives
             // as long as the pool the lease borrows. (No assertion: this runs
             // in a lease's drop, which never panics; the error is parked.)
@@ -767,9 +450,9 @@ impl<B: StreamBackend> StreamPool<B> {
         // moved to another thread ends there like a default return (queried),
         // so that thread is never served the first thread's pending work.
         #[cfg(all(feature = "std", not(loom)))]
-        if self.config.same_thread_reuse
+        if self.inner.config.same_thread_reuse
             && origin != 0
-            && self.cache.with_cell(device.index(), |c| {
+            && self.inner.cache.with_cell(device.index(), |c| {
                 c.owner_mark() == origin && c.give(stream.as_raw())
             }) == Some(true)
         {
@@ -777,12 +460,13 @@ impl<B: StreamBackend> StreamPool<B> {
         }
         // SAFETY: the lease owned this stream of the pool's backend on
         // `device` until now; it is in no list yet, so nothing can destroy it.
-        match unsafe { self.backend.query_stream(stream, device) } {
+        match unsafe { self.inner.backend.query_stream(stream, device) } {
             Ok(Completion::Complete) => {
                 // Idle: the returning thread's cell first (it counts the
                 // return), else the shared ready list.
                 #[cfg(all(feature = "std", not(loom)))]
                 if self
+                    .inner
                     .cache
                     .with_cell(device.index(), |c| c.give(stream.as_raw()))
                     == Some(true)
@@ -809,55 +493,6 @@ impl<B: StreamBackend> StreamPool<B> {
             }
         }
     }
-
-    /// Marks a lease as released (no longer live, not returned to the pool:
-    /// its stream left the pool).
-    fn forget_lease(&self, device: DeviceId) {
-        if let Some(slot) = self.devices.slot_of(device) {
-            Counters::bump(&slot.counters.returned);
-            Counters::bump(&slot.counters.detached);
-        }
-    }
-}
-
-impl<B: StreamBackend> Drop for StreamPool<B> {
-    fn drop(&mut self) {
-        self.flush_caches();
-        // An error parked and never taken has nobody left to take it now.
-        if let Some(e) = self.parked.take() {
-            crate::lost::report(&e);
-        }
-        // No lease can be out (each borrows the pool), and no other thread can be
-        // inside a method. Destroy everything; an error has no owner left to park
-        // it with, so it goes to `lost_errors` and the hook.
-        if let Some(table) = self.devices.take() {
-            // SAFETY: `&mut self` excludes every concurrent reader of the stacks,
-            // so their nodes may be freed at once, which the unprotected guard does.
-            let guard = unsafe { epoch::unprotected() };
-            for (i, slot) in table.iter().enumerate() {
-                let device = DeviceId(i as u32);
-                let mut busy = slot.busy.take_all();
-                let mut quarantined = slot.quarantine.take_all();
-                let doomed = slot
-                    .ready
-                    .drain(guard)
-                    .into_iter()
-                    .chain(core::iter::from_fn(|| {
-                        busy.pop_first().or_else(|| quarantined.pop_first())
-                    }));
-                for s in doomed {
-                    // SAFETY: streams of the lists: this backend's, of
-                    // `device`, owned by the pool alone (no lease is out).
-                    if let Err(source) = unsafe { self.backend.destroy_stream(s, device) } {
-                        crate::lost::report(&Error::<B::Error>::Backend {
-                            op: BackendOp::DestroyStream,
-                            source,
-                        });
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// An exclusive lease of a pooled stream. Returns the stream to its pool when
@@ -881,6 +516,12 @@ pub struct StreamLease<'p, B: StreamBackend> {
 }
 
 impl<B: StreamBackend> StreamLease<'_, B> {
+    /// The id of the backend the stream belongs to (the pool's).
+    #[inline]
+    pub(crate) fn backend_id(&self) -> BackendId {
+        self.pool.inner.id
+    }
+
     #[inline]
     fn origin(&self) -> usize {
         #[cfg(all(feature = "std", not(loom)))]
@@ -892,10 +533,7 @@ impl<B: StreamBackend> StreamLease<'_, B> {
 
 impl<B: StreamBackend> fmt::Debug for StreamLease<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StreamLease")
-            .field("stream", &self.stream)
-            .field("device", &self.device)
-            .finish()
+        fmt_lease(f, "StreamLease", "stream", &self.stream, self.device)
     }
 }
 
@@ -919,21 +557,15 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
         self.pool
     }
 
-    /// The stream as an access order, borrowing the lease: the order cannot
-    /// be used after the lease ends.
-    #[inline]
-    pub fn order(&self) -> AccessOrder<'_> {
-        AccessOrder::of_held(self.stream, self.device, self.pool.id)
-    }
-
     /// Ends the lease without returning the stream: the caller owns it now.
     pub fn detach(self) -> OwnedStream {
         let this = ManuallyDrop::new(self);
-        this.pool.forget_lease(this.device);
+        // Released: no longer live, and its stream left the pool.
+        this.pool.inner.count_detached(this.device, true);
         OwnedStream {
             handle: this.stream,
             device: this.device,
-            owner: this.pool.id,
+            owner: this.pool.inner.id,
         }
     }
 
@@ -946,16 +578,16 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
     }
 }
 
-impl<'l, B: StreamBackend> From<&'l StreamLease<'_, B>> for AccessOrder<'l> {
-    fn from(l: &'l StreamLease<'_, B>) -> AccessOrder<'l> {
-        l.order()
-    }
-}
-
 impl<B: StreamBackend> Drop for StreamLease<'_, B> {
     fn drop(&mut self) {
         if let Err(e) = self.pool.give_back(self.stream, self.device, self.origin()) {
-            self.pool.parked.park(e);
+            self.pool.inner.parked.park(e);
         }
+    }
+}
+
+impl<B: StreamBackend> fmt::Debug for StreamPool<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt_as(f, "StreamPool", "config")
     }
 }

@@ -57,18 +57,3 @@ impl<T> UnsafeCell<T> {
         f(self.0.get())
     }
 }
-
-/// The next [`BackendId`](crate::BackendId): a process-wide counter that
-/// starts at 1 and never repeats (a wrap would need 2^32 or more backends).
-///
-/// A plain `core` atomic even under loom: a loom atomic cannot live in a
-/// `static`, and the counter is not part of any interleaving a model checks
-/// (it only makes numbers unique).
-pub(crate) fn next_backend_id() -> core::num::NonZeroUsize {
-    static NEXT: core::sync::atomic::AtomicUsize = core::sync::atomic::AtomicUsize::new(1);
-    // Relaxed: only uniqueness matters, which the read-modify-write gives in
-    // any ordering; no other memory is published through the counter.
-    let id = NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-    // 0 only after a wrap; skip it rather than panic.
-    core::num::NonZeroUsize::new(id).unwrap_or(core::num::NonZeroUsize::MIN)
-}

@@ -12,6 +12,9 @@ use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::ptr;
 
+use crate::backend::{Backend, DeviceId, DeviceSelector, MAX_DEVICES};
+use crate::error::{BackendOp, Error};
+use crate::stats::{Counters, PoolStats};
 use crate::sync::{AtomicPtr, Ordering};
 
 /// A table of `S`, one per device, built once.
@@ -102,15 +105,13 @@ impl<S> Drop for DeviceTable<S> {
 }
 
 /// Asks `backend` for its device count, refusing counts above
-/// [`MAX_DEVICES`](crate::MAX_DEVICES).
-pub(crate) fn checked_device_count<B: crate::Backend>(
-    backend: &B,
-) -> Result<u32, crate::Error<B::Error>> {
+/// [`MAX_DEVICES`].
+pub(crate) fn checked_device_count<B: Backend>(backend: &B) -> Result<u32, Error<B::Error>> {
     let count = backend
         .device_count()
-        .map_err(crate::Error::backend(crate::BackendOp::DeviceCount))?;
-    if count > crate::MAX_DEVICES {
-        return Err(crate::Error::TooManyDevices { count });
+        .map_err(Error::backend(BackendOp::DeviceCount))?;
+    if count > MAX_DEVICES {
+        return Err(Error::TooManyDevices { count });
     }
     Ok(count)
 }
@@ -120,18 +121,17 @@ pub(crate) trait DeviceSlot {
     /// An empty slot.
     fn new() -> Self;
     /// The slot's tallies.
-    fn counters(&self) -> &crate::stats::Counters;
+    fn counters(&self) -> &Counters;
 }
 
 impl<S: DeviceSlot> DeviceTable<S> {
     /// The device a pool call is about, and its slot: resolves "current" once,
     /// builds the table on first use, checks the range.
-    pub(crate) fn resolve<B: crate::Backend>(
+    pub(crate) fn resolve<B: Backend>(
         &self,
         backend: &B,
-        device: crate::DeviceSelector,
-    ) -> Result<(crate::DeviceId, &S), crate::Error<B::Error>> {
-        use crate::{BackendOp, DeviceSelector, Error};
+        device: DeviceSelector,
+    ) -> Result<(DeviceId, &S), Error<B::Error>> {
         let table = self
             .get_or_try_init(|| checked_device_count(backend), S::new)?
             .ok_or(Error::NoDevice)?;
@@ -152,7 +152,7 @@ impl<S: DeviceSlot> DeviceTable<S> {
 
     /// The slot of `device`, if the table is built and the device in range.
     #[inline]
-    pub(crate) fn slot_of(&self, device: crate::DeviceId) -> Option<&S> {
+    pub(crate) fn slot_of(&self, device: DeviceId) -> Option<&S> {
         self.get().and_then(|t| t.get(device.index()))
     }
 
@@ -160,21 +160,18 @@ impl<S: DeviceSlot> DeviceTable<S> {
     /// returned into) per-thread caches added.
     pub(crate) fn stats(
         &self,
-        device: crate::DeviceId,
+        device: DeviceId,
         cached: impl FnOnce() -> (usize, usize),
-    ) -> Option<crate::PoolStats> {
+    ) -> Option<PoolStats> {
         let slot = self.slot_of(device)?;
         Some(slot.counters().snapshot_with(cached()))
     }
 
     /// `stats` summed over all devices.
-    pub(crate) fn total_of(
-        &self,
-        stats: impl Fn(crate::DeviceId) -> Option<crate::PoolStats>,
-    ) -> crate::PoolStats {
+    pub(crate) fn total_of(&self, stats: impl Fn(DeviceId) -> Option<PoolStats>) -> PoolStats {
         (0..self.len().unwrap_or(0))
-            .filter_map(|d| stats(crate::DeviceId(d as u32)))
-            .fold(crate::PoolStats::default(), |acc, s| acc + s)
+            .filter_map(|d| stats(DeviceId(d as u32)))
+            .fold(PoolStats::default(), |acc, s| acc + s)
     }
 
     /// The number of devices, once the table is built.

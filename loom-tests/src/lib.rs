@@ -2,15 +2,17 @@
 //!
 //! The models live in `tests/models.rs` (with `tests/models/mock_backend.rs`,
 //! `tests/models/block_pool.rs`, `tests/models/thread_exit.rs` and
-//! `tests/models/in_place.rs`) and compile
-//! only with `--cfg loom` (which also switches gpupool-core, gpupool-mock and
-//! the block pools of gpupool-cuda to loom's primitives) and
-//! `--cfg crossbeam_loom` (which makes crossbeam-epoch model its collector).
-//! `cargo test -p loom-tests` needs neither flag: its plain test
-//! (`tests/run_models.rs`) rebuilds this crate with both, in `target/loom`,
-//! runs the models in release mode with `LOOM_MAX_PREEMPTIONS=2` (3 for the
-//! models that are cheap enough, see [`DEEP_PREEMPTIONS`]) and checks that
-//! each one in [`MODELS`] ran and passed.
+//! `tests/models/in_place.rs`) and compile only with `--cfg loom` (which also
+//! switches gpupool-core, gpupool-mock and the block pools of gpupool-cuda to
+//! loom's primitives) and `--cfg crossbeam_loom` (which makes crossbeam-epoch
+//! model its collector).
+//! `cargo test -p loom-tests` needs neither flag: its plain tests
+//! (`tests/run_models.rs`, one per model) rebuild this crate with both once,
+//! under the build's target directory, and each runs its model in release mode
+//! with `LOOM_MAX_PREEMPTIONS=2` (3 for the models that are cheap enough, see
+//! [`DEEP_PREEMPTIONS`]), failing unless that model ran and passed.
+//! `docs/verification.md` describes each model and the deliberate breaks it
+//! was checked against.
 //!
 //! Everything a model shares between its threads goes through loom's types
 //! (the test's own bookkeeping included): loom prunes interleavings that
@@ -58,8 +60,9 @@
 //!   driver calls (gpupool's own memory pool, the private stream; a racing
 //!   loser destroys its pool or stream), relaxed tallies, and the over-alignment
 //!   table: a `Mutex<HashMap>` with a length read without the lock
-//!   (`Acquire`) on every free. That table is not separated from the driver
-//!   calls around it yet; it could be modelled like the block pool.
+//!   (`Acquire`) on every free. The table's code is interleaved with the
+//!   driver calls around it, which loom cannot run; separated from them, it
+//!   could be modelled like the block pool.
 //! - `testing::Gate` (cuda): its other side is a GPU kernel.
 //! - Plain data (`Sync` with nothing mutable behind `&self`): handles,
 //!   `DeviceId`, `AccessOrder`, `OwnedStream`, `OwnedEvent`, `PoolStats`,

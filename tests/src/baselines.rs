@@ -1,7 +1,7 @@
 //! What the benchmarks measure gpupool against, over the same backend traits:
 //!
 //! - [`DaliStreamPool`] and [`DaliEventPool`]: DALI's `CUDAStreamPool` and
-//!   `CUDAEventPool` as SPEC.md 1.2 and 1.3 describe them: one spinlock
+//!   `CUDAEventPool` as DALI's sources have them: one spinlock
 //!   (DALI's `yielding_spinlock<100>`, see [`lock_yielding`]) over per-device
 //!   singly linked lists of boxed nodes, emptied nodes recycled through an
 //!   `unused` list, a new node allocated outside the lock only when that list
@@ -12,7 +12,7 @@
 //! - [`MutexVecStreamPool`] and [`MutexVecEventPool`]: the pool anyone would
 //!   write first, a `std::sync::Mutex<Vec<_>>` per device; no query on return.
 //! - [`stream_create_destroy`] and [`event_create_destroy`]: no pool at all.
-//! - [`DaliScratchpad`]: DALI's `DynamicScratchpad` (SPEC.md 2): one
+//! - [`DaliScratchpad`]: DALI's `DynamicScratchpad`: one
 //!   monotonic resource per kind, created lazily, 64 KiB first block, the
 //!   doubling growth with its 32-byte footer on host-accessible kinds, blocks
 //!   freed newest first when it drops (device memory in the device order).
@@ -145,7 +145,7 @@ struct StreamLists {
     unused: List,
 }
 
-/// DALI's `CUDAStreamPool` (SPEC.md 1.2) over any [`StreamBackend`].
+/// DALI's `CUDAStreamPool` over any [`StreamBackend`].
 ///
 /// Lazy like DALI's: the first `get` or `put` counts the devices under the
 /// lock (the per-device vectors are reserved for 128 devices up front, so that
@@ -336,7 +336,7 @@ struct EventLists {
     unused: List,
 }
 
-/// DALI's `CUDAEventPool` (SPEC.md 1.3) over any [`EventBackend`]: eager,
+/// DALI's `CUDAEventPool` over any [`EventBackend`]: eager,
 /// no lease, no query.
 pub struct DaliEventPool<B: EventBackend> {
     backend: B,
@@ -606,7 +606,7 @@ impl Records {
     }
 }
 
-/// One kind's `monotonic_memory_resource` (SPEC.md 2, "growth").
+/// One kind's `monotonic_memory_resource`, with DALI's growth rule.
 struct Monotonic {
     /// Whether `InitResource` ran (DALI resolves the upstream on first use).
     initialised: bool,
@@ -636,7 +636,7 @@ impl Monotonic {
     }
 }
 
-/// DALI's `DynamicScratchpad` (SPEC.md 2) over any [`MemoryBackend`]: for a
+/// DALI's `DynamicScratchpad` over any [`MemoryBackend`]: for a
 /// benchmark round, make one, allocate, drop it.
 ///
 /// Upstreams, as DALI's defaults: host memory from the system allocator

@@ -12,14 +12,14 @@
 //!   sees only [`TestGpu`] and cannot reach the mock's own API by accident;
 //! - with `--features cuda`, a real GPU (`cuda::CudaGpu`).
 //!
-//! The generic tests (`tests/suite_*.rs`) use only `gpu()`, [`TestGpu`], the
-//! backend traits and the pools' API, so `cargo test -p gpupool-tests` runs
-//! them on the mock and `cargo test -p gpupool-tests --features cuda` runs the
-//! same tests on a GPU. The other test files are mock-only (fault injection,
-//! call counting by kind, misuse and hazard detection) and are compiled out
-//! under `--features cuda`, so a CUDA run holds only tests that ran on the GPU.
-//! (`suite_scratch.rs` is generic too, but compiled on the mock only until the
-//! CUDA backend implements `MemoryBackend`.)
+//! The generic tests (the `suite` binary, `tests/suite/`) use only `gpu()`,
+//! [`TestGpu`], the backend traits and the pools' and the scratchpad's API,
+//! so `cargo test -p gpupool-tests` runs them on the mock and
+//! `cargo test -p gpupool-tests --features cuda` runs the same tests on a GPU.
+//! The other binaries (`mock`, `scratch`, `drop_paths`) are mock-only (fault
+//! injection, call counting by kind, misuse and hazard detection) and are
+//! compiled out under `--features cuda` (all but the `soundness` tests, which
+//! need only the mock), so a CUDA run holds only tests that ran on the GPU.
 //!
 //! ## On the GPU machine
 //!

@@ -11,10 +11,10 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, StreamBackend, StreamHandle, StreamOptions};
 
-use super::{invalid_value, not_supported, raw_stream, state, teardown_ok, DeviceMemory};
-use crate::driver::Driver;
-use crate::error::{check, CudaError};
-use crate::CudaBackend;
+use super::state::{state, DeviceMemory};
+use crate::backend::CudaBackend;
+use crate::driver::{raw_stream, Driver};
+use crate::error::{check, invalid_value, not_supported, teardown_ok, CudaError};
 
 /// `CUmemLocation` as the CUDA headers lay it out in every version: the
 /// location type, then the id. From CUDA 13.2 the id sits in an anonymous

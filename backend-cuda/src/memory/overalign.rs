@@ -11,9 +11,27 @@ use std::sync::MutexGuard;
 
 use gpupool_core::{DeviceId, MemoryKind, StreamHandle};
 
-use super::{direct_align, invalid_value, non_null, DeviceMemory};
+use super::state::DeviceMemory;
+use crate::block_pool::MIN_BLOCK;
 use crate::driver::Driver;
-use crate::error::CudaError;
+use crate::error::{invalid_value, out_of_memory, CudaError};
+
+/// The alignment CUDA guarantees for every allocation.
+const CUDA_ALIGN: usize = 256;
+
+/// The alignment up to which a kind's blocks are tried as they come (and
+/// checked); above it a request is over-allocated.
+fn direct_align(kind: MemoryKind) -> usize {
+    match kind {
+        MemoryKind::Device => CUDA_ALIGN,
+        _ => MIN_BLOCK,
+    }
+}
+
+/// A block's address as the pointer handed out.
+fn non_null(addr: usize) -> Result<NonNull<u8>, CudaError> {
+    NonNull::new(addr as *mut u8).ok_or_else(out_of_memory)
+}
 
 impl DeviceMemory {
     fn overaligned(&self) -> MutexGuard<'_, HashMap<usize, usize>> {
@@ -105,5 +123,17 @@ impl DeviceMemory {
             self.overaligned_len.store(table.len(), Ordering::Release);
         }
         freed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn direct_alignments() {
+        assert_eq!(direct_align(MemoryKind::Device), 256);
+        assert_eq!(direct_align(MemoryKind::Pinned), 4096);
+        assert_eq!(direct_align(MemoryKind::Managed), 4096);
     }
 }

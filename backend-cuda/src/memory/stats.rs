@@ -1,28 +1,16 @@
-//! Watching and trimming the memory held: the counters each kind keeps per
-//! device ([`KindCounters`]), [`MemoryStats`] and
-//! [`CudaBackend::memory_stats`], which read them together with what the
-//! pools and the device cache hold, and [`CudaBackend::trim_memory`], which
-//! gives that memory back.
+//! Watching and trimming the memory held: [`MemoryStats`] and
+//! [`CudaBackend::memory_stats`], which reads the counters each kind keeps per
+//! device together with what the pools and the device cache hold, and
+//! [`CudaBackend::trim_memory`], which gives that memory back.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryKind};
 
-use super::state;
+use super::state::state;
+use crate::backend::CudaBackend;
 use crate::error::{check, CudaError};
-use crate::CudaBackend;
-
-/// Counters of one kind on one device.
-#[derive(Debug, Default)]
-pub(crate) struct KindCounters {
-    /// Blocks taken from the upstream allocator.
-    pub(crate) upstream_allocations: AtomicU64,
-    /// Blocks given back to the upstream allocator.
-    pub(crate) upstream_frees: AtomicU64,
-    /// Blocks handed out again by a pool, without an upstream call.
-    pub(crate) reuses: AtomicU64,
-}
 
 /// What [`CudaBackend`]'s memory has asked of its upstream allocators on one
 /// device, and what its pools hold. Every array is indexed by

@@ -240,7 +240,8 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// assert_eq!(ranges, [0..6, 8..24]); // `weights` starts 8-aligned
     /// assert_eq!(block.addr() % 8, 0);
     /// let back = scratch.to_host(&block)?;
-    /// assert_eq!(bytemuck::cast_slice::<u8, f64>(&back[8..24]), weights);
+    /// // (`back` is a `Vec<u8>`, aligned for bytes only: compare bytes.)
+    /// assert_eq!(&back[8..24], bytemuck::cast_slice::<f64, u8>(weights));
     /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
     /// ```
     ///

@@ -4,7 +4,7 @@
 //! injected at each call. The bad input a GPU can be given too (devices out of
 //! range, wrong devices, null and special handles, foreign guards, a
 //! scratchpad's orders on another device) is in the generic suite,
-//! `suite_bad_input.rs`.
+//! `suite/bad_input.rs`.
 //!
 //! Another machine: every CUDA backend value of a process shares one
 //! [`BackendId`](gpupool_core::BackendId) (one driver), so a foreign handle

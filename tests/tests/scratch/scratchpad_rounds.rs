@@ -3,8 +3,6 @@
 //! host writes to host-visible memory) → drop or reset → allocate again,
 //! during which the mock reports no hazard, and after which nothing is left
 //! allocated.
-#![cfg(not(feature = "cuda"))]
-
 use gpupool_core::{MemoryKind, Scratchpad};
 use gpupool_mock::MockBackend;
 use gpupool_tests::{mock, Rng};

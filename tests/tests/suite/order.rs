@@ -1,4 +1,4 @@
-//! Generic suite: `AccessOrder` and `wait` (SPEC.md 3) on the machine of this
+//! Generic suite: `AccessOrder` and `wait` (DALI's `AccessOrder`) on the machine of this
 //! build — the mock by default, a GPU with `--features cuda`.
 //!
 //! Ordering is observed, not assumed: a producer stream gets held work, the

@@ -1,10 +1,8 @@
-//! Mock-only: the scratchpad (SPEC.md 2, and gpupool's differences in
-//! SPEC.md 0) where only the mock can see it: upstream call kinds, live and
+//! Mock-only: the scratchpad (DALI's `DynamicScratchpad`, and gpupool's
+//! differences) where only the mock can see it: upstream call kinds, live and
 //! free-pending bytes, hazards, injected failures, copies checked byte for
 //! byte. What can be seen through the scratchpad's own API is in the generic
-//! suite, `suite_scratch.rs`.
-#![cfg(not(feature = "cuda"))]
-
+//! suite, `suite/scratch.rs`.
 use std::mem::MaybeUninit;
 
 use gpupool_core::{
@@ -771,8 +769,9 @@ fn mixed_parts_pack_into_one_copy_each_aligned_for_its_type() {
     let back = scratch.to_host(&block).unwrap();
     assert_eq!(&back[0..3], flags);
     assert_eq!(&back[3..8], [0; 5], "the gap is zeroed");
-    assert_eq!(cast_slice::<u8, f64>(&back[8..24]), weights);
-    assert_eq!(cast_slice::<u8, u32>(&back[24..36]), ids);
+    // `back` is a `Vec<u8>`, aligned for bytes only: compare bytes.
+    assert_eq!(&back[8..24], cast_slice::<f64, u8>(weights));
+    assert_eq!(&back[24..36], cast_slice::<u32, u8>(ids));
     assert_eq!(
         scratch.to_contiguous_device_bytes(&[flags], 3).unwrap_err(),
         Error::InvalidAlignment { align: 3 }

@@ -1,8 +1,6 @@
 //! Mock-only (call counting, fault injection, hazard detection): scratchpads
 //! built with `learn_sizes` start each kind with one block as large as the
 //! most an earlier one held, and stay stream-order safe doing so.
-#![cfg(not(feature = "cuda"))]
-
 use gpupool_core::{MemoryKind, ScratchSizes, Scratchpad, ScratchpadConfig, DEFAULT_FIRST_BLOCK};
 use gpupool_mock::{CallKind, MockBackend};
 use gpupool_tests::{mock, MockStream, Rng};

@@ -1,5 +1,5 @@
-//! Generic suite: `EventPool`, `EventLease` and `SharedEvent` (SPEC.md 1.3
-//! and 0) on the machine of this build — the mock by default, a GPU with
+//! Generic suite: `EventPool`, `EventLease` and `SharedEvent` (DALI's
+//! `CUDAEventPool`, and where gpupool differs) on the machine of this build — the mock by default, a GPU with
 //! `--features cuda`.
 
 use gpupool_core::{

@@ -29,12 +29,9 @@
 //! call; a panicking hook does not escape the drop.
 //!
 //! `lost_errors` and the hook are process-wide, so everything here runs in one
-//! `#[test]` (and takes the [`SERIAL`] lock besides) and compares deltas.
-#![cfg(not(feature = "cuda"))]
-
+//! `#[test]`, holding the binary's [`SERIAL`] lock, and compares deltas.
 use std::fmt::Display;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use gpupool_core::{
     lost_errors, set_lost_error_hook, AccessOrder, BackendOp, DeviceId, Error, MemoryKind,
@@ -42,20 +39,9 @@ use gpupool_core::{
 };
 use gpupool_mock::{CallKind, MockBackend, MockError};
 
+use crate::{lock, record, SEEN, SERIAL};
+
 const D0: DeviceId = DeviceId(0);
-
-/// Serialises whatever touches the process-wide counter and hook.
-static SERIAL: Mutex<()> = Mutex::new(());
-/// What the hook saw.
-static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn record(e: &dyn Display) {
-    lock(&SEEN).push(e.to_string());
-}
 
 fn injected_text(op: BackendOp) -> String {
     Error::Backend {

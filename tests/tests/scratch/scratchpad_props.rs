@@ -19,8 +19,6 @@
 //! So the total is below 4R, or at most max(F, 2R) with one block: **total ≤
 //! 4R + F**. With alignment above 1, each request counts its worst-case padding
 //! (`align - 1`) in R.
-#![cfg(not(feature = "cuda"))]
-
 use gpupool_core::{AccessOrder, MemoryKind, Scratchpad};
 use gpupool_tests::mock;
 use proptest::prelude::*;

@@ -1,5 +1,5 @@
-//! Generic suite: `StreamPool` and `StreamLease` (SPEC.md 1.2 and the
-//! differences of SPEC.md 0) on the machine of this build — the mock by
+//! Generic suite: `StreamPool` and `StreamLease` (DALI's `CUDAStreamPool`
+//! and where gpupool differs) on the machine of this build — the mock by
 //! default, a GPU with `--features cuda`. Counts of backend calls and live
 //! streams are checked where the machine can count them.
 

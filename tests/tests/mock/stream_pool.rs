@@ -1,7 +1,7 @@
 //! Mock-only: what a stream pool passes to the backend that no backend trait
 //! can read back (the stream priority), and same-thread reuse counted in
 //! backend calls. Everything else about `StreamPool`
-//! is in the generic suite, `suite_streams.rs`, which runs on a GPU too.
+//! is in the generic suite, `suite/streams.rs`, which runs on a GPU too.
 #![cfg(not(feature = "cuda"))]
 
 use gpupool_core::{DeviceId, StreamOptions, StreamPool, StreamPoolConfig};

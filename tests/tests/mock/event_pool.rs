@@ -1,7 +1,7 @@
 //! Mock-only: event-pool behaviour that needs a machine a GPU run cannot be
 //! (no device at all) or the flags exactly as the backend received them.
 //! Everything else about `EventPool` is in the generic suite,
-//! `suite_events.rs`, which runs on a GPU too.
+//! `suite/events.rs`, which runs on a GPU too.
 #![cfg(not(feature = "cuda"))]
 
 use gpupool_core::{EventFlags, EventPool};

@@ -5,14 +5,14 @@
 //! where it is documented to, that the pool stays usable where it still
 //! exists, and that the mock's live streams and events end at exactly the
 //! handles whose destroy failed. The scratchpad's drop has its own file
-//! (`scratch_drop_paths.rs`).
+//! (`drop_paths/scratchpad.rs`).
 //!
 //! Faults are armed on one handle ([`MockBackend::fail_stream`],
 //! [`MockBackend::fail_event`]), so a test does not depend on the order in
 //! which a drop reaches its lists. "Lost" below means: counted by
 //! [`lost_errors`] (process-wide) and handed, as text, to the
-//! [`set_lost_error_hook`] hook. The tests of this file run one at a time
-//! ([`watch`]) and compare deltas of that counter.
+//! [`set_lost_error_hook`] hook. The tests of this binary run one at a time
+//! ([`watch`], [`SERIAL`]) and compare deltas of that counter.
 //!
 //! | `Drop` (`core/src`) | path, backend call that fails | test | what surfaces |
 //! |---|---|---|---|
@@ -37,18 +37,16 @@
 //! | `ParkedError` (stats.rs), dropped with its pool | an error parked and never taken | [`an_error_parked_and_never_taken_is_reported_when_its_pool_drops`] | `lost_errors` +1, the hook sees its text |
 //! | `thread_cache::Owned` (thread exit), `ThreadCache` | no backend call; handles stay reachable | the exited-thread cases above | handles destroyed by the pool's drop |
 //! | `Stack`, `Bag`, `Chain` (stack.rs), `DeviceTable` (table.rs) | free nodes and tables only; no backend call | every pool-drop test | live counts end exact |
-//! | `Scratchpad` (scratchpad.rs) | see `scratch_drop_paths.rs` | | |
-#![cfg(not(feature = "cuda"))]
-
-use std::fmt::Display;
+//! | `Scratchpad` (scratchpad.rs) | see `drop_paths/scratchpad.rs` | | |
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use gpupool_core::{
     lost_errors, set_lost_error_hook, BackendOp, DeviceId, Error, EventHandle, EventPool,
     StreamHandle, StreamPool, StreamPoolConfig,
 };
 use gpupool_mock::{CallKind, MockBackend, MockError};
+
+use crate::{lock, record, SEEN, SERIAL};
 
 const D0: DeviceId = DeviceId(0);
 
@@ -57,20 +55,6 @@ const D0: DeviceId = DeviceId(0);
 /// slow.
 const OVERFLOW: usize = if cfg!(miri) { 8 } else { 16 };
 
-/// Serialises the tests of this file: `lost_errors` and the hook are
-/// process-wide, and tests run on parallel threads.
-static SERIAL: Mutex<()> = Mutex::new(());
-/// What the hook saw during the current test.
-static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn record(e: &dyn Display) {
-    lock(&SEEN).push(e.to_string());
-}
-
 /// The lost errors a closure caused: how many, and the hook's texts.
 #[derive(Debug, PartialEq, Eq)]
 struct Lost {
@@ -78,7 +62,7 @@ struct Lost {
     texts: Vec<String>,
 }
 
-/// Runs `f` alone (no other test of this file runs meanwhile) with the
+/// Runs `f` alone (no other test of this binary runs meanwhile) with the
 /// recording hook installed; asserts that it did not panic; returns what was
 /// lost meanwhile.
 fn watch(f: impl FnOnce()) -> Lost {
@@ -521,7 +505,7 @@ fn access_order_wait_parks_the_failed_destroy_and_returns_the_first_error() {
 
 #[test]
 fn a_panicking_lost_error_hook_does_not_escape_the_drop() {
-    fn panics(_: &dyn Display) {
+    fn panics(_: &dyn std::fmt::Display) {
         panic!("a lost-error hook that panics (expected by this test)");
     }
     let gpu = MockBackend::new(1);

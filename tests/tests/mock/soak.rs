@@ -6,7 +6,7 @@
 //! hazard, no misuse.
 //!
 //! Ignored by default (about 20 s in release): run with
-//! `cargo test --release -p gpupool-tests --test soak -- --ignored --nocapture`.
+//! `cargo test --release -p gpupool-tests --test mock -- soak:: --ignored --nocapture`.
 #![cfg(not(feature = "cuda"))]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

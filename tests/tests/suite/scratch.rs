@@ -1,4 +1,5 @@
-//! Generic suite: the scratchpad (SPEC.md 2 and 0), observed through its own
+//! Generic suite: the scratchpad (DALI's `DynamicScratchpad`, and where gpupool
+//! differs), observed through its own
 //! API and statistics only, on the machine of this build.
 //!
 //! Written like the rest of the generic suite (only `gpu()`, `TestGpu`, the
@@ -6,7 +7,7 @@
 //! pinned memory may wait for queued work, so a test that holds a gate
 //! (`make_busy`) while allocating pinned memory can stall until the gate times
 //! out. The mock-only scratchpad tests (hazards, upstream call kinds, injected
-//! failures) are in `scratchpad.rs`.
+//! failures) are in `scratch/scratchpad.rs`.
 
 use gpupool_core::{
     AccessOrder, DeviceId, MemoryKind, Scratchpad, ScratchpadConfig, StreamHandle, StreamPool,

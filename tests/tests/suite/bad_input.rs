@@ -1,8 +1,8 @@
 //! Generic suite: bad input gets a typed error and leaves the pools intact
-//! (SPEC.md 0), on the machine of this build — the mock by default, a GPU
+//! (where DALI has undefined behaviour), on the machine of this build — the mock by default, a GPU
 //! with `--features cuda`. Every case here is refused before the backend
 //! could see the bad value; backend failures themselves are injected on the
-//! mock only (`faults.rs`, `bad_input.rs`).
+//! mock only (`mock/faults.rs`, `mock/bad_input.rs`).
 
 use gpupool_core::epoch_crate::Collector;
 use gpupool_core::{

@@ -1,6 +1,6 @@
 //! The soundness findings of issue 11, one test each where safe code now gets
 //! a typed error at run time (the ones the type system forbids are the
-//! compile-fail cases in `tests/ui/`, run by `compile_fail.rs`):
+//! compile-fail cases in `tests/ui/`, run by `mock/compile_fail.rs`):
 //!
 //! | finding | now |
 //! |---|---|

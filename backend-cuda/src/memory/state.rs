@@ -1,0 +1,89 @@
+//! The memory state of each device ([`DeviceMemory`]): gpupool's memory pool
+//! and private stream, the counters, the pinned and managed block pools, the
+//! device cache and the over-alignment table; and the process-wide table of
+//! them, made on the first memory call. The parent module's calls and its
+//! other children work on this state.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Mutex, OnceLock};
+
+use gpupool_core::{DeviceId, MemoryKind, StreamHandle};
+
+use crate::block_pool::{BlockPool, KindCounters, PoolKind};
+use crate::device_cache::DeviceCache;
+use crate::driver::{driver, Driver};
+use crate::error::CudaError;
+
+/// The memory state of one device.
+#[derive(Debug)]
+pub(super) struct DeviceMemory {
+    /// gpupool's own memory pool on this device (`CUmemoryPool` as an
+    /// address), its threshold raised; set once, never destroyed.
+    pub(super) mempool: OnceLock<usize>,
+    /// The private stream for host-order device memory calls: created by
+    /// this backend on the device, never destroyed.
+    pub(super) sync_stream: OnceLock<StreamHandle>,
+    pub(super) host: KindCounters,
+    pub(super) device: KindCounters,
+    pub(super) pinned: BlockPool,
+    pub(super) managed: BlockPool,
+    /// Device blocks freed in stream order, kept for the same stream.
+    pub(super) cache: DeviceCache,
+    /// Over-aligned blocks: handed-out address to the address allocated.
+    pub(super) overaligned: Mutex<HashMap<usize, usize>>,
+    /// `overaligned.len()`, readable without the lock (written under it).
+    pub(super) overaligned_len: AtomicUsize,
+}
+
+/// The memory state of every device, by ordinal; created on the first memory
+/// call and never dropped (the driver frees what is left at exit).
+static MEMORY: OnceLock<Box<[DeviceMemory]>> = OnceLock::new();
+
+/// The driver, and `device`'s memory state (made now for every device if no
+/// memory call has made it yet).
+pub(super) fn state(
+    device: DeviceId,
+) -> Result<(&'static Driver, &'static DeviceMemory), CudaError> {
+    let drv = driver()?;
+    let table = MEMORY.get_or_init(|| (0..drv.count()).map(|_| DeviceMemory::new()).collect());
+    let mem = table
+        .get(device.index())
+        .ok_or(CudaError::DeviceOutOfRange {
+            device,
+            count: drv.count(),
+        })?;
+    Ok((drv, mem))
+}
+
+/// `device`'s memory state if a memory call has made it; `None` before
+/// (and for a device out of range).
+pub(super) fn existing(device: DeviceId) -> Option<&'static DeviceMemory> {
+    MEMORY.get().and_then(|t| t.get(device.index()))
+}
+
+impl DeviceMemory {
+    fn new() -> Self {
+        DeviceMemory {
+            mempool: OnceLock::new(),
+            sync_stream: OnceLock::new(),
+            host: KindCounters::default(),
+            device: KindCounters::default(),
+            pinned: BlockPool::new(PoolKind::Pinned),
+            managed: BlockPool::new(PoolKind::Managed),
+            cache: DeviceCache::new(),
+            overaligned: Mutex::new(HashMap::new()),
+            overaligned_len: AtomicUsize::new(0),
+        }
+    }
+
+    /// The counters of `kind`.
+    pub(super) fn counters(&self, kind: MemoryKind) -> &KindCounters {
+        match kind {
+            MemoryKind::Host => &self.host,
+            MemoryKind::Pinned => &self.pinned.counters,
+            MemoryKind::Device => &self.device,
+            MemoryKind::Managed => &self.managed.counters,
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! The backend traits: [`Backend`] (identity, errors, devices) and the
+//! stream, event and memory calls built on it, with their forwarding impls
+//! for references and smart pointers.
+
+use core::ptr::NonNull;
+
+use super::{
+    BackendId, Completion, DeviceId, EventFlags, EventHandle, StreamHandle, StreamOptions,
+};
+
+/// The device part of a backend: its identity, its error type and how devices
+/// are counted.
+///
+/// Implementations must be cheap to share between threads; the pools call them
+/// from every thread that uses the pool.
+///
+/// # Handle contracts
+///
+/// The `unsafe fn`s of [`StreamBackend`], [`EventBackend`] and
+/// [`MemoryBackend`] use these terms in their `# Safety` lists:
+/// - a **usable stream of `device`** is a stream created by
+///   [`create_stream`](StreamBackend::create_stream) of a backend whose
+///   [`id`](Backend::id) equals this one's, on `device`, and not destroyed
+///   before the call returns; or one of the special streams
+///   ([`StreamHandle::NULL`], [`LEGACY`](StreamHandle::LEGACY),
+///   [`PER_THREAD`](StreamHandle::PER_THREAD)), which name `device`'s default
+///   streams;
+/// - a **usable event of `device`** is an event created by
+///   [`create_event`](EventBackend::create_event) of a backend with the same
+///   id, on `device`, and not destroyed before the call returns.
+///
+/// # Safety
+///
+/// The pools trust [`id`](Backend::id): a stream or event that one backend
+/// created is handed, by safe code, to every backend of the same id (a lease
+/// detached from one pool and put into another, an order waited on with
+/// another pool's events). So an implementation guarantees that
+/// 1. `id` returns the same value every time, and
+/// 2. every handle or address its safe methods hand out (`create_stream`,
+///    `create_event`, `allocate`) is one the `unsafe fn`s of every backend with
+///    that id accept as described in their contracts — in practice: make a
+///    fresh id with [`BackendId::unique`] per driver instance, and never return
+///    another backend's id.
+pub unsafe trait Backend: Send + Sync {
+    /// The backend's error. Pools wrap it in [`Error::Backend`](crate::Error)
+    /// together with the operation that failed, as that error's
+    /// [`source`](core::error::Error::source).
+    ///
+    /// Its `Display` says what went wrong in the backend's terms without
+    /// repeating its own `source()`, if it has one (the convention of
+    /// `core::error::Error`: a report walks the chain and prints each level
+    /// once).
+    type Error: core::error::Error + Send + Sync + 'static;
+
+    /// Which driver instance this backend speaks to (see [`BackendId`]). Must
+    /// return the same id every time, and the same id as every other backend
+    /// value whose handles it accepts.
+    fn id(&self) -> BackendId;
+
+    /// How many devices there are. Zero is a valid answer (no GPU).
+    fn device_count(&self) -> Result<u32, Self::Error>;
+
+    /// The calling thread's current device.
+    fn current_device(&self) -> Result<DeviceId, Self::Error>;
+}
+
+/// Stream operations.
+pub trait StreamBackend: Backend {
+    /// Creates a non-blocking stream on `device`.
+    fn create_stream(
+        &self,
+        device: DeviceId,
+        options: StreamOptions,
+    ) -> Result<StreamHandle, Self::Error>;
+
+    /// Destroys a stream. Work still queued on it completes; CUDA allows this.
+    ///
+    /// # Safety
+    /// 1. `stream` is a usable stream of `device` (see [`Backend`]), not a
+    ///    special one;
+    /// 2. the caller owns it: nothing uses the handle after this call.
+    unsafe fn destroy_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
+
+    /// Whether all work submitted to the stream has finished. Never blocks.
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]).
+    unsafe fn query_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Completion, Self::Error>;
+
+    /// Blocks the calling thread until all work submitted to the stream has finished.
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]).
+    unsafe fn synchronize_stream(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
+
+    /// Makes all work submitted to `stream` after this call wait for `event`.
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` and `event` a usable event of
+    /// its own device (see [`Backend`]).
+    unsafe fn stream_wait_event(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+        event: EventHandle,
+    ) -> Result<(), Self::Error>;
+
+    /// The device a (non-special) stream belongs to.
+    ///
+    /// # Safety
+    /// `stream` was created by a backend with this one's [`id`](Backend::id)
+    /// and is not destroyed before the call returns.
+    unsafe fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, Self::Error>;
+}
+
+/// Event operations.
+pub trait EventBackend: Backend {
+    /// Creates an event on `device` with `flags`.
+    fn create_event(&self, device: DeviceId, flags: EventFlags)
+        -> Result<EventHandle, Self::Error>;
+
+    /// Destroys an event.
+    ///
+    /// # Safety
+    /// 1. `event` is a usable event of `device` (see [`Backend`]);
+    /// 2. the caller owns it: nothing uses the handle after this call.
+    unsafe fn destroy_event(&self, event: EventHandle, device: DeviceId)
+        -> Result<(), Self::Error>;
+
+    /// Captures, in `event`, the work submitted to `stream` (on `device`) so far.
+    ///
+    /// # Safety
+    /// `event` is a usable event of `device` and `stream` a usable stream of
+    /// `device` (see [`Backend`]).
+    unsafe fn record_event(
+        &self,
+        event: EventHandle,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
+
+    /// Whether the work captured by the event's last record has finished.
+    ///
+    /// # Safety
+    /// `event` is a usable event of `device` (see [`Backend`]).
+    unsafe fn query_event(
+        &self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<Completion, Self::Error>;
+
+    /// Blocks the calling thread until the work captured by the event has finished.
+    ///
+    /// # Safety
+    /// `event` is a usable event of `device` (see [`Backend`]).
+    unsafe fn synchronize_event(
+        &self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
+}
+
+/// The four kinds of memory a backend provides.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MemoryKind {
+    /// Ordinary pageable host memory.
+    Host,
+    /// Page-locked host memory, reachable by the device's copy engines.
+    Pinned,
+    /// Device memory: not dereferenceable on the host.
+    Device,
+    /// Managed (unified) memory, migrated between host and device on demand.
+    Managed,
+}
+
+impl MemoryKind {
+    /// The four kinds, in index order.
+    pub const ALL: [MemoryKind; 4] = [
+        MemoryKind::Host,
+        MemoryKind::Pinned,
+        MemoryKind::Device,
+        MemoryKind::Managed,
+    ];
+
+    /// The kind's index into per-kind tables (`0..4`).
+    #[inline]
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether host code may read and write memory of this kind.
+    #[inline]
+    pub const fn is_host_accessible(self) -> bool {
+        !matches!(self, MemoryKind::Device)
+    }
+}
+
+/// Memory operations.
+///
+/// A block is named by its address: a host pointer for host-accessible kinds,
+/// a device address (as a pointer without provenance) for device memory.
+/// [`allocate`](Self::allocate) is safe to call with any arguments: a zero
+/// size or an alignment that is not a nonzero power of two gets an error.
+///
+/// Stream-ordered calls take the stream the memory is used on: an allocation is
+/// usable by work issued on `stream` after the call (and by the host at once,
+/// for host-accessible kinds); a free takes effect when `stream` reaches it, so
+/// work issued on `stream` before the free may still use the block, and the
+/// backend must not hand the memory out again before then.
+///
+/// A block is allocated for one device and freed naming that same device (a
+/// backend may keep per-device tables of its blocks); the stream of a
+/// stream-ordered call belongs to that device.
+pub trait MemoryBackend: Backend {
+    /// Allocates `size` bytes of `kind` memory for `device`, aligned to
+    /// `align`, synchronously.
+    fn allocate(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, Self::Error>;
+
+    /// Frees a block synchronously.
+    ///
+    /// # Safety
+    /// 1. `ptr` was returned by [`allocate`](Self::allocate) or
+    ///    [`allocate_async`](Self::allocate_async) of a backend with this one's
+    ///    [`id`](Backend::id), with the same `kind`, `device`, `size` and
+    ///    `align`, and is not freed yet;
+    /// 2. no work that may still use it is pending on any stream, and nothing
+    ///    uses it afterwards.
+    unsafe fn deallocate(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) -> Result<(), Self::Error>;
+
+    /// Allocates a block in stream order on `stream` (of `device`).
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]).
+    unsafe fn allocate_async(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        size: usize,
+        align: usize,
+        stream: StreamHandle,
+    ) -> Result<NonNull<u8>, Self::Error>;
+
+    /// Frees a block in stream order on `stream` (of `device`).
+    ///
+    /// # Safety
+    /// 1. as 1. of [`deallocate`](Self::deallocate);
+    /// 2. `stream` is a usable stream of `device` (see [`Backend`]);
+    /// 3. work already issued on `stream` may still use the block; work on
+    ///    other streams that uses it is ordered before this point of `stream`,
+    ///    and nothing uses it after that point.
+    unsafe fn deallocate_async(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+        stream: StreamHandle,
+    ) -> Result<(), Self::Error>;
+
+    /// Copies `size` bytes from `src` to `dst` in stream order on `stream` (of
+    /// `device`). Either side may be any kind.
+    ///
+    /// # Safety
+    /// 1. `stream` is a usable stream of `device` (see [`Backend`]);
+    /// 2. `src` and `dst` are valid for `size` bytes of their kinds (device
+    ///    memory of `device`, or host memory) until the copy has run on
+    ///    `stream`, do not overlap, and nothing else writes `dst` or `src`
+    ///    meanwhile. (CUDA stages a *pageable* host source before the call
+    ///    returns, but a pinned or managed source is read when the copy runs.)
+    /// 3. the `size` bytes at `src` are initialised: device memory may be
+    ///    read back as any bit pattern
+    ///    ([`Scratchpad::to_host`](crate::Scratchpad::to_host)), so no
+    ///    uninitialised byte may reach it (a backend that copies with host
+    ///    code, like the mock, would carry it over).
+    unsafe fn copy_async(
+        &self,
+        dst: NonNull<u8>,
+        src: NonNull<u8>,
+        size: usize,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), Self::Error>;
+}
+
+macro_rules! forward_backend {
+    ($($ptr:ty),*) => {$(
+        // SAFETY: the pointee's id and handles, unchanged.
+        unsafe impl<B: Backend + ?Sized> Backend for $ptr {
+            type Error = B::Error;
+            fn id(&self) -> BackendId { (**self).id() }
+            fn device_count(&self) -> Result<u32, Self::Error> { (**self).device_count() }
+            fn current_device(&self) -> Result<DeviceId, Self::Error> { (**self).current_device() }
+        }
+        // SAFETY (every forwarded `unsafe fn` below): the caller's guarantees
+        // are about the handles and the backend's id, which the pointee shares.
+        impl<B: StreamBackend + ?Sized> StreamBackend for $ptr {
+            fn create_stream(&self, d: DeviceId, o: StreamOptions) -> Result<StreamHandle, Self::Error> {
+                (**self).create_stream(d, o)
+            }
+            unsafe fn destroy_stream(&self, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).destroy_stream(s, d) }
+            }
+            unsafe fn query_stream(&self, s: StreamHandle, d: DeviceId) -> Result<Completion, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).query_stream(s, d) }
+            }
+            unsafe fn synchronize_stream(&self, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).synchronize_stream(s, d) }
+            }
+            unsafe fn stream_wait_event(&self, s: StreamHandle, d: DeviceId, e: EventHandle) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).stream_wait_event(s, d, e) }
+            }
+            unsafe fn stream_device(&self, s: StreamHandle) -> Result<DeviceId, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).stream_device(s) }
+            }
+        }
+        impl<B: EventBackend + ?Sized> EventBackend for $ptr {
+            fn create_event(&self, d: DeviceId, f: EventFlags) -> Result<EventHandle, Self::Error> {
+                (**self).create_event(d, f)
+            }
+            unsafe fn destroy_event(&self, e: EventHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).destroy_event(e, d) }
+            }
+            unsafe fn record_event(&self, e: EventHandle, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).record_event(e, s, d) }
+            }
+            unsafe fn query_event(&self, e: EventHandle, d: DeviceId) -> Result<Completion, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).query_event(e, d) }
+            }
+            unsafe fn synchronize_event(&self, e: EventHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).synchronize_event(e, d) }
+            }
+        }
+    )*};
+}
+
+forward_backend!(&B, alloc::sync::Arc<B>, alloc::boxed::Box<B>);
+
+macro_rules! forward_memory {
+    ($($ptr:ty),*) => {$(
+        impl<B: MemoryBackend + ?Sized> MemoryBackend for $ptr {
+            fn allocate(&self, k: MemoryKind, d: DeviceId, size: usize, align: usize) -> Result<NonNull<u8>, Self::Error> {
+                (**self).allocate(k, d, size, align)
+            }
+            unsafe fn deallocate(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).deallocate(k, d, p, size, align) }
+            }
+            unsafe fn allocate_async(&self, k: MemoryKind, d: DeviceId, size: usize, align: usize, s: StreamHandle) -> Result<NonNull<u8>, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).allocate_async(k, d, size, align, s) }
+            }
+            unsafe fn deallocate_async(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize, s: StreamHandle) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).deallocate_async(k, d, p, size, align, s) }
+            }
+            unsafe fn copy_async(&self, dst: NonNull<u8>, src: NonNull<u8>, size: usize, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).copy_async(dst, src, size, s, d) }
+            }
+        }
+    )*};
+}
+
+forward_memory!(&B, alloc::sync::Arc<B>, alloc::boxed::Box<B>);

@@ -1,0 +1,15 @@
+//! Mock-only tests of the pools: what only the mock can present or count
+//! (machines without devices, foreign machines, flags and priorities as the
+//! backend received them, injected backend failures), the soundness findings,
+//! the compile-fail cases (trybuild) and the soak (ignored by default).
+//!
+//! Every module but `soundness` is compiled out under `--features cuda`;
+//! `soundness` needs only the mock and runs in every build.
+
+mod bad_input;
+mod compile_fail;
+mod event_pool;
+mod faults;
+mod soak;
+mod soundness;
+mod stream_pool;
