@@ -67,14 +67,18 @@
 //! [`release`](Scratchpad::release)) returns the first and reports the others
 //! the same way, so none is dropped silently.
 
+mod config;
 mod copy;
 mod fence;
 mod sizes;
 mod slice;
+mod stats;
 
+pub use self::config::ScratchpadConfig;
 pub use self::copy::{KernelContext, Packed, PackedDevice};
 pub use self::sizes::ScratchSizes;
 pub use self::slice::DeviceSlice;
+pub use self::stats::ScratchStats;
 
 use alloc::vec::Vec;
 use core::cell::Cell;
@@ -83,52 +87,17 @@ use core::ptr::NonNull;
 
 use crate::backend::{BackendId, DeviceId, EventBackend, MemoryBackend, MemoryKind, StreamBackend};
 use crate::error::{BackendOp, Error};
-use crate::monotonic::{check_request, Block, FixedOrder, MonotonicResource, Upstream};
+use crate::monotonic::{check_request, FixedOrder, MonotonicResource, Upstream};
 use crate::order::AccessOrder;
 
 use self::fence::Fence;
 use self::sizes::fitted;
+use self::stats::Counting;
 
 /// What a scratchpad needs of its backend: memory, and streams and events for
 /// stream-ordered reuse. Implemented for every such backend.
 pub trait ScratchBackend: MemoryBackend + StreamBackend + EventBackend {}
 impl<B: MemoryBackend + StreamBackend + EventBackend + ?Sized> ScratchBackend for B {}
-
-/// How a [`Scratchpad`] is set up besides its device order. The orders it
-/// names borrow their streams for `'s`, like the device order.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Default)]
-pub struct ScratchpadConfig<'s> {
-    /// The order pinned blocks are released in; `None`: the device order.
-    pub pinned_release: Option<AccessOrder<'s>>,
-    /// The order managed blocks are released in; `None`: the device order.
-    pub managed_release: Option<AccessOrder<'s>>,
-    /// The first block size per kind, indexed by [`MemoryKind::index`]; 0 means
-    /// 64 KiB.
-    pub initial_sizes: [usize; 4],
-    /// The device memory is allocated for; `None`: the device of the first
-    /// stream order among the device order and the release orders, or, when
-    /// all are host order, the current device (resolved on first use). Every
-    /// stream order must be on this device: each block is allocated and freed
-    /// under one device.
-    pub device: Option<DeviceId>,
-}
-
-/// Per-kind statistics of a scratchpad.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
-pub struct ScratchStats {
-    /// Bytes held from upstream, per kind.
-    pub reserved: [usize; 4],
-    /// Blocks held, per kind.
-    pub blocks: [usize; 4],
-    /// Bytes requested since the last reset, per kind.
-    pub requested: [usize; 4],
-    /// The most bytes held at once, per kind.
-    pub high_water: [usize; 4],
-    /// Blocks taken from upstream, over the scratchpad's life.
-    pub upstream_allocations: usize,
-    /// Blocks given back to upstream, over the scratchpad's life.
-    pub upstream_releases: usize,
-}
 
 impl KindState {
     /// Records the bytes this round handed out; returns the block size that
@@ -612,29 +581,5 @@ impl<B: ScratchBackend> Drop for Scratchpad<'_, B> {
         // to return a failure to: each one is counted by `lost_errors` and
         // handed to the hook.
         self.release_all(&mut |e| crate::lost::report(&e));
-    }
-}
-
-/// Counts the upstream calls a scratchpad makes.
-struct Counting<'c, U> {
-    inner: U,
-    allocations: &'c Cell<usize>,
-    releases: &'c Cell<usize>,
-}
-
-impl<U: Upstream> Upstream for Counting<'_, U> {
-    type Error = U::Error;
-
-    fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, Error<U::Error>> {
-        let p = self.inner.allocate(size, align)?;
-        self.allocations.set(self.allocations.get() + 1);
-        Ok(p)
-    }
-
-    unsafe fn release(&self, block: Block) -> Result<(), Error<U::Error>> {
-        // SAFETY: forwarded with the caller's guarantees.
-        unsafe { self.inner.release(block)? };
-        self.releases.set(self.releases.get() + 1);
-        Ok(())
     }
 }
