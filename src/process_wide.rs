@@ -58,15 +58,7 @@ fn make_backend() -> DefaultBackend {
 /// # Ok::<(), gpupool::DefaultError>(())
 /// ```
 pub fn streams() -> &'static StreamPool<DefaultBackend> {
-    #[cfg(feature = "cuda")]
-    {
-        gpupool_cuda::streams()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        static POOL: OnceLock<StreamPool<DefaultBackend>> = OnceLock::new();
-        POOL.get_or_init(|| StreamPool::new(backend().clone()))
-    }
+    pools::streams()
 }
 
 /// The process-wide event pool of [`backend()`]: events with timing disabled.
@@ -78,12 +70,25 @@ pub fn streams() -> &'static StreamPool<DefaultBackend> {
 /// # Ok::<(), gpupool::DefaultError>(())
 /// ```
 pub fn events() -> &'static EventPool<DefaultBackend> {
-    #[cfg(feature = "cuda")]
-    {
-        gpupool_cuda::events()
+    pools::events()
+}
+
+// With `cuda`, the CUDA backend's own process-wide pools (so code that uses
+// `gpupool_cuda` directly shares them).
+#[cfg(feature = "cuda")]
+use gpupool_cuda as pools;
+
+/// With `mock` alone, pools of [`backend()`] made here on first use.
+#[cfg(not(feature = "cuda"))]
+mod pools {
+    use super::*;
+
+    pub(super) fn streams() -> &'static StreamPool<DefaultBackend> {
+        static POOL: OnceLock<StreamPool<DefaultBackend>> = OnceLock::new();
+        POOL.get_or_init(|| StreamPool::new(backend().clone()))
     }
-    #[cfg(not(feature = "cuda"))]
-    {
+
+    pub(super) fn events() -> &'static EventPool<DefaultBackend> {
         static POOL: OnceLock<EventPool<DefaultBackend>> = OnceLock::new();
         POOL.get_or_init(|| EventPool::new(backend().clone()))
     }

@@ -69,65 +69,11 @@ fn ok(r: sys::CUresult, what: &str) {
 /// `%globaltimer` has advanced `ns`, then the block sums `a[i] + b[i] + c[i]`
 /// (`u32`, wrapping) over `i < n` into `*result` (atomically). Launch one
 /// block (any width).
-const CONSUME_PTX: &CStr = c"
-.version 7.0
-.target sm_70
-.address_size 64
-
-.visible .entry gpupool_consume(
-    .param .u64 consume_a,
-    .param .u64 consume_b,
-    .param .u64 consume_c,
-    .param .u32 consume_n,
-    .param .u64 consume_ns,
-    .param .u64 consume_result
-)
-{
-    .reg .pred  %p<3>;
-    .reg .b32   %r<10>;
-    .reg .b64   %rd<16>;
-
-    ld.param.u64        %rd1, [consume_a];
-    ld.param.u64        %rd2, [consume_b];
-    ld.param.u64        %rd3, [consume_c];
-    ld.param.u32        %r1, [consume_n];
-    ld.param.u64        %rd4, [consume_ns];
-    ld.param.u64        %rd5, [consume_result];
-    cvta.to.global.u64  %rd1, %rd1;
-    cvta.to.global.u64  %rd2, %rd2;
-    cvta.to.global.u64  %rd3, %rd3;
-    cvta.to.global.u64  %rd5, %rd5;
-
-    mov.u64             %rd6, %globaltimer;
-CONSUME_SPIN:
-    mov.u64             %rd7, %globaltimer;
-    sub.s64             %rd8, %rd7, %rd6;
-    setp.lt.u64         %p1, %rd8, %rd4;
-    @%p1 bra            CONSUME_SPIN;
-
-    mov.u32             %r2, %tid.x;
-    mov.u32             %r3, %ntid.x;
-    mov.u32             %r4, 0;
-CONSUME_LOOP:
-    setp.ge.u32         %p2, %r2, %r1;
-    @%p2 bra            CONSUME_DONE;
-    mul.wide.u32        %rd9, %r2, 4;
-    add.s64             %rd10, %rd1, %rd9;
-    ld.global.u32       %r5, [%rd10];
-    add.s64             %rd11, %rd2, %rd9;
-    ld.global.u32       %r6, [%rd11];
-    add.s64             %rd12, %rd3, %rd9;
-    ld.global.u32       %r7, [%rd12];
-    add.s32             %r4, %r4, %r5;
-    add.s32             %r4, %r4, %r6;
-    add.s32             %r4, %r4, %r7;
-    add.s32             %r2, %r2, %r3;
-    bra.uni             CONSUME_LOOP;
-CONSUME_DONE:
-    atom.global.add.u32 %r8, [%rd5], %r4;
-    ret;
-}
-";
+const CONSUME_PTX: &CStr =
+    match CStr::from_bytes_with_nul(concat!(include_str!("ptx/consume.ptx"), "\0").as_bytes()) {
+        Ok(ptx) => ptx,
+        Err(_) => panic!("ptx/consume.ptx holds a NUL byte"),
+    };
 
 /// The consume kernel in device 0's primary context (loaded once; call with
 /// that context current).

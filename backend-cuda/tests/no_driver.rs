@@ -22,6 +22,8 @@ use gpupool_core::{
 };
 use gpupool_cuda::{testing, CudaBackend, CudaError};
 
+const D0: DeviceId = DeviceId(0);
+
 /// Whether `libcuda` is absent, so these tests apply; prints why not.
 fn no_driver_here(test: &str) -> bool {
     // SAFETY: only tries to open the library under its usual names.
@@ -178,32 +180,31 @@ fn every_memory_call_reports_no_driver() {
         return;
     }
     let gpu = CudaBackend::new();
-    let d = DeviceId(0);
     // SAFETY: no driver here (checked above): the handle never reaches one
     // (see the module documentation).
     let s = unsafe { StreamHandle::from_raw(0x1000) };
     let no = Err::<(), _>(CudaError::NoDriver);
     let p = std::ptr::NonNull::<u8>::dangling();
     for kind in MemoryKind::ALL {
-        assert_eq!(gpu.allocate(kind, d, 64, 8).map(drop), no);
+        assert_eq!(gpu.allocate(kind, D0, 64, 8).map(drop), no);
         // SAFETY: no driver here, as above.
-        let r = unsafe { gpu.allocate_async(kind, d, 64, 8, s) };
+        let r = unsafe { gpu.allocate_async(kind, D0, 64, 8, s) };
         assert_eq!(r.map(drop), no);
         // SAFETY: the driver is missing, so nothing is freed: the call fails
         // before it looks at the pointer.
-        assert_eq!(unsafe { gpu.deallocate(kind, d, p, 64, 8) }, no);
+        assert_eq!(unsafe { gpu.deallocate(kind, D0, p, 64, 8) }, no);
         // SAFETY: as above.
-        assert_eq!(unsafe { gpu.deallocate_async(kind, d, p, 64, 8, s) }, no);
+        assert_eq!(unsafe { gpu.deallocate_async(kind, D0, p, 64, 8, s) }, no);
     }
     // SAFETY: as above: nothing is copied.
-    assert_eq!(unsafe { gpu.copy_async(p, p, 64, s, d) }, no);
-    assert_eq!(gpu.memory_stats(d).map(drop), no);
-    assert_eq!(gpu.trim_memory(d).map(drop), no);
-    assert_eq!(gpu.memory_pool(d).map(drop), no);
+    assert_eq!(unsafe { gpu.copy_async(p, p, 64, s, D0) }, no);
+    assert_eq!(gpu.memory_stats(D0).map(drop), no);
+    assert_eq!(gpu.trim_memory(D0).map(drop), no);
+    assert_eq!(gpu.memory_pool(D0).map(drop), no);
 
     // A scratchpad over the CUDA backend passes the error on and drops cleanly.
     // SAFETY: no driver here, as above.
-    let order = unsafe { AccessOrder::from_raw(&gpu, s, d) };
+    let order = unsafe { AccessOrder::from_raw(&gpu, s, D0) };
     let scratch = Scratchpad::new(&gpu, order).unwrap();
     let r = scratch.pinned::<u32>(16);
     assert!(

@@ -62,14 +62,18 @@ impl MockBackend {
         })
     }
 
-    /// [`call_on`](Self::call_on) for a call that only reads: when the state
-    /// is quiet (see `State::is_quiet`: the write-locked call would change
-    /// nothing but its counter) and `peek` succeeds on it, the call is counted
-    /// and answered under the read lock; otherwise (an armed fault, work to
-    /// settle or reclaim, an error to log) it runs as `op` under the write
-    /// lock, from the start. `peek` must give what `op` gives on a quiet
-    /// state, and `kind` must have an atomic counter (else it always takes
-    /// the write lock).
+    /// [`call_on`](Self::call_on) for a call that only reads, answered by
+    /// `peek`: when the state is quiet (see `State::is_quiet`: the
+    /// write-locked call would change nothing but its counter) and `peek`
+    /// succeeds on it, the call is counted and answered under the read lock;
+    /// otherwise (an armed fault, work to settle or reclaim, an error to log)
+    /// it runs under the write lock, from the start. `kind` must have an
+    /// atomic counter (else it always takes the write lock).
+    ///
+    /// With `settle` (a query), the write-locked path settles the streams
+    /// before it answers, once `peek` has found the handles valid (an invalid
+    /// one settles nothing); on a quiet state there is nothing to settle, so
+    /// both paths give the same answer.
     ///
     /// The read lock keeps every writer out while it is held, so nothing the
     /// answer depends on (the handle's stream or event, the armed faults) can
@@ -79,8 +83,8 @@ impl MockBackend {
         &self,
         kind: CallKind,
         handles: &[usize],
-        peek: impl FnOnce(&State) -> Result<T, MockError>,
-        op: impl FnOnce(&mut State) -> Result<T, MockError>,
+        settle: bool,
+        peek: impl Fn(&State) -> Result<T, MockError>,
     ) -> Result<T, MockError> {
         {
             let state = read(&self.inner.state);
@@ -92,7 +96,13 @@ impl MockBackend {
                 }
             }
         }
-        self.call_on(kind, handles, op)
+        self.call_on(kind, handles, |st| {
+            if settle {
+                peek(st)?;
+                st.streams.settle(st.policy);
+            }
+            peek(st)
+        })
     }
 }
 
@@ -110,15 +120,13 @@ unsafe impl Backend for MockBackend {
 
     /// The device count given to [`MockBackend::new`].
     fn device_count(&self) -> Result<u32, MockError> {
-        let count = |st: &State| Ok(st.devices);
-        self.read_call_on(CallKind::DeviceCount, &[], count, |st| count(st))
+        self.read_call_on(CallKind::DeviceCount, &[], false, |st| Ok(st.devices))
     }
 
     /// The mock-wide current device (see [`MockBackend::set_current_device`]),
     /// even when it is out of range: checking it is the caller's job.
     fn current_device(&self) -> Result<DeviceId, MockError> {
-        let current = |st: &State| Ok(st.current);
-        self.read_call_on(CallKind::CurrentDevice, &[], current, |st| current(st))
+        self.read_call_on(CallKind::CurrentDevice, &[], false, |st| Ok(st.current))
     }
 }
 
@@ -154,12 +162,9 @@ impl StreamBackend for MockBackend {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<Completion, MockError> {
-        self.read_call_on(
-            CallKind::QueryStream,
-            &[stream.as_raw()],
-            |st| st.query_stream_settled(stream, device),
-            |st| st.query_stream(stream, device),
-        )
+        self.read_call_on(CallKind::QueryStream, &[stream.as_raw()], true, |st| {
+            st.query_stream(stream, device)
+        })
     }
 
     /// Completes everything the stream's queued items depend on, on other
@@ -190,9 +195,8 @@ impl StreamBackend for MockBackend {
 
     /// For a special handle (0, 1, 2): the mock-wide current device.
     unsafe fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, MockError> {
-        let device = |st: &State| st.stream_device(stream);
-        self.read_call_on(CallKind::StreamDevice, &[stream.as_raw()], device, |st| {
-            device(st)
+        self.read_call_on(CallKind::StreamDevice, &[stream.as_raw()], false, |st| {
+            st.stream_device(stream)
         })
     }
 }
@@ -231,12 +235,9 @@ impl EventBackend for MockBackend {
         event: EventHandle,
         device: DeviceId,
     ) -> Result<Completion, MockError> {
-        self.read_call_on(
-            CallKind::QueryEvent,
-            &[event.as_raw()],
-            |st| st.query_event_settled(event, device),
-            |st| st.query_event(event, device),
-        )
+        self.read_call_on(CallKind::QueryEvent, &[event.as_raw()], true, |st| {
+            st.query_event(event, device)
+        })
     }
 
     unsafe fn synchronize_event(

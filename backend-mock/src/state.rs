@@ -321,19 +321,10 @@ impl State {
         Ok(())
     }
 
+    /// Whether the stream's work has finished, as far as it has been settled
+    /// (the caller settles first when there is anything to settle, see
+    /// [`is_quiet`](Self::is_quiet)): it only reads.
     pub(crate) fn query_stream(
-        &mut self,
-        stream: StreamHandle,
-        device: DeviceId,
-    ) -> Result<Completion, MockError> {
-        self.stream_key(stream, device)?;
-        self.streams.settle(self.policy);
-        self.query_stream_settled(stream, device)
-    }
-
-    /// [`query_stream`](Self::query_stream) once nothing is left to settle
-    /// (see [`is_quiet`](Self::is_quiet)): it only reads.
-    pub(crate) fn query_stream_settled(
         &self,
         stream: StreamHandle,
         device: DeviceId,
@@ -425,19 +416,9 @@ impl State {
         Ok(())
     }
 
+    /// Whether the work the event captured has finished, as far as it has
+    /// been settled (as [`query_stream`](Self::query_stream)): it only reads.
     pub(crate) fn query_event(
-        &mut self,
-        event: EventHandle,
-        device: DeviceId,
-    ) -> Result<Completion, MockError> {
-        self.event(event, Some(device))?;
-        self.streams.settle(self.policy);
-        self.query_event_settled(event, device)
-    }
-
-    /// [`query_event`](Self::query_event) once nothing is left to settle
-    /// (see [`is_quiet`](Self::is_quiet)): it only reads.
-    pub(crate) fn query_event_settled(
         &self,
         event: EventHandle,
         device: DeviceId,

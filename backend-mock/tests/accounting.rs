@@ -8,8 +8,8 @@ use gpupool_core::{
 };
 use gpupool_mock::{CallKind, Misuse, MockBackend, MockError};
 
-const D0: DeviceId = DeviceId(0);
-const D1: DeviceId = DeviceId(1);
+mod common;
+use common::{on_threads, D0, D1};
 
 fn opts() -> StreamOptions {
     StreamOptions::default()
@@ -236,31 +236,26 @@ fn flags_priorities_and_current_device_are_recorded() {
 
 #[test]
 fn many_threads_create_and_destroy() {
-    const THREADS: u32 = 4;
+    const THREADS: usize = 4;
     const ROUNDS: usize = if cfg!(miri) { 5 } else { 200 };
     let mock = MockBackend::new(2);
-    std::thread::scope(|scope| {
-        for t in 0..THREADS {
-            let mock = mock.clone();
-            scope.spawn(move || {
-                let d = DeviceId(t % 2);
-                for _ in 0..ROUNDS {
-                    let s = mock.create_stream(d, opts()).unwrap();
-                    let e = mock.create_event(d, EventFlags::default()).unwrap();
-                    mock.enqueue_work(s).unwrap();
-                    // SAFETY: `s` and `e` are live handles of this mock on
-                    // `d`, made just above; each is destroyed once, last.
-                    unsafe {
-                        mock.record_event(e, s, d).unwrap();
-                        mock.synchronize_event(e, d).unwrap();
-                        mock.destroy_event(e, d).unwrap();
-                        mock.destroy_stream(s, d).unwrap();
-                    }
-                }
-            });
+    on_threads(&mock, THREADS, |mock, t| {
+        let d = DeviceId(t as u32 % 2);
+        for _ in 0..ROUNDS {
+            let s = mock.create_stream(d, opts()).unwrap();
+            let e = mock.create_event(d, EventFlags::default()).unwrap();
+            mock.enqueue_work(s).unwrap();
+            // SAFETY: `s` and `e` are live handles of this mock on `d`, made
+            // just above; each is destroyed once, last.
+            unsafe {
+                mock.record_event(e, s, d).unwrap();
+                mock.synchronize_event(e, d).unwrap();
+                mock.destroy_event(e, d).unwrap();
+                mock.destroy_stream(s, d).unwrap();
+            }
         }
     });
-    let n = u64::from(THREADS) * ROUNDS as u64;
+    let n = (THREADS * ROUNDS) as u64;
     assert_eq!(mock.calls(CallKind::CreateStream), n);
     assert_eq!(mock.calls(CallKind::DestroyEvent), n);
     assert_eq!((mock.live_streams(), mock.live_events()), (0, 0));

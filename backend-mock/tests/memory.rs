@@ -8,8 +8,7 @@
 use core::ptr::NonNull;
 
 use gpupool_core::{
-    DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend, MemoryKind, StreamBackend,
-    StreamHandle,
+    DeviceId, EventBackend, EventHandle, MemoryBackend, MemoryKind, StreamBackend, StreamHandle,
 };
 use gpupool_mock::{
     BlockLayout, CallKind, CompletionPolicy, Hazard, HazardKind, Misuse, MockBackend, MockError,
@@ -17,16 +16,8 @@ use gpupool_mock::{
 
 use MemoryKind::{Device, Host, Managed, Pinned};
 
-const D0: DeviceId = DeviceId(0);
-const D1: DeviceId = DeviceId(1);
-
-fn stream(mock: &MockBackend, d: DeviceId) -> StreamHandle {
-    mock.create_stream(d, Default::default()).unwrap()
-}
-
-fn event(mock: &MockBackend, d: DeviceId) -> EventHandle {
-    mock.create_event(d, EventFlags::default()).unwrap()
-}
+mod common;
+use common::{event, mock_with_stream, on_threads, stream, D0, D1};
 
 fn addr(p: NonNull<u8>) -> usize {
     p.as_ptr().addr()
@@ -50,6 +41,9 @@ fn free_on(
     unsafe { mock.deallocate_async(kind, D0, p, size, 8, s) }
 }
 
+/// Asserts that `mock` holds no memory: no live or pending bytes of any
+/// kind, no block.
+#[track_caller]
 fn assert_no_leak(mock: &MockBackend) {
     for kind in MemoryKind::ALL {
         assert_eq!(mock.live_bytes(kind), 0, "{kind:?} leaked");
@@ -58,10 +52,28 @@ fn assert_no_leak(mock: &MockBackend) {
     assert_eq!(mock.live_blocks(), 0);
 }
 
+/// Lets `mock` run everything queued, then [`assert_no_leak`].
+#[track_caller]
+fn assert_no_leak_once_all_has_run(mock: &MockBackend) {
+    mock.complete_everything();
+    assert_no_leak(mock);
+}
+
+/// A new one-device mock, two streams and an event of its device 0, and a
+/// device block of `size` bytes.
+fn two_streams_an_event_and_a_device_block(
+    size: usize,
+) -> (MockBackend, [StreamHandle; 2], EventHandle, NonNull<u8>) {
+    let mock = MockBackend::new(1);
+    let (a, b) = (stream(&mock, D0), stream(&mock, D0));
+    let e = event(&mock, D0);
+    let p = mock.allocate(Device, D0, size, 8).unwrap();
+    (mock, [a, b], e, p)
+}
+
 #[test]
 fn every_kind_allocates_aligned_writable_memory_and_frees_it() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     for kind in MemoryKind::ALL {
         for shift in 0..=12 {
             let align = 1usize << shift;
@@ -121,8 +133,7 @@ fn live_and_peak_bytes_are_counted_per_kind() {
 
 #[test]
 fn fault_injection_fails_each_memory_call_kind_with_no_effect() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
 
     mock.fail_nth(CallKind::Allocate, 1);
     assert_eq!(
@@ -187,8 +198,7 @@ fn fault_injection_fails_each_memory_call_kind_with_no_effect() {
 
 #[test]
 fn bad_frees_are_misuses_with_no_effect() {
-    let mock = MockBackend::new(2);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(2);
     let p = mock.allocate(Host, D0, 64, 16).unwrap();
     let a = addr(p);
     let given = |kind, device, size, align| BlockLayout {
@@ -212,22 +222,15 @@ fn bad_frees_are_misuses_with_no_effect() {
             allocated,
             given: g,
         };
-        assert_eq!(
-            mock.deallocate(Pinned, D0, p, 64, 16),
-            Err(mismatch(given(Pinned, D0, 64, 16)))
-        );
-        assert_eq!(
-            mock.deallocate(Host, D1, p, 64, 16),
-            Err(mismatch(given(Host, D1, 64, 16)))
-        );
-        assert_eq!(
-            mock.deallocate(Host, D0, p, 32, 16),
-            Err(mismatch(given(Host, D0, 32, 16)))
-        );
-        assert_eq!(
-            mock.deallocate(Host, D0, p, 64, 8),
-            Err(mismatch(given(Host, D0, 64, 8)))
-        );
+        for (kind, device, size, align) in [
+            (Pinned, D0, 64, 16),
+            (Host, D1, 64, 16),
+            (Host, D0, 32, 16),
+            (Host, D0, 64, 8),
+        ] {
+            let wrong = mock.deallocate(kind, device, p, size, align);
+            assert_eq!(wrong, Err(mismatch(given(kind, device, size, align))));
+        }
         assert_eq!(
             mock.deallocate(Host, DeviceId(7), p, 64, 16),
             Err(MockError::InvalidDevice(DeviceId(7)))
@@ -317,8 +320,7 @@ fn bad_allocations_are_misuses() {
 
 #[test]
 fn stream_ordered_free_is_reclaimed_only_once_the_stream_passes_it() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     // SAFETY: `s` is a live stream of device 0 of this mock.
     let p = unsafe { mock.allocate_async(Device, D0, 256, 8, s) }.unwrap();
     mock.use_memory(s, p.as_ptr(), 256).unwrap();
@@ -377,10 +379,7 @@ fn stream_ordered_free_is_reclaimed_only_once_the_stream_passes_it() {
 
 #[test]
 fn stream_ordered_free_waits_for_an_event_the_stream_waits_on() {
-    let mock = MockBackend::new(1);
-    let (a, b) = (stream(&mock, D0), stream(&mock, D0));
-    let e = event(&mock, D0);
-    let p = mock.allocate(Device, D0, 64, 8).unwrap();
+    let (mock, [a, b], e, p) = two_streams_an_event_and_a_device_block(64);
     mock.enqueue_work(b).unwrap();
     // SAFETY: `e`, `a` and `b` are live handles of device 0 of this mock.
     unsafe {
@@ -397,8 +396,7 @@ fn stream_ordered_free_waits_for_an_event_the_stream_waits_on() {
 
 #[test]
 fn hazard_sync_free_while_a_kernel_uses_the_block() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     let p = mock.allocate(Device, D0, 128, 8).unwrap();
     mock.use_memory(s, p.as_ptr(), 128).unwrap();
     free(&mock, Device, p, 128, 8);
@@ -436,16 +434,12 @@ fn hazard_async_free_on_one_stream_while_another_uses_the_block() {
     assert_eq!(hazards.len(), 1);
     assert_eq!(hazards[0].kind, HazardKind::FreedWhileInUse);
     assert_eq!((hazards[0].stream, hazards[0].conflict), (Some(a), Some(b)));
-    mock.complete_everything();
-    assert_no_leak(&mock);
+    assert_no_leak_once_all_has_run(&mock);
 }
 
 #[test]
 fn no_hazard_when_the_freeing_stream_waits_on_an_event_after_the_use() {
-    let mock = MockBackend::new(1);
-    let (a, b) = (stream(&mock, D0), stream(&mock, D0));
-    let e = event(&mock, D0);
-    let p = mock.allocate(Device, D0, 64, 8).unwrap();
+    let (mock, [a, b], e, p) = two_streams_an_event_and_a_device_block(64);
     mock.use_memory(b, p.as_ptr(), 64).unwrap();
     // SAFETY: `e`, `a` and `b` are live handles of device 0 of this mock.
     unsafe {
@@ -461,10 +455,7 @@ fn no_hazard_when_the_freeing_stream_waits_on_an_event_after_the_use() {
 
 #[test]
 fn hazard_when_the_event_was_recorded_before_the_use() {
-    let mock = MockBackend::new(1);
-    let (a, b) = (stream(&mock, D0), stream(&mock, D0));
-    let e = event(&mock, D0);
-    let p = mock.allocate(Device, D0, 64, 8).unwrap();
+    let (mock, [a, b], e, p) = two_streams_an_event_and_a_device_block(64);
     mock.enqueue_work(b).unwrap();
     // SAFETY: `e` and `b` are live handles of device 0 of this mock.
     unsafe { mock.record_event(e, b, D0) }.unwrap(); // before the use: orders nothing
@@ -473,8 +464,7 @@ fn hazard_when_the_event_was_recorded_before_the_use() {
     unsafe { mock.stream_wait_event(a, D0, e) }.unwrap();
     free_on(&mock, Device, p, 64, a).unwrap();
     assert_eq!(mock.hazards().len(), 1);
-    mock.complete_everything();
-    assert_no_leak(&mock);
+    assert_no_leak_once_all_has_run(&mock);
 }
 
 #[test]
@@ -493,16 +483,12 @@ fn ordering_follows_waits_transitively() {
     }
     free_on(&mock, Device, p, 64, a).unwrap(); // a → c → b: ordered
     assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
-    mock.complete_everything();
-    assert_no_leak(&mock);
+    assert_no_leak_once_all_has_run(&mock);
 }
 
 #[test]
 fn hazard_concurrent_use_on_two_streams_unless_ordered() {
-    let mock = MockBackend::new(1);
-    let (a, b) = (stream(&mock, D0), stream(&mock, D0));
-    let e = event(&mock, D0);
-    let p = mock.allocate(Device, D0, 256, 8).unwrap();
+    let (mock, [a, b], e, p) = two_streams_an_event_and_a_device_block(256);
     mock.use_memory(a, p.as_ptr(), 128).unwrap();
     // Another part of the block: no conflict.
     // SAFETY: 128 is inside the 256-byte block.
@@ -532,8 +518,7 @@ fn hazard_concurrent_use_on_two_streams_unless_ordered() {
 
 #[test]
 fn hazard_host_access_to_a_block_a_pending_kernel_uses() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     let p = mock.allocate(Pinned, D0, 64, 8).unwrap();
     mock.host_access(p.as_ptr(), 64).unwrap();
     assert!(mock.hazards().is_empty(), "nothing uses it yet");
@@ -568,8 +553,7 @@ fn hazard_host_access_to_a_block_a_pending_kernel_uses() {
 
 #[test]
 fn hazard_use_after_free() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     // Free-pending: a use on the freeing stream after the free is still late.
     let p = mock.allocate(Device, D0, 64, 8).unwrap();
     let a = p.as_ptr().cast_const();
@@ -594,8 +578,7 @@ fn hazard_use_after_free() {
 
 #[test]
 fn copy_async_round_trips_bytes_and_tracks_both_ranges() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     let data: Vec<u8> = (0..200u8).collect();
     // SAFETY: `s` is a live stream of device 0 of this mock.
     let dev = unsafe { mock.allocate_async(Device, D0, 256, 256, s) }.unwrap();
@@ -645,8 +628,7 @@ fn copy_async_round_trips_bytes_and_tracks_both_ranges() {
 
 #[test]
 fn copy_async_rejects_bad_ranges() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     let a = mock.allocate(Host, D0, 64, 8).unwrap();
     let b = mock.allocate(Device, D0, 64, 8).unwrap();
     let mut pageable = [0u8; 64];
@@ -733,8 +715,7 @@ fn immediate_policy_completes_uses_and_frees_at_once() {
 #[test]
 fn dropping_the_mock_frees_blocks_still_allocated() {
     // Run under Miri, this would report a leak if the drop did not free them.
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     let clone = mock.clone();
     let _ = mock.allocate(Host, D0, 1024, 64).unwrap();
     let p = mock.allocate(Device, D0, 64, 8).unwrap();
@@ -750,28 +731,23 @@ fn many_threads_allocate_use_and_free() {
     const THREADS: usize = if cfg!(miri) { 3 } else { 8 };
     const ROUNDS: usize = if cfg!(miri) { 10 } else { 500 };
     let mock = MockBackend::new(1);
-    std::thread::scope(|scope| {
-        for t in 0..THREADS {
-            let mock = mock.clone();
-            scope.spawn(move || {
-                let s = stream(&mock, D0);
-                let kind = MemoryKind::ALL[t % 4];
-                for i in 0..ROUNDS {
-                    let size = 8 + (i % 7) * 24;
-                    // SAFETY: `s` is a live stream of device 0 of this mock.
-                    let p = unsafe { mock.allocate_async(kind, D0, size, 8, s) }.unwrap();
-                    mock.use_memory(s, p.as_ptr(), size).unwrap();
-                    if i % 3 == 0 {
-                        mock.complete_one(s).unwrap();
-                    }
-                    // SAFETY: `p` is ours; only work on `s` used it.
-                    unsafe { mock.deallocate_async(kind, D0, p, size, 8, s) }.unwrap();
-                }
-                // SAFETY: `s` is a live stream of device 0 of this mock, not
-                // used after.
-                unsafe { mock.destroy_stream(s, D0) }.unwrap();
-            });
+    on_threads(&mock, THREADS, |mock, t| {
+        let s = stream(&mock, D0);
+        let kind = MemoryKind::ALL[t % 4];
+        for i in 0..ROUNDS {
+            let size = 8 + (i % 7) * 24;
+            // SAFETY: `s` is a live stream of device 0 of this mock.
+            let p = unsafe { mock.allocate_async(kind, D0, size, 8, s) }.unwrap();
+            mock.use_memory(s, p.as_ptr(), size).unwrap();
+            if i % 3 == 0 {
+                mock.complete_one(s).unwrap();
+            }
+            // SAFETY: `p` is ours; only work on `s` used it.
+            unsafe { mock.deallocate_async(kind, D0, p, size, 8, s) }.unwrap();
         }
+        // SAFETY: `s` is a live stream of device 0 of this mock, not used
+        // after.
+        unsafe { mock.destroy_stream(s, D0) }.unwrap();
     });
     assert!(mock.hazards().is_empty(), "{:?}", mock.hazards());
     assert!(mock.misuses().is_empty());
@@ -816,8 +792,7 @@ fn order_of(
 
 #[test]
 fn launch_map_computes_at_once_and_queues_one_item_on_its_stream() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     let order = order_of(&mock, s, D0);
     let scratch = gpupool_core::Scratchpad::new(&mock, order).unwrap();
     let x = scratch.to_device(&[1u32, 2, 3, 4]).unwrap();
@@ -853,8 +828,7 @@ fn launch_map_computes_at_once_and_queues_one_item_on_its_stream() {
 
 #[test]
 fn launch_map_refuses_bad_orders_and_slices_and_touches_nothing() {
-    let mock = MockBackend::new(2);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(2);
     let order = order_of(&mock, s, D0);
     let scratch = gpupool_core::Scratchpad::new(&mock, order).unwrap();
     let x = scratch.to_device(&[1u8, 2, 3]).unwrap();

@@ -7,28 +7,31 @@
 //! handle, so each test runs them in one `unsafe` block.
 #![cfg(not(loom))]
 
-use gpupool_core::{
-    Completion, DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend, StreamHandle,
-};
+use gpupool_core::{Completion, DeviceId, EventBackend, EventHandle, StreamBackend, StreamHandle};
 use gpupool_mock::{CompletionPolicy, MockBackend, MockError};
 
 use Completion::{Complete, Pending};
 
-const D0: DeviceId = DeviceId(0);
-const D1: DeviceId = DeviceId(1);
+mod common;
+use common::{event, mock_with_stream, stream, D0, D1};
 
-fn stream(mock: &MockBackend, d: DeviceId) -> StreamHandle {
-    mock.create_stream(d, Default::default()).unwrap()
-}
-
-fn event(mock: &MockBackend, d: DeviceId) -> EventHandle {
-    mock.create_event(d, EventFlags::default()).unwrap()
+/// Two streams `a` and `b` and an event `e` of `mock`'s device 0: work is
+/// queued on `a`, `e` recorded after it, and `b` waits on `e`.
+fn b_waits_on_work_of_a(mock: &MockBackend) -> (StreamHandle, StreamHandle, EventHandle) {
+    let (a, b) = (stream(mock, D0), stream(mock, D0));
+    let e = event(mock, D0);
+    mock.enqueue_work(a).unwrap();
+    // SAFETY: all three are live handles of this mock's device 0, made above.
+    unsafe {
+        mock.record_event(e, a, D0).unwrap();
+        mock.stream_wait_event(b, D0, e).unwrap();
+    }
+    (a, b, e)
 }
 
 #[test]
 fn work_completes_in_order_one_at_a_time() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     // SAFETY: a handle the mock never made, on purpose: the mock checks every
     // handle it is given (see `MockBackend`'s safety section).
     let bogus = unsafe { StreamHandle::from_raw(0x4242) };
@@ -57,8 +60,7 @@ fn work_completes_in_order_one_at_a_time() {
 
 #[test]
 fn event_completes_when_its_stream_passes_the_record() {
-    let mock = MockBackend::new(1);
-    let s = stream(&mock, D0);
+    let (mock, s) = mock_with_stream(1);
     let e = event(&mock, D0);
     // SAFETY: every handle is this mock's, with its own device, live where
     // it is used; where not, on purpose, the mock reports it (its trait
@@ -120,15 +122,11 @@ fn waits_block_until_the_event_completes_across_streams() {
 #[test]
 fn a_stream_without_work_after_a_satisfied_wait_is_idle() {
     let mock = MockBackend::new(1);
-    let (a, b) = (stream(&mock, D0), stream(&mock, D0));
-    let e = event(&mock, D0);
-    mock.enqueue_work(a).unwrap();
+    let (a, b, _e) = b_waits_on_work_of_a(&mock);
     // SAFETY: every handle is this mock's, with its own device, live where
     // it is used; where not, on purpose, the mock reports it (its trait
     // methods are sound for any handle: see `MockBackend`'s safety section).
     unsafe {
-        mock.record_event(e, a, D0).unwrap();
-        mock.stream_wait_event(b, D0, e).unwrap();
         assert_eq!(mock.query_stream(b, D0), Ok(Pending));
         mock.complete_all(a).unwrap();
         assert_eq!(mock.query_stream(b, D0), Ok(Complete));
@@ -197,15 +195,11 @@ fn synchronize_event_drains_only_what_it_captured() {
 #[test]
 fn destroyed_stream_work_counts_as_finished() {
     let mock = MockBackend::new(1);
-    let (a, b) = (stream(&mock, D0), stream(&mock, D0));
-    let e = event(&mock, D0);
-    mock.enqueue_work(a).unwrap();
+    let (a, b, e) = b_waits_on_work_of_a(&mock);
     // SAFETY: every handle is this mock's, with its own device, live where
     // it is used; where not, on purpose, the mock reports it (its trait
     // methods are sound for any handle: see `MockBackend`'s safety section).
     unsafe {
-        mock.record_event(e, a, D0).unwrap();
-        mock.stream_wait_event(b, D0, e).unwrap();
         mock.enqueue_work(b).unwrap();
         mock.destroy_stream(a, D0).unwrap();
         assert_eq!(mock.query_event(e, D0), Ok(Complete));

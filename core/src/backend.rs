@@ -157,6 +157,29 @@ impl BackendId {
     }
 }
 
+/// `as_raw` and `is_null`, the same for both handle types; `$c_type` is the
+/// CUDA type the raw value stands for.
+macro_rules! raw_value {
+    ($handle:ident, $c_type:literal) => {
+        impl $handle {
+            #[doc = concat!("The raw value (a `", $c_type, "` as an integer on CUDA).")]
+            #[inline]
+            pub const fn as_raw(self) -> usize {
+                self.0
+            }
+
+            /// Whether this is the null handle.
+            #[inline]
+            pub const fn is_null(self) -> bool {
+                self.0 == 0
+            }
+        }
+    };
+}
+
+raw_value!(StreamHandle, "CUstream");
+raw_value!(EventHandle, "CUevent");
+
 /// A raw stream handle (a `CUstream` on CUDA).
 ///
 /// Safe code cannot make one from a number: handles come from a backend
@@ -193,18 +216,6 @@ impl StreamHandle {
         StreamHandle(raw)
     }
 
-    /// The raw value (a `CUstream` as an integer on CUDA).
-    #[inline]
-    pub const fn as_raw(self) -> usize {
-        self.0
-    }
-
-    /// Whether this is the null handle.
-    #[inline]
-    pub const fn is_null(self) -> bool {
-        self.0 == 0
-    }
-
     /// Whether this is one of CUDA's special streams (0, 1 or 2), which belong to
     /// whichever context is current when they are used.
     #[inline]
@@ -232,18 +243,6 @@ impl EventHandle {
     #[inline]
     pub const unsafe fn from_raw(raw: usize) -> EventHandle {
         EventHandle(raw)
-    }
-
-    /// The raw value (a `CUevent` as an integer on CUDA).
-    #[inline]
-    pub const fn as_raw(self) -> usize {
-        self.0
-    }
-
-    /// Whether this is the null handle.
-    #[inline]
-    pub const fn is_null(self) -> bool {
-        self.0 == 0
     }
 }
 

@@ -27,8 +27,7 @@ use crate::pool::{fmt_lease, shared_pool_methods, Pool, PoolKind, Slot};
 use crate::stats::Counters;
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::Arc;
-#[cfg(all(feature = "std", not(loom)))]
-use crate::thread_cache::Cell;
+use crate::thread_cache::InPlace;
 
 /// The event kind of [`Pool`]: a device keeps only a ready list (and the
 /// quarantine); a returned event goes back with no backend call.
@@ -80,8 +79,7 @@ type EventSlot = Slot<EventHandle, ()>;
 /// ```
 pub struct EventPool<B: EventBackend> {
     /// The lists, tallies, parked error and (`std`) the per-thread cells in
-    /// front of the ready lists (the loom models check the cells on their
-    /// own, see `internals::CacheModel`).
+    /// front of the ready lists.
     inner: Pool<B, Events>,
 }
 
@@ -131,9 +129,13 @@ impl<B: EventBackend> EventPool<B> {
     /// `device`, if it holds one. The event is leased in place: it stays in
     /// the cell, marked, and the lease's drop puts it back with one plain
     /// store.
-    #[cfg(all(feature = "std", not(loom)))]
+    #[cfg(feature = "std")] // only `get` (std) reads the memo
     #[inline]
-    fn take_memo<'p>(&'p self, device: DeviceId, cell: &'p Cell) -> Option<EventLease<'p, B>> {
+    fn take_memo<'p>(
+        &'p self,
+        device: DeviceId,
+        cell: &'p crate::thread_cache::Cell,
+    ) -> Option<EventLease<'p, B>> {
         let (h, cell_slot) = cell.lease()?;
         Some(EventLease {
             pool: self,
@@ -147,7 +149,6 @@ impl<B: EventBackend> EventPool<B> {
 
     /// An event from the calling thread's cell of `device` (found the slow
     /// way, registered if need be), if it holds one.
-    #[cfg(all(feature = "std", not(loom)))]
     #[inline]
     fn take_cached(&self, device: DeviceId) -> Option<EventLease<'_, B>> {
         let h = self.inner.cache.with_cell(device.index(), |c| c.take())??;
@@ -196,7 +197,6 @@ impl<B: EventBackend> EventPool<B> {
                 Counters::bump(&slot.counters.put);
                 // The calling thread's cell first, so that its next `get` takes
                 // the event put last (no lease ends here: not counted).
-                #[cfg(all(feature = "std", not(loom)))]
                 if self
                     .inner
                     .cache
@@ -236,8 +236,7 @@ pub struct EventLease<'p, B: EventBackend> {
     device: DeviceId,
     /// The cell slot the event is leased in place from (`std`): the lease
     /// owns it until it ends, and ends by writing the slot once.
-    #[cfg(all(feature = "std", not(loom)))]
-    in_place: Option<&'p crate::sync::AtomicUsize>,
+    in_place: Option<InPlace<'p>>,
 }
 
 impl<B: EventBackend> fmt::Debug for EventLease<'_, B> {
@@ -253,7 +252,6 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
             pool,
             event,
             device,
-            #[cfg(all(feature = "std", not(loom)))]
             in_place: None,
         }
     }
@@ -261,9 +259,8 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     /// Ends an in-place lease, leaving its cell slot empty; false if the
     /// lease was not in place (its end is counted in the shared tallies).
     fn vacate(&self) -> bool {
-        #[cfg(all(feature = "std", not(loom)))]
         if let Some(s) = self.in_place {
-            crate::thread_cache::vacate(s);
+            s.vacate();
             return true;
         }
         false
@@ -353,9 +350,8 @@ impl<B: EventBackend> Drop for EventLease<'_, B> {
     #[inline]
     fn drop(&mut self) {
         // Leased in place: back into its slot, whichever thread this is.
-        #[cfg(all(feature = "std", not(loom)))]
         if let Some(s) = self.in_place {
-            crate::thread_cache::unlease(s, self.event.as_raw());
+            s.unlease(self.event.as_raw());
             return;
         }
         self.give_back();
@@ -367,7 +363,6 @@ impl<B: EventBackend> EventLease<'_, B> {
     #[inline(never)]
     fn give_back(&mut self) {
         // The returning thread's cache next (no epoch, no shared line).
-        #[cfg(all(feature = "std", not(loom)))]
         if self
             .pool
             .inner

@@ -75,6 +75,10 @@ mod sync;
 mod table;
 #[cfg(feature = "std")]
 mod thread_cache;
+/// Without `std` there are no per-thread caches: the same interface, empty.
+#[cfg(not(feature = "std"))]
+#[path = "thread_cache/absent.rs"]
+mod thread_cache;
 
 pub use backend::{
     Backend, BackendId, Completion, DeviceId, DeviceSelector, EventBackend, EventFlags,

@@ -48,15 +48,16 @@ pub struct Block {
     pub align: usize,
 }
 
-/// Checks an alignment and a size the way every allocation path does.
-pub(crate) fn check_request<E>(bytes: usize, align: usize) -> Result<(), Error<E>> {
+/// Checks an alignment and a size the way every allocation path does, and
+/// says whether there is anything to allocate: `Ok(false)` for zero bytes.
+pub(crate) fn check_request<E>(bytes: usize, align: usize) -> Result<bool, Error<E>> {
     if align == 0 || !align.is_power_of_two() {
         return Err(Error::InvalidAlignment { align });
     }
     if bytes > isize::MAX as usize {
         return Err(Error::SizeOverflow);
     }
-    Ok(())
+    Ok(bytes != 0)
 }
 
 /// The bump position in a resource's current block, kept in `Cell`s so that an
@@ -204,8 +205,7 @@ impl MonotonicResource {
         bytes: usize,
         align: usize,
     ) -> Result<Option<NonNull<u8>>, Error<U::Error>> {
-        check_request(bytes, align)?;
-        if bytes == 0 {
+        if !check_request(bytes, align)? {
             return Ok(None);
         }
         if let Some(p) = self.try_bump(bytes, align) {

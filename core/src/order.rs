@@ -276,26 +276,18 @@ impl<'s> AccessOrder<'s> {
         // SAFETY: the event is leased from `events` (created by `backend` on
         // `other_device`, live while the lease is); both streams are usable
         // for `backend` (see above: borrowed by their orders, owners checked).
-        let recorded = unsafe { backend.record_event(event.handle(), other_stream, other_device) };
-        if let Err(source) = recorded {
+        let recorded = unsafe { backend.record_event(event.handle(), other_stream, other_device) }
+            .map_err(|source| (BackendOp::RecordEvent, source));
+        let waited = recorded.and_then(|()| {
+            // SAFETY: as above.
+            unsafe { backend.stream_wait_event(this_stream, this_device, event.handle()) }
+                .map_err(|source| (BackendOp::StreamWaitEvent, source))
+        });
+        if let Err((op, source)) = waited {
             if let Err(e) = event.destroy() {
                 events.park(e);
             }
-            return Err(Error::Backend {
-                op: BackendOp::RecordEvent,
-                source,
-            });
-        }
-        // SAFETY: as above.
-        let waited = unsafe { backend.stream_wait_event(this_stream, this_device, event.handle()) };
-        if let Err(source) = waited {
-            if let Err(e) = event.destroy() {
-                events.park(e);
-            }
-            return Err(Error::Backend {
-                op: BackendOp::StreamWaitEvent,
-                source,
-            });
+            return Err(Error::Backend { op, source });
         }
         Ok(())
     }

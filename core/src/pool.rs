@@ -18,7 +18,6 @@ use crate::stack::{Bag, Chain, Stack};
 use crate::stats::{Counters, ParkedError, PoolStats};
 use crate::sync::epoch::{self, Guard};
 use crate::table::{DeviceSlot, DeviceTable};
-#[cfg(all(feature = "std", not(loom)))]
 use crate::thread_cache::ThreadCache;
 
 /// The per-kind part of a pool over backend `B`.
@@ -56,7 +55,6 @@ pub(crate) trait PoolKind<B: Backend> {
     /// # Safety
     /// `raw` is the raw word of a live handle of this kind, of `slot`'s
     /// device, owned by the pool and in none of its lists.
-    #[cfg_attr(not(all(feature = "std", not(loom))), allow(dead_code))]
     unsafe fn flushed(config: &Self::Config, slot: &Slot<Self::Handle, Self::Busy>, raw: usize);
 }
 
@@ -128,8 +126,7 @@ pub(crate) struct Pool<B: Backend, K: PoolKind<B>> {
     pub(crate) pinning: Pinning,
     pub(crate) devices: DeviceTable<SlotOf<B, K>>,
     pub(crate) parked: ParkedError<Error<B::Error>>,
-    /// Per-thread caches in front of the ready lists (`std` only).
-    #[cfg(all(feature = "std", not(loom)))]
+    /// Per-thread caches in front of the ready lists (empty without `std`).
     pub(crate) cache: ThreadCache,
 }
 
@@ -140,7 +137,6 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
         backend: B,
         config: K::Config,
         pinning: Pinning,
-        #[cfg_attr(not(all(feature = "std", not(loom))), allow(unused_variables))]
         adopt_handles: bool,
     ) -> Self {
         Pool {
@@ -150,7 +146,6 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
             pinning,
             devices: DeviceTable::new(),
             parked: ParkedError::new(),
-            #[cfg(all(feature = "std", not(loom)))]
             cache: ThreadCache::with_adoption(adopt_handles),
         }
     }
@@ -234,12 +229,8 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
     /// Tallies for one device (per-thread caches included), or `None` before
     /// the pool has met the backend or for a device out of range.
     pub(crate) fn stats(&self, device: DeviceId) -> Option<PoolStats> {
-        self.devices.stats(device, || {
-            #[cfg(all(feature = "std", not(loom)))]
-            return self.cache.counts(device.index());
-            #[cfg(not(all(feature = "std", not(loom))))]
-            (0, 0)
-        })
+        self.devices
+            .stats(device, || self.cache.counts(device.index()))
     }
 
     /// Tallies summed over all devices.
@@ -250,7 +241,6 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
     /// Moves every handle the per-thread cells hold to the shared lists
     /// ([`PoolKind::flushed`]), so that purge and drop reach them.
     fn flush_caches(&self) {
-        #[cfg(all(feature = "std", not(loom)))]
         for (d, h) in self.cache.drain() {
             if let Some(slot) = self.devices.slot_of(DeviceId(d as u32)) {
                 // SAFETY: cells hold only the raw words of live handles of
@@ -372,7 +362,6 @@ macro_rules! shared_pool_methods {
             // The calling thread's own cell first: no epoch, no shared line. A
             // cell in the memo was registered after its device was checked, so
             // a hit needs no table lookup.
-            #[cfg(not(loom))]
             if let $crate::backend::DeviceSelector::Id(d) = device {
                 let memo = self.inner.cache.memo(d.index());
                 if let Some(lease) = memo.and_then(|c| self.take_memo(d, c)) {
@@ -392,7 +381,6 @@ macro_rules! shared_pool_methods {
             device: $crate::backend::DeviceSelector,
         ) -> Result<$lease<'_, B>, $crate::error::Error<B::Error>> {
             let (device, slot) = self.inner.slot(device)?;
-            #[cfg(not(loom))]
             if let Some(lease) = self.take_cached(device) {
                 return Ok(lease);
             }
@@ -412,7 +400,6 @@ macro_rules! shared_pool_methods {
             guard: &$crate::sync::epoch::Guard,
         ) -> Result<$lease<'_, B>, $crate::error::Error<B::Error>> {
             let (device, slot) = self.inner.slot_in(device.into(), guard)?;
-            #[cfg(all(feature = "std", not(loom)))]
             if let Some(lease) = self.take_cached(device) {
                 return Ok(lease);
             }

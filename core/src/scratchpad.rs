@@ -430,8 +430,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         bytes: usize,
         align: usize,
     ) -> Result<Option<NonNull<u8>>, Error<B::Error>> {
-        check_request(bytes, align)?;
-        if bytes == 0 {
+        if !check_request(bytes, align)? {
             return Ok(None);
         }
         let device = self.device_id()?;

@@ -64,27 +64,84 @@ impl<T> Node<T> {
     }
 }
 
-/// A Treiber stack: push, pop, drain; LIFO.
-pub(crate) struct Stack<T> {
-    /// The top node, or null. Every write to it is a read-modify-write (CAS or
-    /// swap), so each push's `Release` heads a release sequence that every later
-    /// `Acquire` load of `head` synchronises with.
-    head: AtomicPtr<Node<T>>,
-}
+/// The top of a stack of [`Node`]s, shared by [`Stack`] and [`Bag`]: null,
+/// or the first node of a chain the stack owns. Every write to it is a
+/// read-modify-write (CAS or swap), so each push's `Release` heads a release
+/// sequence that every later `Acquire` load of it synchronises with.
+struct Head<T>(AtomicPtr<Node<T>>);
 
 // SAFETY: the stack owns the `T`s it holds and hands each out to exactly one
 // thread (the one whose CAS or swap unlinked it), so it is `Send`/`Sync` when `T`
-// can be sent between threads.
-unsafe impl<T: Send> Send for Stack<T> {}
-// SAFETY: see above; `&Stack` only moves `T`s in and out, it never shares a `&T`.
-unsafe impl<T: Send> Sync for Stack<T> {}
+// can be sent between threads. `&Head` only moves `T`s in and out, it never
+// shares a `&T`.
+unsafe impl<T: Send> Send for Head<T> {}
+// SAFETY: see above.
+unsafe impl<T: Send> Sync for Head<T> {}
+
+impl<T> Head<T> {
+    fn new() -> Self {
+        Head(AtomicPtr::new(ptr::null_mut()))
+    }
+
+    /// Links the chain `first..=last` on top.
+    ///
+    /// # Safety
+    /// `first..=last` is a chain of live `Box`-allocated nodes (linked by
+    /// `next`) that no other thread can reach; a `Stack`'s caller also keeps
+    /// fact 1 of the module's ABA argument.
+    #[inline]
+    unsafe fn link(&self, first: *mut Node<T>, last: *mut Node<T>) {
+        // Relaxed: the value we read is only stored into `last.next`; no node is
+        // dereferenced on its strength.
+        let mut head = self.0.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: the chain is private until the CAS below publishes it.
+            // Relaxed: published by the CAS's Release.
+            unsafe { (*last).next.store(head, Ordering::Relaxed) };
+            // Release on success: publishes the chain's values and links to the
+            // thread whose Acquire load (a popper) or swap (a taker) sees
+            // `first`. A push reads no other node, so it has no ABA hazard: if
+            // `head` is `head` again, `last.next` is right whatever happened in
+            // between. Relaxed on failure: we only retry with the new head.
+            match self
+                .0
+                .compare_exchange_weak(head, first, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Takes the whole chain at once.
+    fn take(&self) -> Chain<T> {
+        // Acquire: synchronises with every push's Release (all writes are RMWs),
+        // so the chain's values and links are visible. One swap: no other thread
+        // can take any node of this chain.
+        Chain {
+            first: self.0.swap(ptr::null_mut(), Ordering::Acquire),
+        }
+    }
+}
+
+impl<T> Drop for Head<T> {
+    fn drop(&mut self) {
+        // `&mut self`: no other thread can be inside a method, so the nodes can be
+        // freed at once, with their items (nodes a `Stack` retired earlier are
+        // the epoch's; these never were).
+        drop(self.take());
+    }
+}
+
+/// A Treiber stack: push, pop, drain; LIFO.
+pub(crate) struct Stack<T> {
+    head: Head<T>,
+}
 
 impl<T> Stack<T> {
     /// An empty stack.
     pub(crate) fn new() -> Self {
-        Stack {
-            head: AtomicPtr::new(ptr::null_mut()),
-        }
+        Stack { head: Head::new() }
     }
 
     /// Pushes `value` in a new node.
@@ -101,26 +158,8 @@ impl<T> Stack<T> {
     /// it has never been linked into any `Stack` (fact 1 of the module's ABA
     /// argument): it is new, or it comes from a [`Chain`].
     unsafe fn push_node(&self, node: *mut Node<T>) {
-        // Relaxed: the value we read is only stored into `node.next`; no node is
-        // dereferenced on its strength.
-        let mut head = self.head.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: `node` is private until the CAS below publishes it.
-            // Relaxed: published by the CAS's Release.
-            unsafe { (*node).next.store(head, Ordering::Relaxed) };
-            // Release on success: publishes `node.value` and `node.next` to the
-            // popper whose Acquire load sees `node`. A push reads no other node,
-            // so it has no ABA hazard: if `head` is `head` again, `node.next`
-            // is right whatever happened in between. Relaxed on failure: we
-            // only retry with the new head.
-            match self
-                .head
-                .compare_exchange_weak(head, node, Ordering::Release, Ordering::Relaxed)
-            {
-                Ok(_) => return,
-                Err(actual) => head = actual,
-            }
-        }
+        // SAFETY: the caller's guarantees; a one-node chain.
+        unsafe { self.head.link(node, node) };
     }
 
     /// Pops the top item, if any.
@@ -132,7 +171,7 @@ impl<T> Stack<T> {
         // Acquire: synchronises with the Release of the push that published the
         // node (through the release sequence: every later write is an RMW), so
         // its `value` and `next` are visible.
-        let mut head = self.head.load(Ordering::Acquire);
+        let mut head = self.head.0.load(Ordering::Acquire);
         loop {
             if head.is_null() {
                 return None;
@@ -147,10 +186,12 @@ impl<T> Stack<T> {
             // ABA argument the top cannot have left and come back while we are
             // pinned, so `next` is still its successor. Acquire on both outcomes:
             // on failure we dereference the new head in the next round.
-            match self
-                .head
-                .compare_exchange_weak(head, next, Ordering::Acquire, Ordering::Acquire)
-            {
+            match self.head.0.compare_exchange_weak(
+                head,
+                next,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => {
                     // SAFETY: the successful CAS unlinked `head`, so this thread is
                     // the only one that reads its value (stale poppers only read
@@ -171,7 +212,7 @@ impl<T> Stack<T> {
     pub(crate) fn drain(&self, guard: &Guard) -> alloc::vec::Vec<T> {
         // Acquire: as in `pop`, to see the values of every node we took. The swap
         // is one atomic step, so no other thread can take any of these items.
-        let mut node = self.head.swap(ptr::null_mut(), Ordering::Acquire);
+        let mut node = self.head.0.swap(ptr::null_mut(), Ordering::Acquire);
         let mut out = alloc::vec::Vec::new();
         while !node.is_null() {
             // SAFETY: the swap made this chain ours; nodes are alive (retired only
@@ -203,57 +244,36 @@ impl<T> Stack<T> {
     }
 }
 
-impl<T> Drop for Stack<T> {
-    fn drop(&mut self) {
-        // `&mut self`: no other thread can be inside a method, so the nodes can be
-        // freed at once (nodes retired earlier are the epoch's; these never were).
-        // Acquire: sees every push's node contents (all writes are RMWs).
-        let first = self.head.swap(ptr::null_mut(), Ordering::Acquire);
-        drop(Chain { first });
-    }
-}
-
 /// A push-and-take-all stack. Its nodes are never reachable by a `Stack` popper,
 /// so they need no epoch protection.
 pub(crate) struct Bag<T> {
-    /// The top node, or null. Written only by RMWs (push CAS, take swap).
-    head: AtomicPtr<Node<T>>,
+    head: Head<T>,
 }
-
-// SAFETY: as for `Stack`: each item is handed to exactly one thread.
-unsafe impl<T: Send> Send for Bag<T> {}
-// SAFETY: as for `Stack`.
-unsafe impl<T: Send> Sync for Bag<T> {}
 
 impl<T> Bag<T> {
     /// An empty bag.
     pub(crate) fn new() -> Self {
-        Bag {
-            head: AtomicPtr::new(ptr::null_mut()),
-        }
+        Bag { head: Head::new() }
     }
 
     /// Whether the bag looked empty at the moment of the load.
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         // Relaxed: a hint only.
-        self.head.load(Ordering::Relaxed).is_null()
+        self.head.0.load(Ordering::Relaxed).is_null()
     }
 
     /// Pushes `value` in a new node.
     pub(crate) fn push(&self, value: T) {
         let node = Node::alloc(value);
-        self.splice(node, node);
+        // SAFETY: `node` was just allocated and is private to this call.
+        unsafe { self.head.link(node, node) };
     }
 
-    /// Takes every item at once, as a chain in top-first order.
+    /// Takes every item at once, as a chain in top-first order. No other
+    /// thread reads the chain's nodes.
     pub(crate) fn take_all(&self) -> Chain<T> {
-        // Acquire: synchronises with every push's Release (all writes are RMWs),
-        // so the chain's values and links are visible. One swap: no other thread
-        // can take any node of this chain, and no other thread reads its nodes.
-        Chain {
-            first: self.head.swap(ptr::null_mut(), Ordering::Acquire),
-        }
+        self.head.take()
     }
 
     /// Puts every node of `chain` back on top, in the chain's order.
@@ -264,7 +284,7 @@ impl<T> Bag<T> {
             return;
         }
         let mut last = first;
-        // SAFETY: the chain is ours until the splice publishes it.
+        // SAFETY: the chain is ours until the link publishes it.
         unsafe {
             loop {
                 // Relaxed: a private chain; no other thread touches it.
@@ -275,33 +295,9 @@ impl<T> Bag<T> {
                 last = next;
             }
         }
-        self.splice(first, last);
-    }
-
-    /// Links the private chain `first..=last` on top.
-    fn splice(&self, first: *mut Node<T>, last: *mut Node<T>) {
-        // Relaxed: only stored into `last.next`.
-        let mut head = self.head.load(Ordering::Relaxed);
-        loop {
-            // SAFETY: the chain is private until the CAS publishes it.
-            unsafe { (*last).next.store(head, Ordering::Relaxed) };
-            // Release: publishes the chain's values and links to the Acquire swap
-            // of the next `take_all`. No ABA: a push reads no other node.
-            match self
-                .head
-                .compare_exchange_weak(head, first, Ordering::Release, Ordering::Relaxed)
-            {
-                Ok(_) => return,
-                Err(actual) => head = actual,
-            }
-        }
-    }
-}
-
-impl<T> Drop for Bag<T> {
-    fn drop(&mut self) {
-        // Exclusive access: free the nodes and their items.
-        drop(self.take_all());
+        // SAFETY: `first..=last` is the whole chain, which was ours alone
+        // (invariant of `Chain`) and which `forget` gave up.
+        unsafe { self.head.link(first, last) };
     }
 }
 

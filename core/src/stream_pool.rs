@@ -38,7 +38,6 @@ use crate::pool::{fmt_lease, shared_pool_methods, Pool, PoolKind, Slot};
 use crate::stack::{Bag, Chain};
 use crate::stats::Counters;
 use crate::sync::epoch::{Collector, Guard};
-#[cfg(all(feature = "std", not(loom)))]
 use crate::thread_cache::Cell;
 
 /// How a [`StreamPool`] creates streams and scans its busy list.
@@ -195,7 +194,7 @@ impl<B: StreamBackend> StreamPool<B> {
 
     /// A lease of the stream in the calling thread's memoised `cell` of
     /// `device`, if it holds one.
-    #[cfg(all(feature = "std", not(loom)))]
+    #[cfg(feature = "std")] // only `get` (std) reads the memo
     #[inline]
     fn take_memo<'p>(&'p self, device: DeviceId, cell: &'p Cell) -> Option<StreamLease<'p, B>> {
         let h = cell.take()?;
@@ -208,7 +207,6 @@ impl<B: StreamBackend> StreamPool<B> {
     /// The calling thread's kept stream of `device` (its cell, registered if
     /// need be), if it has one; with same-thread reuse, the streams left by
     /// exited threads go to the busy list first.
-    #[cfg(all(feature = "std", not(loom)))]
     fn take_cached(&self, device: DeviceId) -> Option<StreamLease<'_, B>> {
         if let Some(Some((h, origin))) = self
             .inner
@@ -234,24 +232,17 @@ impl<B: StreamBackend> StreamPool<B> {
     /// A lease of `stream` (owned by the pool, of `device`) to the calling
     /// thread; `origin` as in [`StreamLease`]'s field.
     #[inline]
-    fn lease(
-        &self,
-        stream: StreamHandle,
-        device: DeviceId,
-        #[allow(unused_variables)] origin: usize,
-    ) -> StreamLease<'_, B> {
+    fn lease(&self, stream: StreamHandle, device: DeviceId, origin: usize) -> StreamLease<'_, B> {
         StreamLease {
             pool: self,
             stream,
             device,
-            #[cfg(all(feature = "std", not(loom)))]
             origin,
         }
     }
 
     /// The origin a lease taken by the owner of `cell` records: the cell's
     /// owner mark when the pool keeps streams for same-thread reuse, else 0.
-    #[cfg(all(feature = "std", not(loom)))]
     #[inline]
     fn origin_in(&self, cell: &Cell) -> usize {
         if self.inner.config.same_thread_reuse {
@@ -264,16 +255,15 @@ impl<B: StreamBackend> StreamPool<B> {
     /// The origin a lease taken by the calling thread records, looked up
     /// (the slow paths: a lease from the shared lists or a new stream).
     #[inline]
-    fn origin_here(&self, #[allow(unused_variables)] device: DeviceId) -> usize {
-        #[cfg(all(feature = "std", not(loom)))]
+    fn origin_here(&self, device: DeviceId) -> usize {
         if self.inner.config.same_thread_reuse {
-            return self
-                .inner
+            self.inner
                 .cache
                 .with_cell(device.index(), |c| c.owner_mark())
-                .unwrap_or(0);
+                .unwrap_or(0)
+        } else {
+            0
         }
-        0
     }
 
     /// Pops `device`'s ready list, else scans its busy list, else creates.
@@ -325,7 +315,6 @@ impl<B: StreamBackend> StreamPool<B> {
             Ok(Completion::Complete) => {
                 // Idle: like a returned lease, the calling thread's cell first,
                 // so that its next `get` takes the stream put last.
-                #[cfg(all(feature = "std", not(loom)))]
                 if !self.inner.config.same_thread_reuse
                     && self
                         .inner
@@ -438,7 +427,7 @@ impl<B: StreamBackend> StreamPool<B> {
         &self,
         stream: StreamHandle,
         device: DeviceId,
-        #[allow(unused_variables)] origin: usize,
+        origin: usize,
     ) -> Result<(), Error<B::Error>> {
         let Some(slot) = self.inner.devices.slot_of(device) else {
             // A lease exists only after its slot was found, and the table lives
@@ -449,7 +438,6 @@ impl<B: StreamBackend> StreamPool<B> {
         // Kept unqueried only for the thread that took the lease: a lease
         // moved to another thread ends there like a default return (queried),
         // so that thread is never served the first thread's pending work.
-        #[cfg(all(feature = "std", not(loom)))]
         if self.inner.config.same_thread_reuse
             && origin != 0
             && self.inner.cache.with_cell(device.index(), |c| {
@@ -464,7 +452,6 @@ impl<B: StreamBackend> StreamPool<B> {
             Ok(Completion::Complete) => {
                 // Idle: the returning thread's cell first (it counts the
                 // return), else the shared ready list.
-                #[cfg(all(feature = "std", not(loom)))]
                 if self
                     .inner
                     .cache
@@ -511,7 +498,6 @@ pub struct StreamLease<'p, B: StreamBackend> {
     /// the taking thread's cell (marks are never reused, and an adopted cell
     /// gets a new one, so a match at the end proves the lease ends on the
     /// thread that took it); 0 otherwise.
-    #[cfg(all(feature = "std", not(loom)))]
     origin: usize,
 }
 
@@ -520,14 +506,6 @@ impl<B: StreamBackend> StreamLease<'_, B> {
     #[inline]
     pub(crate) fn backend_id(&self) -> BackendId {
         self.pool.inner.id
-    }
-
-    #[inline]
-    fn origin(&self) -> usize {
-        #[cfg(all(feature = "std", not(loom)))]
-        return self.origin;
-        #[cfg(not(all(feature = "std", not(loom))))]
-        0
     }
 }
 
@@ -574,13 +552,13 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
     /// not lost, destroyed by the next purge, never leased again.
     pub fn return_to_pool(self) -> Result<(), Error<B::Error>> {
         let this = ManuallyDrop::new(self);
-        this.pool.give_back(this.stream, this.device, this.origin())
+        this.pool.give_back(this.stream, this.device, this.origin)
     }
 }
 
 impl<B: StreamBackend> Drop for StreamLease<'_, B> {
     fn drop(&mut self) {
-        if let Err(e) = self.pool.give_back(self.stream, self.device, self.origin()) {
+        if let Err(e) = self.pool.give_back(self.stream, self.device, self.origin) {
             self.pool.inner.parked.park(e);
         }
     }

@@ -1,9 +1,13 @@
-//! The one place that names atomics, `Arc` and the epoch crate.
+//! The one place that names atomics, `Arc`, `Mutex`, thread-locals and the
+//! epoch crate.
 //!
 //! Everything else in the crate imports these through `crate::sync`, so a build
-//! with `--cfg loom` swaps every shared-memory primitive for loom's model-checked
-//! twin at once. crossbeam-epoch switches itself to loom when it is built with
-//! its `loom` feature and `--cfg crossbeam_loom` (the loom-tests crate sets both).
+//! with `--cfg loom` swaps every shared-memory primitive, and the thread-locals
+//! behind the per-thread caches, for loom's model-checked twins at once: the
+//! code above this module has one body in every build, and the loom models run
+//! the code that ships. crossbeam-epoch switches itself to loom when it is
+//! built with its `loom` feature and `--cfg crossbeam_loom` (the loom-tests
+//! crate sets both).
 
 #[cfg(not(loom))]
 pub(crate) use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
@@ -19,6 +23,25 @@ pub(crate) use loom::sync::atomic::AtomicBool;
 pub(crate) use loom::sync::Mutex;
 #[cfg(all(feature = "std", not(loom)))]
 pub(crate) use std::sync::Mutex;
+
+/// Declares thread-locals with constant initial values: `std`'s
+/// `thread_local!` with `const` initializers (no lazy-initialization check on
+/// access), or under `cfg(loom)` loom's, which gives each model thread its
+/// own, made on first use and dropped when the thread ends (the main
+/// thread's too), as the operating system's are. Without `std` there are no
+/// thread-locals (the pools then have no per-thread caches, see
+/// `thread_cache`).
+#[cfg(feature = "std")]
+macro_rules! const_thread_local {
+    ($($(#[$attr:meta])* static $name:ident: $t:ty = $init:expr;)+) => {
+        #[cfg(not(loom))]
+        std::thread_local! { $($(#[$attr])* static $name: $t = const { $init };)+ }
+        #[cfg(loom)]
+        loom::thread_local! { $($(#[$attr])* static $name: $t = $init;)+ }
+    };
+}
+#[cfg(feature = "std")]
+pub(crate) use const_thread_local;
 
 #[cfg(not(loom))]
 pub(crate) use alloc::sync::Arc;

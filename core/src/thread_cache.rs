@@ -5,24 +5,24 @@
 //! point at sixteen. A runtime thread usually returns what it leased and leases
 //! again soon after, so each thread keeps a few handles of one device in a
 //! [`Cell`] of its own: `take` and `give` touch only that thread's cell (plain
-//! loads and one uncontended swap or store), no epoch, no allocation, no shared
+//! loads and one uncontended compare-and-swap or store), no epoch, no allocation, no shared
 //! counter. A cell holds handles of one device for its whole life; a thread
 //! that leases on several devices has a cell per device.
 //!
 //! Every handle in a cell stays reachable by the pool: cells are registered in
-//! the pool's [`ThreadCache`], and [`ThreadCache::drain`] (purge, drop) swaps
+//! the pool's [`ThreadCache`], and [`ThreadCache::drain`] (purge, drop) takes
 //! every handle out of every cell. A handle is in at most one place: a cell
-//! slot holds it until exactly one `swap` (the owner's `take` or a drain) takes
-//! it out, and `give` claims an empty slot with a compare-and-swap, so no
-//! handle is ever overwritten. (A plain store after a load was enough by the
-//! argument "only the owner writes nonzero values", but the loom model of an
-//! owner racing a drain lost a handle with it; the CAS makes the slot's
-//! modification order settle the race, and the model passes.)
+//! slot holds it until exactly one compare-and-swap (the owner's `take` or a
+//! drain) takes it out, and `give` claims an empty slot with a compare-and-swap, so no
+//! handle is ever overwritten. (A plain store after a load, on the argument
+//! "only the owner writes nonzero values", loses a handle to a racing drain:
+//! the loom model of an owner racing a drain finds it. The CAS gives the slot
+//! one modification order that settles the race.)
 //!
 //! The event pool leases *in place* ([`Cell::lease`]): the owner's CAS
 //! replaces the handle in its slot with the [`LEASED`] marker, and the lease
-//! ends with one plain store of the handle back into that slot ([`unlease`]),
-//! or of 0 ([`vacate`]), from whichever thread holds it. While a slot holds the
+//! ends with one plain store of the handle back into that slot
+//! ([`InPlace::unlease`]), or of 0 ([`InPlace::vacate`]), from whichever thread holds it. While a slot holds the
 //! marker nobody else writes it: `give` claims only empty slots, and `lease`,
 //! `take` and the drains take only handles (each with a CAS, so a handle has
 //! one taker). A get+put is then one read-modify-write instead of two.
@@ -36,7 +36,7 @@
 use std::sync::atomic::AtomicU64;
 use std::vec::Vec;
 
-use crate::sync::{Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
+use crate::sync::{const_thread_local, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// Handles one cell keeps.
 pub(crate) const SLOTS: usize = 4;
@@ -46,7 +46,6 @@ pub(crate) const SLOTS: usize = 4;
 /// cell (it goes to the shared lists; no real handle is the all-ones word).
 pub(crate) const LEASED: usize = usize::MAX;
 /// Devices served by cells (higher device ids always use the shared stacks).
-#[cfg_attr(loom, allow(dead_code))] // the pools use the cache only without loom
 pub(crate) const CACHED_DEVICES: usize = 8;
 
 static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
@@ -72,7 +71,7 @@ pub(crate) struct Cell {
     /// the registry lock, which also publishes it to the new owner).
     owner_mark: AtomicUsize,
     /// Handles, 0 for an empty slot. Nonzero values are written only by the
-    /// owner; drains write 0 with `swap`.
+    /// owner; drains write 0 with a compare-and-swap.
     slots: [AtomicUsize; SLOTS],
     /// Leases served from this cell by `take` (written by its owner only).
     served: AtomicUsize,
@@ -107,7 +106,6 @@ impl Cell {
     /// The mark of the cell's current ownership (see the field). Owner only:
     /// what the owner reads was written before it took the cell.
     #[inline]
-    #[cfg_attr(loom, allow(dead_code))] // the pools use the cache only without loom
     pub(crate) fn owner_mark(&self) -> usize {
         // Relaxed: written before this thread became the owner (at creation,
         // or under the registry lock it took to adopt the cell).
@@ -136,11 +134,11 @@ impl Cell {
 
     /// Leases the most recently kept handle *in place*: its slot stays
     /// claimed, marked [`LEASED`], so that a drain passes it by, and the lease
-    /// ends with one plain store ([`unlease`] or [`vacate`]) instead of a second
+    /// ends with one plain store ([`InPlace::unlease`] or [`InPlace::vacate`]) instead of a second
     /// read-modify-write. Owner only; the returned slot belongs to the lease
     /// (whichever thread holds it) until one of those two calls.
     #[inline]
-    pub(crate) fn lease(&self) -> Option<(usize, &AtomicUsize)> {
+    pub(crate) fn lease(&self) -> Option<(usize, InPlace<'_>)> {
         // Last filled first, as `take`.
         for s in self.slots.iter().rev() {
             // Relaxed pre-check: only the owner makes a slot hold an unleased
@@ -156,7 +154,7 @@ impl Cell {
             {
                 // Counted as served by `counts` (one tally, not two).
                 Self::bump(&self.in_place);
-                return Some((h, s));
+                return Some((h, InPlace(s)));
             }
         }
         None
@@ -200,16 +198,6 @@ impl Cell {
         false
     }
 
-    /// Slot `i` (for the loom models' in-place leases).
-    pub(crate) fn slot(&self, i: usize) -> &AtomicUsize {
-        &self.slots[i]
-    }
-
-    /// The index of `slot` among this cell's slots.
-    pub(crate) fn slot_index(&self, slot: &AtomicUsize) -> Option<usize> {
-        self.slots.iter().position(|s| core::ptr::eq(s, slot))
-    }
-
     /// Gives the cell up: its owner is exiting, and the next thread that
     /// registers with the pool adopts it. Owner only, once, and the last thing
     /// the owner does with the cell.
@@ -243,33 +231,38 @@ fn take_slot(slot: &AtomicUsize) -> Option<usize> {
     None
 }
 
-/// Ends an in-place lease ([`Cell::lease`]): `handle` is back in its slot,
-/// ready to be leased again or drained. Any thread (the holder of the lease).
-#[inline]
-pub(crate) fn unlease(slot: &AtomicUsize, handle: usize) {
-    // (No assertion on the slot: this runs in a lease's drop, which never
-    // panics; the loom models check that the slot holds LEASED here.)
-    // A plain store: while the slot is marked leased nobody else writes it
-    // (the owner's `keep` claims only empty slots, `lease` and every taker
-    // only unleased ones). Release: publishes the handle, and what the lease
-    // holder did with it, to whoever leases or takes it next.
-    slot.store(handle, Ordering::Release);
-}
+/// The cell slot of an in-place lease ([`Cell::lease`]): marked [`LEASED`]
+/// until the lease ends it, on whichever thread holds the lease.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct InPlace<'a>(&'a AtomicUsize);
 
-/// Ends an in-place lease without returning the handle (released to the
-/// caller, or destroyed): the slot is empty again. Any thread.
-#[inline]
-pub(crate) fn vacate(slot: &AtomicUsize) {
-    // A plain store, as in `unlease`. Release: orders the holder's last use
-    // of the slot before the owner's next `keep` into it.
-    slot.store(0, Ordering::Release);
+impl InPlace<'_> {
+    /// Ends the lease: `handle` (the leased one) is back in its slot, ready to
+    /// be leased again or drained.
+    #[inline]
+    pub(crate) fn unlease(self, handle: usize) {
+        // (No assertion on the slot: this runs in a lease's drop, which never
+        // panics; the loom models check where every handle is.)
+        // A plain store: while the slot is marked leased nobody else writes
+        // it (the owner's `keep` claims only empty slots, `lease` and every
+        // taker only unleased ones). Release: publishes the handle, and what
+        // the lease holder did with it, to whoever leases or takes it next.
+        self.0.store(handle, Ordering::Release);
+    }
+
+    /// Ends the lease without returning the handle (released to the caller,
+    /// or destroyed): the slot is empty again.
+    #[inline]
+    pub(crate) fn vacate(self) {
+        // A plain store, as in `unlease`. Release: orders the holder's last
+        // use of the slot before the owner's next `keep` into it.
+        self.0.store(0, Ordering::Release);
+    }
 }
 
 /// The calling thread's cells; marks them orphaned when the thread exits.
-#[cfg(not(loom))]
 struct Owned(Vec<(u64, usize, Arc<Cell>)>);
 
-#[cfg(not(loom))]
 impl Drop for Owned {
     fn drop(&mut self) {
         // The cells are about to become adoptable by other threads: forget them
@@ -282,25 +275,20 @@ impl Drop for Owned {
     }
 }
 
-#[cfg(not(loom))]
-std::thread_local! {
-    static CELLS: core::cell::RefCell<Owned> = const { core::cell::RefCell::new(Owned(Vec::new())) };
+const_thread_local! {
+    static CELLS: core::cell::RefCell<Owned> = core::cell::RefCell::new(Owned(Vec::new()));
 }
 
 /// A memo entry: (pool id, device, the cell). Pool id 0 is never used.
-#[cfg(not(loom))]
 type Memo = (u64, usize, *const Cell);
 
-#[cfg(not(loom))]
 const EMPTY_MEMO: Memo = (0, 0, core::ptr::null());
 
 /// Entries of the memo: enough for a thread that uses a stream pool and an
 /// event pool on a device or two without evicting one another.
-#[cfg(not(loom))]
 const MEMO_WAYS: usize = 4;
 
-#[cfg(not(loom))]
-std::thread_local! {
+const_thread_local! {
     /// The calling thread's most recently used cells, found without the
     /// `RefCell` borrow and the search of [`CELLS`]. No destructor, so it is
     /// reachable until the thread is gone (and is cleared when `CELLS` is
@@ -308,12 +296,11 @@ std::thread_local! {
     /// matches the pool asking, which is then alive; the pool's registry holds
     /// an `Arc` of every cell until the pool drops, so the cell is alive too.
     static MEMO: [core::cell::Cell<Memo>; MEMO_WAYS] =
-        const { [const { core::cell::Cell::new(EMPTY_MEMO) }; MEMO_WAYS] };
+        [const { core::cell::Cell::new(EMPTY_MEMO) }; MEMO_WAYS];
 }
 
 /// A pool's registry of per-thread cells.
 pub(crate) struct ThreadCache {
-    #[cfg_attr(loom, allow(dead_code))]
     id: u64,
     /// Whether a thread adopting an orphaned cell may use the handles left in
     /// it. Events: yes. Streams kept unqueried: no (they may run the exited
@@ -329,11 +316,6 @@ pub(crate) struct ThreadCache {
 }
 
 impl ThreadCache {
-    /// A registry whose adopted cells keep their handles.
-    pub(crate) fn new() -> Self {
-        Self::with_adoption(true)
-    }
-
     /// A registry; `adopt_handles` says whether an adopted cell's handles may
     /// be served to its new owner.
     pub(crate) fn with_adoption(adopt_handles: bool) -> Self {
@@ -349,11 +331,8 @@ impl ThreadCache {
     }
 
     /// Runs `f` on the calling thread's cell of this pool for `device`,
-    /// (Not under loom: loom's thread-locals make a model nondeterministic
-    /// here; the models drive cells through `register` directly.)
     /// registering one first if needed. `None` for devices past
     /// [`CACHED_DEVICES`], or if the thread is exiting (no thread-locals).
-    #[cfg(not(loom))]
     #[inline]
     pub(crate) fn with_cell<R>(&self, device: usize, f: impl FnOnce(&Cell) -> R) -> Option<R> {
         match self.memo(device) {
@@ -364,7 +343,6 @@ impl ThreadCache {
 
     /// The calling thread's cell for `device` if the memo has it: two
     /// thread-local loads and a compare, nothing shared.
-    #[cfg(not(loom))]
     #[inline]
     pub(crate) fn memo(&self, device: usize) -> Option<&Cell> {
         let way = Self::way(self.id, device);
@@ -382,7 +360,6 @@ impl ThreadCache {
     }
 
     /// The memo entry for `(pool, device)`.
-    #[cfg(not(loom))]
     #[inline]
     fn way(pool: u64, device: usize) -> usize {
         // Pool ids are consecutive, so pools made together (a stream pool and
@@ -390,7 +367,6 @@ impl ThreadCache {
         (pool as usize).wrapping_add(device) % MEMO_WAYS
     }
 
-    #[cfg(not(loom))]
     #[cold]
     fn with_cell_slow<R>(&self, device: usize, f: impl FnOnce(&Cell) -> R) -> Option<R> {
         if device >= CACHED_DEVICES {
@@ -426,7 +402,7 @@ impl ThreadCache {
     }
 
     /// An orphaned cell of this pool for `device`, or a new one.
-    pub(crate) fn register(&self, device: usize) -> Arc<Cell> {
+    fn register(&self, device: usize) -> Arc<Cell> {
         let mut cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
         for c in cells.iter() {
             // Acquire: sees the handles the exited owner left (its Release).
@@ -455,10 +431,9 @@ impl ThreadCache {
     /// Takes the handles left by exited threads (when `adopt_handles` is
     /// off): `(device, handle)` pairs. Cheap when no thread exited since the
     /// last call (one flag).
-    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn take_orphans(&self) -> Vec<(usize, usize)> {
         // Acquire: pairs with the exiting owner's Release, so its handles are
-        // visible to the swaps below.
+        // visible to the takes below.
         // Relaxed pre-check: a plain load keeps the common case (no thread
         // exited) off the flag's line; a flag raised meanwhile is seen next time.
         if !self.orphaned.load(Ordering::Relaxed) || !self.orphaned.swap(false, Ordering::Acquire) {
@@ -492,7 +467,6 @@ impl ThreadCache {
     }
 
     /// Leases served from and returned into cells, for `device`.
-    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn counts(&self, device: usize) -> (usize, usize) {
         let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
         cells
@@ -529,7 +503,7 @@ mod tests {
 
     #[test]
     fn an_in_place_lease_is_passed_by_drains_and_comes_back_with_one_store() {
-        let cache = ThreadCache::new();
+        let cache = ThreadCache::with_adoption(true);
         let cell = cache.register(0);
         assert!(cell.give(7) && cell.give(8));
         let (h, slot) = cell.lease().expect("a kept handle");
@@ -542,10 +516,10 @@ mod tests {
         assert!(cell.give(9), "give claims another, empty slot");
         // Served: the in-place lease and the take; kept: three gives.
         assert_eq!(cache.counts(0), (2, 3), "the in-place lease is out");
-        unlease(slot, h);
+        slot.unlease(h);
         assert_eq!(cache.counts(0), (2, 4), "the in-place lease ended");
         let (h, slot) = cell.lease().expect("8 is back");
-        vacate(slot);
+        slot.vacate();
         let mut left: Vec<usize> = cache.drain().into_iter().map(|(_, h)| h).collect();
         left.sort_unstable();
         assert_eq!(
@@ -558,7 +532,7 @@ mod tests {
 
     #[test]
     fn take_is_lifo_give_fills_and_drain_empties() {
-        let cache = ThreadCache::new();
+        let cache = ThreadCache::with_adoption(true);
         let cell = cache.register(0);
         assert!(cell.give(1) && cell.give(2));
         assert_eq!(cell.take(), Some(2));

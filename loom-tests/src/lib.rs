@@ -1,8 +1,8 @@
 //! loom models of every shared (`Sync`) type in gpupool.
 //!
 //! The models live in `tests/models.rs` (with `tests/models/mock_backend.rs`,
-//! `tests/models/block_pool.rs`, `tests/models/thread_exit.rs` and
-//! `tests/models/in_place.rs`) and compile only with `--cfg loom` (which also
+//! `tests/models/block_pool.rs`, `tests/models/thread_exit.rs`,
+//! `tests/models/in_place.rs` and their ledger, `tests/models/ledger.rs`) and compile only with `--cfg loom` (which also
 //! switches gpupool-core, gpupool-mock and the block pools of gpupool-cuda to
 //! loom's primitives) and `--cfg crossbeam_loom` (which makes crossbeam-epoch
 //! model its collector).
@@ -27,8 +27,8 @@
 //! | `Bag<T>`: push / take-all (core, private) | head pointer | `bag_push_races_take_all`; `stream_put_to_busy_races_scan` (busy list); `parked_error_two_drops` (quarantine) |
 //! | `DeviceTable<S>`: lazy per-device table (core, private) | one pointer published by CAS | `lazy_device_table_two_threads` |
 //! | `ParkedError<E>` (core, private) | error slot (CAS / swap), dropped-error tally | `parked_error_two_drops` |
-//! | `Counters` (core, private) | relaxed tallies | checked after the joins in `stream_pool_two_threads_one_device`, `event_pool_two_threads_get_put`, `stream_put_to_busy_races_scan` |
-//! | `ThreadCache` / `Cell`: per-thread cells, the pools' fast path (core, private) | cell slots (owner `take`/`give`/`keep`/`lease` vs drains' CASes, and the one plain store, `unlease` or `vacate`, that ends an in-place lease on any thread), the registry `Mutex`, the `owned` flag (thread exit vs adoption), orphan list and flag, owner-only tallies | `thread_cache_owner_races_a_drain` (adopting flavour: events, idle streams), `thread_cache_registration_races_a_drain` (non-adopting flavour, `same_thread_reuse`: registration vs drain, `take_orphans`, tallies), `thread_exit::adopter_keeps_the_handles_racing_a_drain` (an owner exits, the next registration adopts its cell and handles, racing a drain; tallies continued), `thread_exit::adopter_is_not_served_the_orphans` (an owner exits, the adopter gets its streams only through `take_orphans` or a drain, none stranded), `in_place::lease_ends_on_another_thread_racing_a_drain` (an in-place lease, `LEASED` in its slot, ended by `unlease` on another thread while the owner takes and gives and a drain runs: never drained while out; tallies, ended in-place leases included), `in_place::vacate_races_give_and_drain` (a lease `vacate`d on another thread while the owner gives into the cell and a drain runs: nothing overwritten, the vacated handle never drained), `in_place::lease_ends_after_its_owner_exits` (the owner exits with the lease out, the adopter leases in place from the adopted cell, the lease ends on a third thread, a drain races them), all through `internals::CacheModel` (in-place leases: `CellModel::lease`, `InPlaceModel`) |
+//! | `Counters` (core, private) | relaxed tallies | checked after the joins in `stream_pool_two_threads_one_device`, `event_pool_two_threads_get_put`, `stream_put_to_busy_races_scan`, and exactly (`pooled`, `live_leases`, `leases`) in every thread-cache model |
+//! | `ThreadCache` / `Cell`: per-thread cells, the pools' fast path (core, private) | cell slots (the owner's `take`/`give`/`keep`/`lease` vs drains' CASes, and the one plain store that ends an in-place lease on any thread), the registry `Mutex`, the `owned` flag (thread exit vs adoption), orphan list and flag, owner-only tallies; the thread-local memo and list of cells, and their destructor (a thread's exit) | all through the pools' public API, so the code that ships: `thread_cache_owner_races_a_drain` (stream pool: `put`, `get` from the cell, return into it, racing a purge), `thread_cache_registration_races_a_drain` (stream pool with `same_thread_reuse`: a first `get` registers the thread's cell racing a purge), `thread_exit::adopter_keeps_the_handles_racing_a_drain` (event pool: a thread exits, the next one's registration adopts its cell and events; tallies continued), `thread_exit::adopter_is_not_served_the_orphans` (stream pool with `same_thread_reuse`: the exited thread's pending stream never served), `in_place::lease_ends_on_another_thread_racing_a_drain`, `in_place::vacate_races_give_and_drain`, `in_place::lease_ends_after_its_owner_exits` (the event pool's in-place leases ended by drop or detach on another thread, racing purges, gets and puts, and the owner's exit); each keeps a ledger of where its handles are (`tests/models/ledger.rs`) |
 //! | `StreamPool<B>`, `StreamLease` (core) | the above, per device | `stream_pool_two_threads_one_device`, `stream_get_races_purge`, `stream_put_to_busy_races_scan`, `lazy_device_table_two_threads`, `parked_error_two_drops` |
 //! | `EventPool<B>`, `EventLease` (core) | the above, per device | `event_pool_two_threads_get_put`, `shared_event_last_two_clones` |
 //! | `SharedEvent` (core) | `Arc` count of one lease | `shared_event_last_two_clones` |
@@ -38,15 +38,18 @@
 //!
 //! Not modelled, and why:
 //!
-//! - The pools' use of the per-thread cells (`ThreadCache::with_cell` and its
-//!   thread-local memo, and the thread-local destructor `Owned::drop` that
-//!   orphans an exiting thread's cells): compiled out under loom (loom's
-//!   thread-locals make a model nondeterministic there); the cells' shared
-//!   operations are modelled directly (rows above: `CellModel::exit` runs
-//!   `Cell::release_owner`, what `Owned::drop` runs for each cell after
-//!   clearing the memo), and the memo is per-thread, not shared. What the
-//!   stream pool does with the handles `take_orphans` returns (pushes them to
-//!   its busy list) is the busy list's `push`, covered with the `Bag`.
+//! - That a thread's exit is seen by `join`: loom's `join` returns before the
+//!   joined thread's thread-locals are dropped (the operating system's
+//!   returns after), so no model asserts, after a `join`, that the joined
+//!   thread's cells are orphaned; the exits themselves, their destructors
+//!   and the adoptions they allow are modelled (rows above).
+//! - Pools on crossbeam-epoch's global collector: each model's pools have a
+//!   collector of their own (`tests/models.rs`, `stream_pool`): with the
+//!   global one every model thread gets crossbeam's thread-local handle,
+//!   whose destructor, like the pools' own, makes atomic accesses, and loom
+//!   drops a thread's thread-locals in an order that changes between
+//!   executions, which it reports as a model that is not deterministic. The
+//!   pools' code is the same for either collector but for `Pinning::pin`.
 //! - `lost_errors` / `set_lost_error_hook` (core): two process-wide statics,
 //!   plain `core` atomics in every build (a relaxed tally and a pointer
 //!   published by an `AcqRel` swap / `Acquire` load); loom does not reset

@@ -1,8 +1,9 @@
 //! loom models of every shared (`Sync`) type in gpupool: the core's
 //! lock-free paths, each over the public API (or the hidden `internals`
-//! wrappers for the raw stacks and the per-thread cache), thread exits and
-//! the adoption of their per-thread cells (`models/thread_exit.rs`), the
-//! event pool's in-place leases of cell slots (`models/in_place.rs`), the mock
+//! wrappers for the raw stacks), the pools' per-thread caches as the pools
+//! use them (`models.rs`), thread exits and the adoption of their cells
+//! (`models/thread_exit.rs`), the event pool's in-place leases of cell slots
+//! (`models/in_place.rs`), the mock
 //! backend (`models/mock_backend.rs`) and the CUDA backend's pinned/managed
 //! block pool over a fake upstream (`models/block_pool.rs`); 2–3 threads
 //! each. The list, and which model covers which type, is in the crate
@@ -18,6 +19,8 @@
 mod block_pool;
 #[path = "models/in_place.rs"]
 mod in_place;
+#[path = "models/ledger.rs"]
+mod ledger;
 #[path = "models/mock_backend.rs"]
 mod mock_backend;
 #[path = "models/thread_exit.rs"]
@@ -25,11 +28,14 @@ mod thread_exit;
 
 use std::collections::HashSet;
 
+use gpupool_core::epoch_crate::Collector;
 use gpupool_core::internals::{GuardedStack, PushOnlyBag};
-use gpupool_core::{DeviceId, EventPool, StreamPool};
+use gpupool_core::{DeviceId, EventFlags, EventPool, StreamPool, StreamPoolConfig};
 use gpupool_mock::{CallKind, CompletionPolicy, MockBackend};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
+
+use ledger::{assert_all_destroyed, detached_streams, Ledger};
 
 /// Spawns a loom thread that borrows from the caller's stack frame (loom has no
 /// scoped threads). The returned guard joins the thread when dropped.
@@ -71,6 +77,25 @@ fn model_deep(f: impl Fn() + Sync + Send + 'static) {
         .preemption_bound
         .map(|p| p.max(loom_tests::DEEP_PREEMPTIONS));
     builder.check(f);
+}
+
+/// A stream pool over `mock` whose stacks use a collector of its own.
+///
+/// Not crossbeam-epoch's global collector: pinning that one gives each model
+/// thread crossbeam's thread-local handle, whose destructor (like the pools'
+/// own thread-local, which orphans the thread's cells) makes loom atomic
+/// accesses when the thread ends, and loom drops a thread's thread-locals in
+/// an order that changes from one execution to the next, which it then
+/// reports as a model that is not deterministic. With a collector of its own
+/// a pool pins by registering for the one call; the pools' code is the same.
+fn stream_pool(mock: &MockBackend, config: StreamPoolConfig) -> StreamPool<MockBackend> {
+    StreamPool::with_collector(mock.clone(), config, Collector::new())
+}
+
+/// An event pool over `mock` with a collector of its own (see
+/// [`stream_pool`]).
+fn event_pool(mock: &MockBackend) -> EventPool<MockBackend> {
+    EventPool::with_collector(mock.clone(), EventFlags::default(), Collector::new())
 }
 
 fn idle_mock(devices: u32) -> MockBackend {
@@ -117,7 +142,7 @@ fn bag_push_races_take_all() {
 fn stream_pool_two_threads_one_device() {
     loom::model(|| {
         let mock = idle_mock(1);
-        let pool = StreamPool::new(mock.clone());
+        let pool = stream_pool(&mock, StreamPoolConfig::default());
         drop(pool.get(0).unwrap()); // one idle stream in the ready list
         let in_use = Mutex::new(HashSet::new());
         let work = || {
@@ -145,7 +170,7 @@ fn stream_pool_two_threads_one_device() {
 fn stream_get_races_purge() {
     loom::model(|| {
         let mock = idle_mock(1);
-        let pool = StreamPool::new(mock.clone());
+        let pool = stream_pool(&mock, StreamPoolConfig::default());
         drop(pool.get(0).unwrap());
         let t = spawn_scoped(|| drop(pool.get(0).unwrap()));
         pool.purge().unwrap();
@@ -161,7 +186,7 @@ fn stream_get_races_purge() {
 fn stream_put_to_busy_races_scan() {
     loom::model(|| {
         let mock = MockBackend::new(1);
-        let pool = StreamPool::new(mock.clone());
+        let pool = stream_pool(&mock, StreamPoolConfig::default());
         let a = pool.get(0).unwrap();
         let b = pool.get(0).unwrap();
         let (sa, sb) = (a.handle(), b.handle());
@@ -186,7 +211,7 @@ fn stream_put_to_busy_races_scan() {
 fn lazy_device_table_two_threads() {
     loom::model(|| {
         let mock = idle_mock(2);
-        let pool = StreamPool::new(mock.clone());
+        let pool = stream_pool(&mock, StreamPoolConfig::default());
         let t = spawn_scoped(|| pool.get(1).unwrap().device());
         let mine = pool.get(0).unwrap().device();
         assert_eq!(t.join(), DeviceId(1));
@@ -203,7 +228,7 @@ fn lazy_device_table_two_threads() {
 fn shared_event_last_two_clones() {
     loom::model(|| {
         let mock = idle_mock(1);
-        let pool = EventPool::new(mock.clone());
+        let pool = event_pool(&mock);
         let shared = pool.get_shared(0).unwrap();
         let event = shared.handle();
         let other = shared.clone();
@@ -211,14 +236,12 @@ fn shared_event_last_two_clones() {
         drop(shared);
         t.join();
         assert_eq!(pool.live_leases(), 0);
-        // Returned exactly once: the next lease reuses it, the one after is new.
-        let first = pool.get(0).unwrap();
-        let second = pool.get(0).unwrap();
-        assert_eq!(first.handle(), event);
-        assert_ne!(second.handle(), event);
-        drop((first, second));
-        assert_eq!(pool.purge().unwrap(), 2);
-        assert_eq!(mock.live_events(), 0);
+        // Returned exactly once (to the cell of the thread that dropped the
+        // last clone): one event pooled, destroyed once.
+        assert_eq!(pool.total_stats().pooled, 1);
+        assert_eq!(pool.purge().unwrap(), 1);
+        assert_all_destroyed(&mock);
+        let _ = event;
     });
 }
 
@@ -226,7 +249,7 @@ fn shared_event_last_two_clones() {
 fn event_pool_two_threads_get_put() {
     loom::model(|| {
         let mock = idle_mock(1);
-        let pool = EventPool::new(mock.clone());
+        let pool = event_pool(&mock);
         drop(pool.get(0).unwrap());
         let work = || pool.get(0).unwrap().handle();
         let t = spawn_scoped(work);
@@ -249,7 +272,7 @@ fn event_pool_two_threads_get_put() {
 fn parked_error_two_drops() {
     loom::model(|| {
         let mock = idle_mock(1);
-        let pool = StreamPool::new(mock.clone());
+        let pool = stream_pool(&mock, StreamPoolConfig::default());
         let a = pool.get(0).unwrap();
         let b = pool.get(0).unwrap();
         // Both returns fail their query; both streams must still come back.
@@ -267,65 +290,70 @@ fn parked_error_two_drops() {
     });
 }
 
+/// The stream pool (default configuration: cells keep streams found idle on
+/// return). A thread puts two streams (its cell registered on the way: the
+/// registration races the purge), leases both from its cell (`take`),
+/// returns one (`give`) and keeps the other, while this thread purges. A
+/// purge never destroys a stream that is out (the ledger), the tallies are
+/// exact and every stream is destroyed once.
 #[test]
 fn thread_cache_owner_races_a_drain() {
-    use gpupool_core::internals::CacheModel;
     loom::model(|| {
-        let cache = Arc::new(CacheModel::new());
-        let cell = cache.cell(0);
-        assert!(cell.give(1));
-        assert!(cell.give(2));
-        let c2 = cache.clone();
-        // The owner thread takes both, gives one back and keeps the other.
-        let owner = thread::spawn(move || {
-            let a = cell.take();
-            let b = cell.take();
-            if let Some(a) = a {
-                assert!(cell.give(a));
-            }
-            (a, b)
+        let mock = idle_mock(1);
+        let pool = stream_pool(&mock, StreamPoolConfig::default());
+        let [s1, s2] = detached_streams(&pool);
+        let ledger = Ledger::new([s1.handle(), s2.handle()]);
+        let (pool, ledger, mock) = (&pool, &ledger, &mock);
+        let owner = spawn_scoped(move || {
+            ledger.put(pool, s1);
+            ledger.put(pool, s2);
+            let a = pool.get(0).unwrap();
+            ledger.out(a.handle());
+            let b = pool.get(0).unwrap();
+            ledger.out(b.handle());
+            ledger.back(a.handle());
+            drop(a);
+            b.detach()
         });
-        let drained = c2.drain();
-        let (_, kept) = owner.join().unwrap();
-        let last = cache.drain();
-        let mut all: Vec<usize> = drained
-            .iter()
-            .copied()
-            .chain(kept)
-            .chain(last.iter().copied())
-            .collect();
-        all.sort();
-        assert_eq!(all, [1, 2], "a cached handle was lost or duplicated");
+        ledger.purge(pool, mock);
+        let kept = owner.join();
+        ledger.put(pool, kept);
+        // Two detached here, two leased by the owner.
+        ledger.finish(pool, mock, 4);
     });
 }
 
-/// A thread registers its cell (the non-adopting kind: the stream pool with
-/// `same_thread_reuse`) and keeps and takes handles in it while another
-/// thread drains the cache (a purge) and collects orphans: the registration
-/// and the drain are ordered by the registry's lock, every handle ends up
-/// exactly once in the drains or with the owner, and the owner's tallies are
-/// exact.
+/// The stream pool with `same_thread_reuse` (cells keep returned streams
+/// unqueried, for the thread that leased them). A thread's first lease
+/// registers its cell, racing a purge's drain of the registry; it returns the
+/// stream (kept in its cell) and leases it back. Every stream is destroyed
+/// once, never while out; the tallies are exact.
 #[test]
 fn thread_cache_registration_races_a_drain() {
-    use gpupool_core::internals::CacheModel;
     model_deep(|| {
-        let cache = CacheModel::without_adoption();
-        let owner = spawn_scoped(|| {
-            let cell = cache.cell(0);
-            assert!(cell.give(1));
-            assert!(cell.give(2));
-            let took = cell.take();
-            (cell, took)
+        let mock = idle_mock(1);
+        let config = StreamPoolConfig {
+            same_thread_reuse: true,
+            ..StreamPoolConfig::default()
+        };
+        let pool = stream_pool(&mock, config);
+        let [s1] = detached_streams(&pool);
+        let ledger = Ledger::new([s1.handle()]);
+        ledger.put(&pool, s1); // the ready list
+        let (pool, ledger, mock) = (&pool, &ledger, &mock);
+        let owner = spawn_scoped(move || {
+            let a = pool.get(0).unwrap();
+            ledger.out(a.handle());
+            ledger.back(a.handle());
+            drop(a);
+            let again = pool.get(0).unwrap();
+            ledger.out(again.handle());
+            again.detach()
         });
-        let mut drained = cache.drain();
-        assert!(cache.take_orphans().is_empty(), "no owner exited");
-        let (cell, took) = owner.join();
-        let served = usize::from(took.is_some());
-        assert_eq!(cache.served_and_kept(0), (served, 2));
-        drained.extend(took);
-        drained.extend(cache.drain());
-        drained.sort();
-        assert_eq!(drained, [1, 2], "a cached handle was lost or duplicated");
-        assert_eq!(cell.take(), None);
+        ledger.purge(pool, mock);
+        let kept = owner.join();
+        ledger.put(pool, kept);
+        // One detached here, two leased by the owner.
+        ledger.finish(pool, mock, 3);
     });
 }

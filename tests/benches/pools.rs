@@ -145,7 +145,7 @@ fn stream_lease_return(c: &mut Criterion) {
             ("create_destroy", &create),
         ],
     );
-    assert_eq!(pool.live_leases(), 0);
+    assert_eq!(pool.live_leases() + sticky.live_leases(), 0);
     pool.purge().expect("purge");
     sticky.purge().expect("purge");
     dali.purge().expect("purge");

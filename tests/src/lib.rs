@@ -35,10 +35,12 @@
 //! instead (each test then prints why and passes).
 
 use gpupool_core::{
-    Backend, DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend, StreamHandle,
+    Backend, DeviceId, EventBackend, EventFlags, EventHandle, EventPool, Scratchpad, StreamBackend,
+    StreamHandle, StreamPool,
 };
 use gpupool_mock::MockBackend;
 
+pub mod any_pool;
 pub mod baselines;
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -358,6 +360,39 @@ pub fn machine(devices_needed: u32, mock_devices: u32) -> Option<Gpu> {
     }
 }
 
+/// The backend of the machine of this build.
+pub type GpuBackend = <Gpu as TestGpu>::Backend;
+
+/// Runs `test` on the machine of this build ([`gpu`]) with a stream pool
+/// over it; skips it where [`gpu`] does.
+pub fn with_stream_pool(devices_needed: u32, test: impl FnOnce(Gpu, StreamPool<GpuBackend>)) {
+    if let Some(gpu) = gpu(devices_needed) {
+        let streams = StreamPool::new(gpu.backend());
+        test(gpu, streams);
+    }
+}
+
+/// Runs `test` on the machine of this build ([`gpu`]) with an event pool
+/// over it; skips it where [`gpu`] does.
+pub fn with_event_pool(devices_needed: u32, test: impl FnOnce(Gpu, EventPool<GpuBackend>)) {
+    if let Some(gpu) = gpu(devices_needed) {
+        let events = EventPool::new(gpu.backend());
+        test(gpu, events);
+    }
+}
+
+/// Runs `test` on the machine of this build ([`gpu`]) with a stream pool and
+/// an event pool over it; skips it where [`gpu`] does.
+pub fn with_pools(
+    devices_needed: u32,
+    test: impl FnOnce(Gpu, StreamPool<GpuBackend>, EventPool<GpuBackend>),
+) {
+    with_stream_pool(devices_needed, |gpu, streams| {
+        let events = EventPool::new(gpu.backend());
+        test(gpu, streams, events);
+    });
+}
+
 /// Prints that the running test is skipped, and why. Written to the process's
 /// stderr directly, not through `eprintln!`, so the test harness does not
 /// capture it: a skip shows in the log of a run that passed.
@@ -447,10 +482,69 @@ pub fn assert_no_misuse<G: TestGpu>(gpu: &G) {
     }
 }
 
+/// The message of `e` and of each of its sources in turn, after asserting
+/// that no message repeats its source's and that the alternate form (`{e:#}`),
+/// for logs that have only `Display`, prints that chain once, joined by ": ".
+#[track_caller]
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut chain = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        chain.push(err.to_string());
+        next = err.source();
+    }
+    for pair in chain.windows(2) {
+        assert!(
+            !pair[0].contains(&pair[1]),
+            "{pair:?}: a message repeats its source"
+        );
+    }
+    assert_eq!(format!("{e:#}"), chain.join(": "), "the alternate form");
+    chain
+}
+
+/// Asserts that neither pool has a lease out or an error parked, and that the
+/// machine saw no misuse (where it detects misuse).
+#[track_caller]
+pub fn assert_pools_clean<G: TestGpu>(
+    gpu: &G,
+    streams: &StreamPool<G::Backend>,
+    events: &EventPool<G::Backend>,
+) {
+    assert_eq!(
+        streams.live_leases() + events.live_leases(),
+        0,
+        "leases out"
+    );
+    assert!(streams.take_error().is_none() && events.take_error().is_none());
+    assert_no_misuse(gpu);
+}
+
 /// A fresh mock machine with `devices` devices (work stays pending until a test
 /// completes it).
 pub fn mock(devices: u32) -> MockBackend {
     MockBackend::new(devices)
+}
+
+/// A fresh mock machine ([`mock`]) and a stream pool over it.
+pub fn mock_stream_pool(devices: u32) -> (MockBackend, StreamPool<MockBackend>) {
+    let gpu = mock(devices);
+    let streams = StreamPool::new(gpu.clone());
+    (gpu, streams)
+}
+
+/// A fresh mock machine ([`mock`]) and an event pool over it.
+pub fn mock_event_pool(devices: u32) -> (MockBackend, EventPool<MockBackend>) {
+    let gpu = mock(devices);
+    let events = EventPool::new(gpu.clone());
+    (gpu, events)
+}
+
+/// A fresh mock machine ([`mock`]), a stream pool and an event pool over it.
+pub fn mock_pools(devices: u32) -> (MockBackend, StreamPool<MockBackend>, EventPool<MockBackend>) {
+    let (gpu, streams) = mock_stream_pool(devices);
+    let events = EventPool::new(gpu.clone());
+    (gpu, streams, events)
 }
 
 /// A stream made directly on the mock's device 0, not leased from a pool: the
@@ -492,6 +586,21 @@ impl<'g> MockStream<'g> {
         // reported as a misuse or an error); no driver ever sees it.
         unsafe { gpupool_core::AccessOrder::from_raw(self.gpu, self.stream, DeviceId(0)) }
     }
+}
+
+/// Runs `test` with a fresh one-device mock ([`mock`]) and a stream of its
+/// device 0 ([`MockStream`]).
+pub fn with_mock_stream(test: impl for<'g> FnOnce(&'g MockBackend, MockStream<'g>)) {
+    let gpu = mock(1);
+    test(&gpu, MockStream::new(&gpu));
+}
+
+/// Runs `test` with a fresh one-device mock ([`mock`]), a stream of its
+/// device 0 ([`MockStream`]) and a scratchpad in that stream's order.
+pub fn with_scratchpad(
+    test: impl for<'g> FnOnce(&'g MockBackend, MockStream<'g>, Scratchpad<'g, MockBackend>),
+) {
+    with_mock_stream(|gpu, s| test(gpu, s, Scratchpad::new(gpu, s.order()).unwrap()));
 }
 
 /// A small deterministic random number generator (xorshift64*) for workloads;

@@ -3,8 +3,14 @@
 
 use super::*;
 
-fn shelf(max_blocks: usize, max_bytes: usize) -> Shelf<u32> {
-    Shelf::new(max_blocks, max_bytes)
+/// A shelf with these bounds, holding `blocks` (stream, size, block), put in
+/// this order and none refused.
+fn shelf(max_blocks: usize, max_bytes: usize, blocks: &[(u64, usize, u32)]) -> Shelf<u32> {
+    let mut s = Shelf::new(max_blocks, max_bytes);
+    for &(stream, size, block) in blocks {
+        kept(s.put(stream, size, block));
+    }
+    s
 }
 
 fn kept(p: Put<u32>) -> Vec<u32> {
@@ -12,9 +18,16 @@ fn kept(p: Put<u32>) -> Vec<u32> {
     p.evicted
 }
 
+/// The special streams: the driver's current context's default streams.
+const SPECIAL: [StreamHandle; 3] = [
+    StreamHandle::NULL,
+    StreamHandle::LEGACY,
+    StreamHandle::PER_THREAD,
+];
+
 #[test]
 fn hits_only_on_the_same_stream_and_size() {
-    let mut s = shelf(8, 1 << 20);
+    let mut s = shelf(8, 1 << 20, &[]);
     assert!(kept(s.put(1, 4096, 10)).is_empty());
     assert_eq!(s.take(2, 4096), None, "another stream");
     assert_eq!(s.take(1, 4097), None, "another size");
@@ -26,11 +39,11 @@ fn hits_only_on_the_same_stream_and_size() {
 
 #[test]
 fn most_recently_freed_first() {
-    let mut s = shelf(8, 1 << 20);
-    for b in [1, 2, 3] {
-        kept(s.put(7, 256, b));
-    }
-    kept(s.put(8, 256, 4));
+    let mut s = shelf(
+        8,
+        1 << 20,
+        &[(7, 256, 1), (7, 256, 2), (7, 256, 3), (8, 256, 4)],
+    );
     assert_eq!(s.take(7, 256), Some(3));
     assert_eq!(s.take(7, 256), Some(2));
     assert_eq!(s.take(7, 256), Some(1));
@@ -40,10 +53,7 @@ fn most_recently_freed_first() {
 
 #[test]
 fn the_block_bound_evicts_the_oldest_of_the_same_stream() {
-    let mut s = shelf(3, 1 << 20);
-    kept(s.put(1, 100, 10));
-    kept(s.put(2, 100, 20));
-    kept(s.put(1, 200, 11));
+    let mut s = shelf(3, 1 << 20, &[(1, 100, 10), (2, 100, 20), (1, 200, 11)]);
     // Full: stream 1's oldest goes.
     assert_eq!(kept(s.put(1, 300, 12)), vec![10]);
     assert_eq!((s.len(), s.bytes()), (3, 600));
@@ -60,7 +70,7 @@ fn the_block_bound_evicts_the_oldest_of_the_same_stream() {
 
 #[test]
 fn the_byte_bound_is_respected() {
-    let mut s = shelf(100, 1000);
+    let mut s = shelf(100, 1000, &[]);
     assert_eq!(s.put(1, 1001, 1).refused, Some(1), "larger than the bound");
     kept(s.put(1, 400, 2));
     kept(s.put(2, 400, 3));
@@ -86,17 +96,14 @@ fn the_byte_bound_is_respected() {
 
 #[test]
 fn a_zero_bound_caches_nothing() {
-    let mut s = shelf(0, 1 << 20);
+    let mut s = shelf(0, 1 << 20, &[]);
     assert_eq!(s.put(1, 1, 1).refused, Some(1));
     assert_eq!(s.len(), 0);
 }
 
 #[test]
 fn draining_a_stream_leaves_the_others() {
-    let mut s = shelf(8, 1 << 20);
-    kept(s.put(1, 100, 10));
-    kept(s.put(2, 200, 20));
-    kept(s.put(1, 300, 11));
+    let mut s = shelf(8, 1 << 20, &[(1, 100, 10), (2, 200, 20), (1, 300, 11)]);
     assert_eq!(s.drain_stream(1), vec![(100, 10), (300, 11)]);
     assert_eq!((s.len(), s.bytes()), (1, 200));
     assert_eq!(s.drain_stream(1), Vec::<(usize, u32)>::new());
@@ -105,10 +112,7 @@ fn draining_a_stream_leaves_the_others() {
 
 #[test]
 fn draining_returns_everything() {
-    let mut s = shelf(8, 1 << 20);
-    kept(s.put(1, 100, 10));
-    kept(s.put(2, 200, 20));
-    kept(s.put(1, 100, 11));
+    let mut s = shelf(8, 1 << 20, &[(1, 100, 10), (2, 200, 20), (1, 100, 11)]);
     assert_eq!(s.drain(), vec![(1, 100, 10), (2, 200, 20), (1, 100, 11)]);
     assert_eq!((s.len(), s.bytes()), (0, 0));
     assert_eq!(s.take(1, 100), None);
@@ -116,11 +120,7 @@ fn draining_returns_everything() {
 
 #[test]
 fn special_streams_are_never_cached() {
-    for s in [
-        StreamHandle::NULL,
-        StreamHandle::LEGACY,
-        StreamHandle::PER_THREAD,
-    ] {
+    for s in SPECIAL {
         assert!(!cacheable(s));
     }
     // SAFETY: only looked at, never passed to a backend or the driver.
@@ -131,11 +131,7 @@ fn special_streams_are_never_cached() {
     // call (none is loaded here).
     let cache = DeviceCache::new();
     let frees = AtomicU64::new(0);
-    for s in [
-        StreamHandle::NULL,
-        StreamHandle::LEGACY,
-        StreamHandle::PER_THREAD,
-    ] {
+    for s in SPECIAL {
         // SAFETY: a special stream is usable on every device, and refused
         // before any driver call.
         assert_eq!(unsafe { cache.take(s, 256) }, None);

@@ -94,69 +94,7 @@ pub fn wait_gate(gate: &Gate) {
 
 /// `fill(unsigned *x, unsigned n)`: `x[i] = i + 1`.
 /// `twice_plus_one(unsigned *y, const unsigned *x, unsigned n)`: `y[i] = 2 * x[i] + 1`.
-const KERNELS_PTX: &str = "
-.version 7.0
-.target sm_70
-.address_size 64
-
-.visible .entry fill(
-    .param .u64 fill_param_0,
-    .param .u32 fill_param_1
-)
-{
-    .reg .pred  %p<2>;
-    .reg .b32   %r<7>;
-    .reg .b64   %rd<5>;
-
-    ld.param.u64        %rd1, [fill_param_0];
-    ld.param.u32        %r1, [fill_param_1];
-    mov.u32             %r2, %ctaid.x;
-    mov.u32             %r3, %ntid.x;
-    mov.u32             %r4, %tid.x;
-    mad.lo.s32          %r5, %r2, %r3, %r4;
-    setp.ge.u32         %p1, %r5, %r1;
-    @%p1 bra            FILL_DONE;
-    cvta.to.global.u64  %rd2, %rd1;
-    mul.wide.u32        %rd3, %r5, 4;
-    add.s64             %rd4, %rd2, %rd3;
-    add.s32             %r6, %r5, 1;
-    st.global.u32       [%rd4], %r6;
-FILL_DONE:
-    ret;
-}
-
-.visible .entry twice_plus_one(
-    .param .u64 twice_plus_one_param_0,
-    .param .u64 twice_plus_one_param_1,
-    .param .u32 twice_plus_one_param_2
-)
-{
-    .reg .pred  %p<2>;
-    .reg .b32   %r<9>;
-    .reg .b64   %rd<8>;
-
-    ld.param.u64        %rd1, [twice_plus_one_param_0];
-    ld.param.u64        %rd2, [twice_plus_one_param_1];
-    ld.param.u32        %r1, [twice_plus_one_param_2];
-    mov.u32             %r2, %ctaid.x;
-    mov.u32             %r3, %ntid.x;
-    mov.u32             %r4, %tid.x;
-    mad.lo.s32          %r5, %r2, %r3, %r4;
-    setp.ge.u32         %p1, %r5, %r1;
-    @%p1 bra            TWICE_DONE;
-    cvta.to.global.u64  %rd3, %rd1;
-    cvta.to.global.u64  %rd4, %rd2;
-    mul.wide.u32        %rd5, %r5, 4;
-    add.s64             %rd6, %rd4, %rd5;
-    ld.global.u32       %r6, [%rd6];
-    shl.b32             %r7, %r6, 1;
-    add.s32             %r8, %r7, 1;
-    add.s64             %rd7, %rd3, %rd5;
-    st.global.u32       [%rd7], %r8;
-TWICE_DONE:
-    ret;
-}
-";
+const KERNELS_PTX: &str = include_str!("../ptx/kernels.ptx");
 
 /// The test kernels, loaded into one device's primary context.
 pub struct Kernels {

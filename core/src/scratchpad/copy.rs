@@ -190,28 +190,21 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     ) -> Result<PackedDevice<'_, T>, Error<B::Error>> {
         let (total, ranges) = pack_ranges(parts)?;
         let dst = self.device_slice::<T>(total)?;
-        let bytes = dst.byte_len();
-        if bytes == 0 {
+        if dst.byte_len() == 0 {
             return Ok((dst, ranges));
         }
-        self.upload(
-            dst.ptr.cast(),
-            bytes,
-            align_of::<T>(),
-            dst.device,
-            |staging| {
-                let base = staging.as_ptr().cast::<T>();
-                for (part, r) in parts.iter().zip(&ranges) {
-                    // SAFETY: the staging block holds `total` `T`s, aligned for
-                    // `T`; `r` lies in `0..total`; `part` has `r.len()` elements
-                    // and is a different object. The ranges cover `0..total`, so
-                    // every byte is written, with initialised bytes (`NoUninit`).
-                    unsafe {
-                        core::ptr::copy_nonoverlapping(part.as_ptr(), base.add(r.start), r.len())
-                    };
-                }
-            },
-        )?;
+        self.upload(&dst, align_of::<T>(), |staging| {
+            let base = staging.as_ptr().cast::<T>();
+            for (part, r) in parts.iter().zip(&ranges) {
+                // SAFETY: the staging block holds `total` `T`s, aligned for
+                // `T`; `r` lies in `0..total`; `part` has `r.len()` elements
+                // and is a different object. The ranges cover `0..total`, so
+                // every byte is written, with initialised bytes (`NoUninit`).
+                unsafe {
+                    core::ptr::copy_nonoverlapping(part.as_ptr(), base.add(r.start), r.len())
+                };
+            }
+        })?;
         Ok((dst, ranges))
     }
 
@@ -271,7 +264,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if total == 0 {
             return Ok((dst, ranges));
         }
-        self.upload(dst.ptr, total, align, dst.device, |staging| {
+        self.upload(&dst, align, |staging| {
             let base = staging.as_ptr();
             let mut at = 0;
             for (part, r) in parts.iter().zip(&ranges) {
@@ -324,8 +317,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if src.owner != self.id {
             return Err(Error::ForeignHandle);
         }
-        let bytes = src.byte_len();
-        if bytes == 0 {
+        if src.byte_len() == 0 {
             return Ok(());
         }
         let device = self.device_id()?;
@@ -335,8 +327,8 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 actual: src.device,
             });
         }
-        self.download(src.ptr.cast(), bytes, align_of::<T>(), device, |staged| {
-            // SAFETY: `staged` holds the `bytes` bytes of `src`, aligned for
+        self.download(src, |staged| {
+            // SAFETY: `staged` holds the bytes of `src`, aligned for
             // `T` (the staging alignment is at least `align_of::<T>()`), and
             // the copy into it has completed. They are initialised: every
             // writer of device memory writes initialised bytes (`NoUninit`
@@ -387,34 +379,91 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         }
     }
 
-    /// Copies `bytes` bytes to `dst` (device memory of this scratchpad on
-    /// `device`, released only in the device order) in the device order,
-    /// through a fresh pinned staging block that `fill` writes first: `fill`
-    /// gets the block (`bytes` bytes aligned to at least `align`) and must
-    /// initialise all of it. The staging block is freed in the device order,
-    /// after the copy (or, in host order, after the wait).
-    fn upload(
+    /// A fresh pinned staging block for a copy of `bytes` bytes on `device`,
+    /// aligned to at least `align`.
+    fn staging(
         &self,
-        dst: NonNull<u8>,
         bytes: usize,
         align: usize,
         device: DeviceId,
-        fill: impl FnOnce(NonNull<u8>),
-    ) -> Result<(), Error<B::Error>> {
-        let (stream, wait_here) = self.copy_stream();
+    ) -> Result<Staging, Error<B::Error>> {
         let align = align.max(STAGING_ALIGN);
-        let staging = self
+        let ptr = self
             .backend
             .allocate(MemoryKind::Pinned, device, bytes, align)
             .map_err(Error::backend(BackendOp::Allocate))?;
-        fill(staging);
+        Ok(Staging {
+            ptr,
+            bytes,
+            align,
+            device,
+        })
+    }
+
+    /// Frees a staging block: in stream order on `stream`, or (`None`) at
+    /// once.
+    ///
+    /// # Safety
+    /// 1. `staging` came from [`staging`](Self::staging) of this scratchpad;
+    /// 2. `stream`, if any, is a usable stream of the block's device, and
+    ///    every copy that uses the block is ordered before this point of it;
+    ///    without a stream, no copy that uses the block is pending;
+    /// 3. nothing else uses the block afterwards.
+    unsafe fn free_staging(
+        &self,
+        staging: Staging,
+        stream: Option<StreamHandle>,
+    ) -> Result<(), Error<B::Error>> {
+        let Staging {
+            ptr,
+            bytes,
+            align,
+            device,
+        } = staging;
+        let kind = MemoryKind::Pinned;
+        // SAFETY: the block came from `allocate` with these arguments (1.);
+        // the stream is usable, and nothing uses the block after this free
+        // takes effect (2., 3.).
+        unsafe {
+            match stream {
+                Some(s) => self
+                    .backend
+                    .deallocate_async(kind, device, ptr, bytes, align, s)
+                    .map_err(Error::backend(BackendOp::DeallocateAsync)),
+                None => self
+                    .backend
+                    .deallocate(kind, device, ptr, bytes, align)
+                    .map_err(Error::backend(BackendOp::Deallocate)),
+            }
+        }
+    }
+
+    /// Copies `dst`'s bytes from the host (`dst` is device memory of this
+    /// scratchpad, released only in the device order) in the device order,
+    /// through a fresh pinned staging block that `fill` writes first: `fill`
+    /// gets the block (`dst.byte_len()` bytes aligned to at least `align`)
+    /// and must initialise all of it. The staging block is freed in the
+    /// device order, after the copy (or, in host order, after the wait).
+    fn upload<T>(
+        &self,
+        dst: &DeviceSlice<'_, T>,
+        align: usize,
+        fill: impl FnOnce(NonNull<u8>),
+    ) -> Result<(), Error<B::Error>> {
+        let (stream, wait_here) = self.copy_stream();
+        let (bytes, device) = (dst.byte_len(), dst.device);
+        let staging = self.staging(bytes, align, device)?;
+        fill(staging.ptr);
         // SAFETY: `stream` is usable on `device` (`copy_stream`); `dst` is
         // `bytes` of this scratchpad's device memory, released only in the
         // device order (after the copy) or, in host order, after the wait
         // below; the staging block is `bytes` of pinned memory nobody else
         // knows of, all initialised by `fill`, freed only after the copy
         // (below). They do not overlap.
-        let copied = unsafe { self.backend.copy_async(dst, staging, bytes, stream, device) };
+        let copied = unsafe {
+            self.backend
+                .copy_async(dst.ptr.cast(), staging.ptr, bytes, stream, device)
+        };
         let waited = match (&copied, wait_here) {
             // SAFETY: the null stream is a usable stream of every device.
             (Ok(()), true) => unsafe { self.backend.synchronize_stream(stream, device) }
@@ -422,21 +471,14 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             _ => Ok(()),
         };
         let freed = if copied.is_ok() && !wait_here {
-            // SAFETY: the staging block came from `allocate` with these
-            // arguments; the copy that reads it is ordered before this free on
-            // `stream` (usable, see above), and nothing else uses it.
-            unsafe {
-                self.backend
-                    .deallocate_async(MemoryKind::Pinned, device, staging, bytes, align, stream)
-                    .map_err(Error::backend(BackendOp::DeallocateAsync))
-            }
+            // SAFETY: the block came from `staging`; the copy that reads it
+            // is ordered before this free on `stream` (usable, see above),
+            // and nothing else uses it.
+            unsafe { self.free_staging(staging, Some(stream)) }
         } else if waited.is_ok() {
-            // SAFETY: as above; no copy was issued, or it was waited for.
-            unsafe {
-                self.backend
-                    .deallocate(MemoryKind::Pinned, device, staging, bytes, align)
-                    .map_err(Error::backend(BackendOp::Deallocate))
-            }
+            // SAFETY: the block came from `staging`; no copy was issued, or
+            // it was waited for.
+            unsafe { self.free_staging(staging, None) }
         } else {
             // The copy may still be reading the staging block and the wait
             // failed: freeing it could hand it out under the copy. Leaking
@@ -446,31 +488,28 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         staged_copy_result(copied, waited, freed)
     }
 
-    /// Copies `bytes` bytes of `src` (device memory of `device`, valid while
+    /// Copies `src` (device memory of this scratchpad's device, valid while
     /// the caller's borrow lasts) into a fresh pinned staging block in the
-    /// device order, waits for the copy's stream, hands the block (`bytes`
-    /// bytes aligned to at least `align`, the copy complete) to `read`, and
-    /// frees it. `read` runs only if the copy and the wait succeeded.
-    fn download(
+    /// device order, waits for the copy's stream, hands the block
+    /// (`src.byte_len()` bytes aligned for `T`, the copy complete) to `read`,
+    /// and frees it. `read` runs only if the copy and the wait succeeded.
+    fn download<T>(
         &self,
-        src: NonNull<u8>,
-        bytes: usize,
-        align: usize,
-        device: DeviceId,
+        src: &DeviceSlice<'_, T>,
         read: impl FnOnce(NonNull<u8>),
     ) -> Result<(), Error<B::Error>> {
         let (stream, _) = self.copy_stream();
-        let align = align.max(STAGING_ALIGN);
-        let staging = self
-            .backend
-            .allocate(MemoryKind::Pinned, device, bytes, align)
-            .map_err(Error::backend(BackendOp::Allocate))?;
+        let (bytes, device) = (src.byte_len(), src.device);
+        let staging = self.staging(bytes, align_of::<T>(), device)?;
         // SAFETY: `stream` is usable on `device` (`copy_stream`); `src` is
         // `bytes` of device memory of `device` that the caller's borrow keeps
         // allocated until this returns, which is after the copy has run (the
         // wait below) unless the wait fails; the staging block is `bytes` of
         // pinned memory nobody else knows of. They do not overlap.
-        let copied = unsafe { self.backend.copy_async(staging, src, bytes, stream, device) };
+        let copied = unsafe {
+            self.backend
+                .copy_async(staging.ptr, src.ptr.cast(), bytes, stream, device)
+        };
         let waited = match &copied {
             // SAFETY: `stream` as above.
             Ok(()) => unsafe { self.backend.synchronize_stream(stream, device) }
@@ -478,17 +517,12 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             Err(_) => Ok(()),
         };
         if copied.is_ok() && waited.is_ok() {
-            read(staging);
+            read(staging.ptr);
         }
         let freed = if waited.is_ok() {
-            // SAFETY: the staging block came from `allocate` with these
-            // arguments; no copy was issued, or it has run (waited for
-            // above); `read` is done with it.
-            unsafe {
-                self.backend
-                    .deallocate(MemoryKind::Pinned, device, staging, bytes, align)
-                    .map_err(Error::backend(BackendOp::Deallocate))
-            }
+            // SAFETY: the block came from `staging`; no copy was issued, or
+            // it has run (waited for above); `read` is done with it.
+            unsafe { self.free_staging(staging, None) }
         } else {
             // The copy may still be writing the staging block and the wait
             // failed: leaking it is the safe choice (as in `upload`).
@@ -496,6 +530,15 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         };
         staged_copy_result(copied, waited, freed)
     }
+}
+
+/// A pinned staging block of a copy between the host and the device: `bytes`
+/// bytes at `ptr`, aligned to `align`, allocated for `device`.
+struct Staging {
+    ptr: NonNull<u8>,
+    bytes: usize,
+    align: usize,
+    device: DeviceId,
 }
 
 /// The least alignment of a pinned staging block (that of CUDA's allocations).

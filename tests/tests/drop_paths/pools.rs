@@ -41,16 +41,18 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use gpupool_core::{
-    lost_errors, set_lost_error_hook, BackendOp, DeviceId, Error, EventHandle, EventPool,
-    StreamHandle, StreamPool, StreamPoolConfig,
+    epoch_crate, lost_errors, set_lost_error_hook, BackendOp, DeviceId, Error, EventHandle,
+    EventPool, StreamHandle, StreamPool, StreamPoolConfig,
 };
 use gpupool_mock::{CallKind, MockBackend, MockError};
+
+use gpupool_tests::any_pool::AnyPool;
 
 use crate::{lock, record, SEEN, SERIAL};
 
 const D0: DeviceId = DeviceId(0);
 
-/// More leases than a per-thread cell keeps (four handles per device today),
+/// More leases than a per-thread cell keeps (four handles per device),
 /// so that some returns must take the shared path. Fewer under Miri, which is
 /// slow.
 const OVERFLOW: usize = if cfg!(miri) { 8 } else { 16 };
@@ -112,16 +114,49 @@ fn nothing_lost() -> Lost {
     }
 }
 
+/// What must hold after drops that lose nothing: no error lost, no stream or
+/// event left, no misuse.
+#[track_caller]
+fn assert_nothing_lost_or_left(gpu: &MockBackend, lost: Lost, case: &dyn std::fmt::Debug) {
+    assert_eq!(lost, nothing_lost(), "{case:?}");
+    assert_eq!((gpu.live_streams(), gpu.live_events()), (0, 0), "{case:?}");
+    assert!(gpu.misuses().is_empty(), "{case:?}: {:?}", gpu.misuses());
+}
+
+/// Runs `f` on a thread of its own, which then exits; what `f` returned.
+fn on_an_exiting_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| s.spawn(f).join().unwrap())
+}
+
+/// What must hold after a pool's drop in which only the destroy of one
+/// handle failed (`op`): exactly that error lost, every fault fired, that
+/// handle alone still live (`live` handles of its kind, `doomed_live` for
+/// it), no misuse.
+#[track_caller]
+fn assert_only_the_doomed_handle_left(
+    gpu: &MockBackend,
+    lost: Lost,
+    op: BackendOp,
+    (live, doomed_live): (usize, bool),
+    case: &dyn std::fmt::Debug,
+) {
+    assert_eq!(lost, one_lost(op), "{case:?}");
+    assert_eq!(
+        gpu.armed_faults(),
+        0,
+        "{case:?}: the doomed handle was reached"
+    );
+    assert_eq!(live, 1, "{case:?}: all but the failed one");
+    assert!(doomed_live, "{case:?}");
+    assert!(gpu.misuses().is_empty(), "{case:?}: {:?}", gpu.misuses());
+}
+
 #[test]
 fn stream_lease_drop_whose_query_fails_parks_the_error_and_quarantines_the_stream() {
     let gpu = MockBackend::new(1);
     let lost = watch(|| {
         let pool = StreamPool::new(gpu.clone());
-        let (a, b, c) = (
-            pool.get(0).unwrap(),
-            pool.get(0).unwrap(),
-            pool.get(0).unwrap(),
-        );
+        let [a, b, c] = [(); 3].map(|_| pool.get(0).unwrap());
         let (ha, hb, hc) = (a.handle(), b.handle(), c.handle());
         gpu.fail_stream(CallKind::QueryStream, ha);
         drop_quietly("a lease whose query fails", a);
@@ -155,9 +190,7 @@ fn stream_lease_drop_whose_query_fails_parks_the_error_and_quarantines_the_strea
         // The pool's drop destroys the quarantined streams too.
         drop_quietly("the pool", pool);
     });
-    assert_eq!(lost, nothing_lost(), "a parked error is not also lost");
-    assert_eq!(gpu.live_streams(), 0);
-    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+    assert_nothing_lost_or_left(&gpu, lost, &"a parked error is not also lost");
 }
 
 #[test]
@@ -205,20 +238,17 @@ fn same_thread_reuse_lease_drop_queries_only_when_the_cell_is_full() {
         assert!(pool.take_error().is_none());
         drop_quietly("the pool", pool);
     });
-    assert_eq!(lost, nothing_lost());
-    assert_eq!(gpu.live_streams(), 0);
-    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+    assert_nothing_lost_or_left(&gpu, lost, &"cell overflow");
 }
 
 #[test]
 fn event_lease_and_shared_event_drops_make_no_backend_call() {
     // More leases than a cell keeps: some returns go to the shared ready
     // list. Neither path calls the backend.
-    const N: usize = OVERFLOW;
     let gpu = MockBackend::new(1);
     let lost = watch(|| {
         let pool = EventPool::new(gpu.clone());
-        let leases: Vec<_> = (0..N).map(|_| pool.get(0).unwrap()).collect();
+        let leases: Vec<_> = (0..OVERFLOW).map(|_| pool.get(0).unwrap()).collect();
         let shared = pool.get_shared(0).unwrap();
         let clones = vec![shared.clone(), shared.clone()];
         for kind in [
@@ -242,15 +272,13 @@ fn event_lease_and_shared_event_drops_make_no_backend_call() {
         assert!(pool.take_error().is_none());
         assert_eq!(pool.live_leases(), 0);
         gpu.clear_faults();
-        // Every event is back: N + 1 leases reuse them all.
-        let again: Vec<_> = (0..=N).map(|_| pool.get(0).unwrap()).collect();
-        assert_eq!(gpu.calls(CallKind::CreateEvent), N as u64 + 1);
+        // Every event is back: OVERFLOW + 1 leases reuse them all.
+        let again: Vec<_> = (0..=OVERFLOW).map(|_| pool.get(0).unwrap()).collect();
+        assert_eq!(gpu.calls(CallKind::CreateEvent), OVERFLOW as u64 + 1);
         drop(again);
         drop_quietly("the pool", pool);
     });
-    assert_eq!(lost, nothing_lost());
-    assert_eq!(gpu.live_events(), 0);
-    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+    assert_nothing_lost_or_left(&gpu, lost, &"event returns");
 }
 
 /// Where a stream can sit when its pool drops.
@@ -266,83 +294,94 @@ enum StreamPlace {
     ExitedThreadCell,
 }
 
+impl StreamPlace {
+    const ALL: [Self; 5] = [
+        Self::Ready,
+        Self::Busy,
+        Self::Quarantined,
+        Self::OwnCell,
+        Self::ExitedThreadCell,
+    ];
+}
+
+/// Puts handles of `pool` in three of the places a handle can sit when its
+/// pool drops: `c`, returned while this thread's cell is empty, in that
+/// cell; one leased and returned by a thread that then exits, in that
+/// thread's cell; and, once more returns have filled the cell, one leased
+/// from the shared lists only and returned, on the ready list. Their handles,
+/// in that order.
+fn in_the_cells_and_the_ready_list<P: AnyPool<MockBackend> + Sync>(
+    pool: &P,
+    c: P::Lease<'_>,
+) -> [P::Handle; 3] {
+    let fill: Vec<_> = (0..OVERFLOW).map(|_| pool.lease(D0)).collect();
+    // A thread returns an idle handle into its cell, and exits.
+    let he = on_an_exiting_thread(|| pool.lease_handle(D0));
+    // This thread's cell: `c`, returned idle while the cell is empty.
+    let hc = P::handle_of(&c);
+    drop(c);
+    // More idle returns fill the cell, then the ready list; a lease from the
+    // shared lists only, returned, goes to the ready list.
+    drop(fill);
+    let hr = pool.lease_handle_in(D0, &epoch_crate::pin());
+    [hc, he, hr]
+}
+
+/// For each of `places`, in the order `build` gives their handles: on a
+/// fresh mock of `devices` devices, `build` makes a pool with a handle in
+/// every place, the destroy of the one in that place fails, and the pool is
+/// dropped. Only that error is lost, and only that handle left.
+fn each_place_fails_its_destroy<P: AnyPool<MockBackend>, const N: usize>(
+    places: [impl std::fmt::Debug; N],
+    devices: u32,
+    build: fn(&MockBackend) -> (P, [P::Handle; N]),
+) {
+    for (i, place) in places.iter().enumerate() {
+        let gpu = MockBackend::new(devices);
+        let mut doomed = None;
+        let lost = watch(|| {
+            let (pool, handles) = build(&gpu);
+            let distinct: std::collections::HashSet<_> = handles.into_iter().collect();
+            assert_eq!(distinct.len(), N);
+            P::fail_destroy_on_mock(&gpu, handles[i]);
+            doomed = Some(handles[i]);
+            drop_quietly(&format!("the {} pool", P::WHAT), pool);
+        });
+        let doomed = doomed.unwrap();
+        let left = (P::live_on(&gpu).unwrap(), P::is_live_on_mock(&gpu, doomed));
+        assert_only_the_doomed_handle_left(&gpu, lost, P::DESTROY, left, place);
+    }
+}
+
+/// A stream pool with a stream in each place, in [`StreamPlace::ALL`]'s
+/// order.
+fn a_stream_in_each_place(gpu: &MockBackend) -> (StreamPool<MockBackend>, [StreamHandle; 5]) {
+    let pool = StreamPool::new(gpu.clone());
+    // This thread's cell is registered by its first `get`, before the other
+    // thread exits (so it never adopts that thread's cell).
+    let [b, q, c] = [(); 3].map(|_| pool.get(0).unwrap());
+    let on_device_1 = pool.get(1).unwrap();
+    let [hc, he, hr] = in_the_cells_and_the_ready_list(&pool, c);
+    // Busy: returned with work pending.
+    let hb = b.handle();
+    gpu.enqueue_work(hb).unwrap();
+    drop(b);
+    // Quarantined: its query on return fails.
+    let hq = q.handle();
+    gpu.fail_stream(CallKind::QueryStream, hq);
+    drop(q);
+    let e = pool.take_error().expect("the quarantine's error");
+    assert!(is_injected(&e, BackendOp::QueryStream), "{e:?}");
+    drop(on_device_1);
+    let s = pool.stats(D0).unwrap();
+    assert_eq!((s.quarantined, s.live_leases), (1, 0));
+    assert_eq!(gpu.live_streams(), OVERFLOW + 5);
+    (pool, [hr, hb, hq, hc, he])
+}
+
 #[test]
 fn stream_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_stream() {
-    for target in [
-        StreamPlace::Ready,
-        StreamPlace::Busy,
-        StreamPlace::Quarantined,
-        StreamPlace::OwnCell,
-        StreamPlace::ExitedThreadCell,
-    ] {
-        let gpu = MockBackend::new(2);
-        let mut doomed = StreamHandle::NULL;
-        let lost = watch(|| {
-            let pool = StreamPool::new(gpu.clone());
-            // This thread's cell is registered by its first `get`, before the
-            // other thread exits (so it never adopts that thread's cell).
-            let (b, q, c) = (
-                pool.get(0).unwrap(),
-                pool.get(0).unwrap(),
-                pool.get(0).unwrap(),
-            );
-            let fill: Vec<_> = (0..OVERFLOW).map(|_| pool.get(0).unwrap()).collect();
-            let on_device_1 = pool.get(1).unwrap();
-            // A thread returns an idle stream into its cell, and exits.
-            let he = std::thread::scope(|s| {
-                s.spawn(|| {
-                    let l = pool.get(0).unwrap();
-                    let h = l.handle();
-                    drop(l);
-                    h
-                })
-                .join()
-                .unwrap()
-            });
-            // This thread's cell: `c`, returned idle while the cell is empty.
-            let hc = c.handle();
-            drop(c);
-            // More idle returns fill the cell, then the ready list; a lease
-            // from the shared lists only, returned, goes to the ready list.
-            drop(fill);
-            let guard = gpupool_core::epoch_crate::pin();
-            let r = pool.get_in(0, &guard).unwrap();
-            let hr = r.handle();
-            drop(r);
-            drop(guard);
-            // Busy: returned with work pending.
-            let hb = b.handle();
-            gpu.enqueue_work(hb).unwrap();
-            drop(b);
-            // Quarantined: its query on return fails.
-            let hq = q.handle();
-            gpu.fail_stream(CallKind::QueryStream, hq);
-            drop(q);
-            let e = pool.take_error().expect("the quarantine's error");
-            assert!(is_injected(&e, BackendOp::QueryStream), "{e:?}");
-            drop(on_device_1);
-            let s = pool.stats(D0).unwrap();
-            assert_eq!((s.quarantined, s.live_leases), (1, 0));
-            assert_eq!(gpu.live_streams(), OVERFLOW + 5);
-            let distinct: std::collections::HashSet<_> = [hr, hb, hq, hc, he].into();
-            assert_eq!(distinct.len(), 5);
-
-            doomed = match target {
-                StreamPlace::Ready => hr,
-                StreamPlace::Busy => hb,
-                StreamPlace::Quarantined => hq,
-                StreamPlace::OwnCell => hc,
-                StreamPlace::ExitedThreadCell => he,
-            };
-            gpu.fail_stream(CallKind::DestroyStream, doomed);
-            drop_quietly("the stream pool", pool);
-        });
-        assert_eq!(lost, one_lost(BackendOp::DestroyStream), "{target:?}");
-        assert_eq!(gpu.armed_faults(), 0, "{target:?}");
-        assert_eq!(gpu.live_streams(), 1, "{target:?}: all but the failed one");
-        assert!(gpu.is_live_stream(doomed), "{target:?}");
-        assert!(gpu.misuses().is_empty(), "{target:?}: {:?}", gpu.misuses());
-    }
+    each_place_fails_its_destroy(StreamPlace::ALL, 2, a_stream_in_each_place);
 }
 
 #[test]
@@ -369,7 +408,7 @@ fn stream_pool_drop_reports_a_failed_destroy_of_a_stream_kept_in_a_thread_cache(
                 h
             };
             doomed = if exited_thread {
-                std::thread::scope(|s| s.spawn(lease_and_return).join().unwrap())
+                on_an_exiting_thread(lease_and_return)
             } else {
                 lease_and_return()
             };
@@ -383,15 +422,8 @@ fn stream_pool_drop_reports_a_failed_destroy_of_a_stream_kept_in_a_thread_cache(
             drop_quietly("the stream pool", pool);
         });
         let case = if exited_thread { "exited" } else { "own" };
-        assert_eq!(lost, one_lost(BackendOp::DestroyStream), "{case}");
-        assert_eq!(
-            gpu.armed_faults(),
-            0,
-            "{case}: the cached stream was reached"
-        );
-        assert_eq!(gpu.live_streams(), 1, "{case}");
-        assert!(gpu.is_live_stream(doomed), "{case}");
-        assert!(gpu.misuses().is_empty(), "{case}: {:?}", gpu.misuses());
+        let left = (gpu.live_streams(), gpu.is_live_stream(doomed));
+        assert_only_the_doomed_handle_left(&gpu, lost, BackendOp::DestroyStream, left, &case);
     }
 }
 
@@ -405,68 +437,37 @@ enum EventPlace {
     ExitedThreadCell,
 }
 
+impl EventPlace {
+    const ALL: [Self; 4] = [
+        Self::Ready,
+        Self::Quarantined,
+        Self::OwnCell,
+        Self::ExitedThreadCell,
+    ];
+}
+
+/// An event pool with an event in each place, in [`EventPlace::ALL`]'s
+/// order.
+fn an_event_in_each_place(gpu: &MockBackend) -> (EventPool<MockBackend>, [EventHandle; 4]) {
+    let pool = EventPool::new(gpu.clone());
+    // As for streams: this thread registers first.
+    let [q, c] = [(); 2].map(|_| pool.get(0).unwrap());
+    let [hc, he, hr] = in_the_cells_and_the_ready_list(&pool, c);
+    // Quarantined: a lease's `destroy` that fails.
+    let hq = q.handle();
+    gpu.fail_event(CallKind::DestroyEvent, hq);
+    let e = q.destroy().unwrap_err();
+    assert!(is_injected(&e, BackendOp::DestroyEvent), "{e:?}");
+    let s = pool.stats(D0).unwrap();
+    assert_eq!((s.quarantined, s.live_leases), (1, 0));
+    assert_eq!(gpu.live_events(), OVERFLOW + 3);
+    assert!(pool.take_error().is_none());
+    (pool, [hr, hq, hc, he])
+}
+
 #[test]
 fn event_pool_drop_reports_a_failed_destroy_of_each_kind_of_pooled_event() {
-    for target in [
-        EventPlace::Ready,
-        EventPlace::Quarantined,
-        EventPlace::OwnCell,
-        EventPlace::ExitedThreadCell,
-    ] {
-        let gpu = MockBackend::new(1);
-        let mut doomed = EventHandle::NULL;
-        let lost = watch(|| {
-            let pool = EventPool::new(gpu.clone());
-            // As for streams: this thread registers first.
-            let (q, c) = (pool.get(0).unwrap(), pool.get(0).unwrap());
-            let fill: Vec<_> = (0..OVERFLOW).map(|_| pool.get(0).unwrap()).collect();
-            let he = std::thread::scope(|s| {
-                s.spawn(|| {
-                    let l = pool.get(0).unwrap();
-                    let h = l.handle();
-                    drop(l);
-                    h
-                })
-                .join()
-                .unwrap()
-            });
-            // This thread's cell: `c`, returned while the cell is empty.
-            let hc = c.handle();
-            drop(c);
-            // The cell fills, then the ready list.
-            drop(fill);
-            let guard = gpupool_core::epoch_crate::pin();
-            let r = pool.get_in(0, &guard).unwrap();
-            let hr = r.handle();
-            drop(r);
-            drop(guard);
-            // Quarantined: a lease's `destroy` that fails.
-            let hq = q.handle();
-            gpu.fail_event(CallKind::DestroyEvent, hq);
-            let e = q.destroy().unwrap_err();
-            assert!(is_injected(&e, BackendOp::DestroyEvent), "{e:?}");
-            let s = pool.stats(D0).unwrap();
-            assert_eq!((s.quarantined, s.live_leases), (1, 0));
-            assert_eq!(gpu.live_events(), OVERFLOW + 3);
-            assert!(pool.take_error().is_none());
-            let distinct: std::collections::HashSet<_> = [hr, hq, hc, he].into();
-            assert_eq!(distinct.len(), 4);
-
-            doomed = match target {
-                EventPlace::Ready => hr,
-                EventPlace::Quarantined => hq,
-                EventPlace::OwnCell => hc,
-                EventPlace::ExitedThreadCell => he,
-            };
-            gpu.fail_event(CallKind::DestroyEvent, doomed);
-            drop_quietly("the event pool", pool);
-        });
-        assert_eq!(lost, one_lost(BackendOp::DestroyEvent), "{target:?}");
-        assert_eq!(gpu.armed_faults(), 0, "{target:?}");
-        assert_eq!(gpu.live_events(), 1, "{target:?}: all but the failed one");
-        assert!(gpu.is_live_event(doomed), "{target:?}");
-        assert!(gpu.misuses().is_empty(), "{target:?}: {:?}", gpu.misuses());
-    }
+    each_place_fails_its_destroy(EventPlace::ALL, 1, an_event_in_each_place);
 }
 
 #[test]
@@ -497,9 +498,7 @@ fn access_order_wait_parks_the_failed_destroy_and_returns_the_first_error() {
             drop_quietly("the event pool", events);
             drop_quietly("the stream pool", streams);
         });
-        assert_eq!(lost, nothing_lost(), "{failing:?}");
-        assert_eq!((gpu.live_streams(), gpu.live_events()), (0, 0));
-        assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+        assert_nothing_lost_or_left(&gpu, lost, &failing);
     }
 }
 

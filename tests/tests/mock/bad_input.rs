@@ -15,14 +15,23 @@ use gpupool_core::{
     AccessOrder, Backend, BackendOp, DeviceId, DeviceSelector, Error, EventPool, OwnedStream,
     Scratchpad, ScratchpadConfig, StreamHandle, StreamPool,
 };
-use gpupool_mock::CallKind;
-use gpupool_tests::mock;
+use gpupool_mock::{CallKind, MockBackend};
+use gpupool_tests::any_pool::AnyPool;
+use gpupool_tests::{mock, mock_pools, mock_stream_pool};
+
+const D0: DeviceId = DeviceId(0);
+
+/// Purges `pool`, which must destroy `pooled` streams and leave none alive
+/// on `gpu`.
+#[track_caller]
+fn purge_leaves_no_stream(gpu: &MockBackend, pool: &StreamPool<MockBackend>, pooled: usize) {
+    assert_eq!(pool.purge().unwrap(), pooled);
+    assert_eq!(gpu.live_streams(), 0);
+}
 
 #[test]
 fn a_current_device_out_of_range_is_an_error_and_creates_nothing() {
-    let gpu = mock(2);
-    let streams = StreamPool::new(gpu.clone());
-    let events = EventPool::new(gpu.clone());
+    let (gpu, streams, events) = mock_pools(2);
     gpu.set_current_device(DeviceId(7));
     let out_of_range = Error::DeviceOutOfRange {
         device: DeviceId(7),
@@ -48,8 +57,8 @@ fn a_current_device_out_of_range_is_an_error_and_creates_nothing() {
 fn adopting_an_unknown_stream_is_a_backend_error() {
     let gpu = mock(1);
     // SAFETY: deliberately not a live stream, made up with `from_raw` (safe
-    // code can no longer forge one): the mock's trait methods are sound for
-    // any handle, and it refuses this one when asked for its device, before
+    // code cannot forge one): the mock's trait methods are sound for any
+    // handle, and it refuses this one when asked for its device, before
     // the pool could hold it.
     let err = unsafe { OwnedStream::adopt(&gpu, StreamHandle::from_raw(0xdead)) }.unwrap_err();
     assert_eq!(err.backend_op(), Some(BackendOp::StreamDevice));
@@ -57,9 +66,7 @@ fn adopting_an_unknown_stream_is_a_backend_error() {
 
 #[test]
 fn no_device_at_all_is_an_error_and_nothing_is_built() {
-    let gpu = mock(0);
-    let streams = StreamPool::new(gpu.clone());
-    let events = EventPool::new(gpu.clone());
+    let (gpu, streams, events) = mock_pools(0);
     assert_eq!(streams.get(0).unwrap_err(), Error::NoDevice);
     assert_eq!(events.get(0).unwrap_err(), Error::NoDevice);
     assert_eq!(
@@ -77,9 +84,7 @@ fn no_device_at_all_is_an_error_and_nothing_is_built() {
 
 #[test]
 fn a_failed_create_is_an_error_and_the_pool_still_works() {
-    let gpu = mock(1);
-    let streams = StreamPool::new(gpu.clone());
-    let events = EventPool::new(gpu.clone());
+    let (gpu, streams, events) = mock_pools(1);
     gpu.fail_nth(CallKind::CreateStream, 1);
     gpu.fail_nth(CallKind::CreateEvent, 1);
     assert_eq!(
@@ -97,8 +102,7 @@ fn a_failed_create_is_an_error_and_the_pool_still_works() {
 
 #[test]
 fn a_failed_device_count_publishes_nothing_and_is_retried() {
-    let gpu = mock(1);
-    let pool = StreamPool::new(gpu.clone());
+    let (gpu, pool) = mock_stream_pool(1);
     gpu.fail_nth(CallKind::DeviceCount, 1);
     assert_eq!(
         pool.get(0).unwrap_err().backend_op(),
@@ -111,8 +115,7 @@ fn a_failed_device_count_publishes_nothing_and_is_retried() {
 
 #[test]
 fn a_failed_query_on_return_is_parked_and_the_stream_is_not_lost() {
-    let gpu = mock(1);
-    let pool = StreamPool::new(gpu.clone());
+    let (gpu, pool) = mock_stream_pool(1);
     let lease = pool.get(0).unwrap();
     let s = lease.handle();
     gpu.fail_nth(CallKind::QueryStream, 1);
@@ -125,14 +128,12 @@ fn a_failed_query_on_return_is_parked_and_the_stream_is_not_lost() {
     assert_eq!(pool.total_stats().quarantined, 1);
     assert_ne!(pool.get(0).unwrap().handle(), s);
     assert!(gpu.is_live_stream(s));
-    assert_eq!(pool.purge().unwrap(), 2);
-    assert_eq!(gpu.live_streams(), 0);
+    purge_leaves_no_stream(&gpu, &pool, 2);
 }
 
 #[test]
 fn a_stream_failing_its_query_in_a_scan_is_set_aside_and_get_still_serves() {
-    let gpu = mock(1);
-    let pool = StreamPool::new(gpu.clone());
+    let (gpu, pool) = mock_stream_pool(1);
     let leases: Vec<_> = (0..3).map(|_| pool.get(0).unwrap()).collect();
     let handles: Vec<_> = leases.iter().map(|l| l.handle()).collect();
     for &h in &handles {
@@ -161,14 +162,12 @@ fn a_stream_failing_its_query_in_a_scan_is_set_aside_and_get_still_serves() {
     let c = pool.get(0).unwrap();
     assert!(![a.handle(), b.handle(), c.handle()].contains(&handles[0]));
     drop((a, b, c));
-    assert_eq!(pool.purge().unwrap(), 4);
-    assert_eq!(gpu.live_streams(), 0);
+    purge_leaves_no_stream(&gpu, &pool, 4);
 }
 
 #[test]
 fn a_failed_query_on_return_to_pool_or_put_is_returned() {
-    let gpu = mock(1);
-    let pool = StreamPool::new(gpu.clone());
+    let (gpu, pool) = mock_stream_pool(1);
     let lease = pool.get(0).unwrap();
     gpu.fail_nth(CallKind::QueryStream, 1);
     assert_eq!(
@@ -181,28 +180,24 @@ fn a_failed_query_on_return_to_pool_or_put_is_returned() {
     assert_eq!(r.error.backend_op(), Some(BackendOp::QueryStream));
     pool.put(r.value, None).unwrap();
     // The stream that failed on `return_to_pool` was quarantined; both are destroyed.
-    assert_eq!(pool.purge().unwrap(), 2);
-    assert_eq!(gpu.live_streams(), 0);
+    purge_leaves_no_stream(&gpu, &pool, 2);
 }
 
 #[test]
 fn a_failed_destroy_in_purge_keeps_the_stream_for_the_next_purge() {
-    let gpu = mock(1);
-    let pool = StreamPool::new(gpu.clone());
+    let (gpu, pool) = mock_stream_pool(1);
     let leases: Vec<_> = (0..3).map(|_| pool.get(0).unwrap()).collect();
     drop(leases);
     gpu.fail_nth(CallKind::DestroyStream, 2);
     let err = pool.purge().unwrap_err();
     assert_eq!(err.backend_op(), Some(BackendOp::DestroyStream));
     assert_eq!(gpu.live_streams(), 1);
-    assert_eq!(pool.purge().unwrap(), 1);
-    assert_eq!(gpu.live_streams(), 0);
+    purge_leaves_no_stream(&gpu, &pool, 1);
 }
 
 #[test]
 fn an_absurd_device_count_is_refused_without_allocating_a_table() {
-    let gpu = mock(gpupool_core::MAX_DEVICES + 1);
-    let pool = StreamPool::new(gpu.clone());
+    let (_gpu, pool) = mock_stream_pool(gpupool_core::MAX_DEVICES + 1);
     assert_eq!(
         pool.get(0).unwrap_err(),
         Error::TooManyDevices {
@@ -214,9 +209,7 @@ fn an_absurd_device_count_is_refused_without_allocating_a_table() {
 
 #[test]
 fn a_failed_record_in_wait_destroys_the_event_and_reports() {
-    let gpu = mock(1);
-    let streams = StreamPool::new(gpu.clone());
-    let events = EventPool::new(gpu.clone());
+    let (gpu, streams, events) = mock_pools(1);
     let a = streams.get(0).unwrap();
     let b = streams.get(0).unwrap();
     gpu.fail_nth(CallKind::RecordEvent, 1);
@@ -231,78 +224,54 @@ fn a_failed_record_in_wait_destroys_the_event_and_reports() {
     a.order().wait(&b.order(), &events).unwrap();
 }
 
-#[test]
-fn a_stream_of_another_machine_is_refused_by_put_and_comes_back() {
-    // Ownership moves freely between pools of one machine (an `OwnedStream` is
-    // not tied to a pool); a stream of *another* machine carries that
-    // machine's id, so `put` refuses it before asking the backend anything
-    // (it used to reach the query, which failed on the unknown handle), and
-    // the stream comes back.
-    let here = mock(1);
-    let there = mock(1);
-    let pool_here = StreamPool::new(here.clone());
-    let pool_there = StreamPool::new(there.clone());
-    drop(pool_here.get(0).unwrap()); // one stream of its own, ready
-    let foreign = pool_there.get(0).unwrap().detach();
-    let h = foreign.handle();
-    assert_eq!(foreign.backend_id(), there.id());
+/// Ownership moves freely between pools of one machine (an owned handle is
+/// not tied to a pool); a handle of *another* machine carries that machine's
+/// id, so `put` refuses it before asking the backend anything, with or
+/// without a device named, and the handle comes back; the pool is unchanged.
+fn a_handle_of_another_machine_is_refused_by_put_and_comes_back<P: AnyPool<MockBackend>>() {
+    let (here, there) = (mock(1), mock(1));
+    let (pool_here, pool_there) = (P::over(here.clone()), P::over(there.clone()));
+    pool_here.lease_handle(D0); // one handle of its own, ready
+    let foreign = pool_there.detached(D0);
+    let h = P::handle(&foreign);
+    assert_eq!(P::owner(&foreign), there.id());
     let calls = here.total_calls();
     let r = pool_here.put(foreign, None).unwrap_err();
     assert_eq!(r.error, Error::ForeignHandle);
-    assert_eq!(r.value.handle(), h, "the caller keeps the stream");
+    assert_eq!(P::handle(&r.value), h, "the caller keeps the {}", P::WHAT);
     assert_eq!(here.total_calls(), calls, "nothing reached the backend");
     let stats = pool_here.total_stats();
     assert_eq!((stats.live_leases, stats.created), (0, 1));
     // The same with a device named: refused for its machine first.
-    let r = pool_here.put(r.value, Some(DeviceId(0))).unwrap_err();
+    let r = pool_here.put(r.value, Some(D0)).unwrap_err();
     assert_eq!(r.error, Error::ForeignHandle);
-    // Unchanged: the next lease is the pool's own stream, reused. (The two
+    assert_eq!(here.total_calls(), calls, "nothing reached the backend");
+    // Unchanged: the next lease is the pool's own handle, reused. (The two
     // machines number their handles alike, so the handles cannot tell.)
-    drop(pool_here.get(0).unwrap());
+    pool_here.lease_handle(D0);
     let stats = pool_here.total_stats();
-    assert_eq!((stats.created, stats.reused), (1, 1));
+    assert_eq!((stats.live_leases, stats.created, stats.reused), (0, 1, 1));
     pool_there.put(r.value, None).unwrap();
     assert_eq!(pool_there.purge().unwrap(), 1);
     assert_eq!(pool_here.purge().unwrap(), 1);
-    assert_eq!((here.live_streams(), there.live_streams()), (0, 0));
+    assert_eq!((P::live_on(&here), P::live_on(&there)), (Some(0), Some(0)));
     assert!(here.misuses().is_empty() && there.misuses().is_empty());
 }
 
 #[test]
+fn a_stream_of_another_machine_is_refused_by_put_and_comes_back() {
+    a_handle_of_another_machine_is_refused_by_put_and_comes_back::<StreamPool<_>>();
+}
+
+#[test]
 fn an_event_of_another_machine_is_refused_by_put_and_comes_back() {
-    let here = mock(1);
-    let there = mock(1);
-    let events_here = EventPool::new(here.clone());
-    let events_there = EventPool::new(there.clone());
-    drop(events_here.get(0).unwrap()); // one event of its own, ready
-    let foreign = events_there.get(0).unwrap().detach();
-    let h = foreign.handle();
-    assert_eq!(foreign.backend_id(), there.id());
-    let calls = here.total_calls();
-    let r = events_here.put(foreign, None).unwrap_err();
-    assert_eq!(r.error, Error::ForeignHandle);
-    assert_eq!(r.value.handle(), h, "the caller keeps the event");
-    let r = events_here.put(r.value, Some(DeviceId(0))).unwrap_err();
-    assert_eq!(r.error, Error::ForeignHandle);
-    assert_eq!(here.total_calls(), calls, "nothing reached the backend");
-    // Unchanged: the next lease is the pool's own event, reused. (The two
-    // machines number their handles alike, so the handles cannot tell.)
-    drop(events_here.get(0).unwrap());
-    let stats = events_here.total_stats();
-    assert_eq!((stats.live_leases, stats.created, stats.reused), (0, 1, 1));
-    events_there.put(r.value, None).unwrap();
-    assert_eq!(events_there.purge().unwrap(), 1);
-    assert_eq!(events_here.purge().unwrap(), 1);
-    assert_eq!((here.live_events(), there.live_events()), (0, 0));
-    assert!(here.misuses().is_empty() && there.misuses().is_empty());
+    a_handle_of_another_machine_is_refused_by_put_and_comes_back::<EventPool<_>>();
 }
 
 #[test]
 fn destroying_an_owned_handle_with_another_machine_is_refused_and_it_comes_back() {
     let here = mock(1);
-    let there = mock(1);
-    let streams = StreamPool::new(there.clone());
-    let events = EventPool::new(there.clone());
+    let (there, streams, events) = mock_pools(1);
     let stream = streams.get(0).unwrap().detach();
     let event = events.get(0).unwrap().detach();
     let (hs, he) = (stream.handle(), event.handle());
@@ -330,12 +299,8 @@ fn destroying_an_owned_handle_with_another_machine_is_refused_and_it_comes_back(
 
 #[test]
 fn an_order_of_another_machine_is_refused_by_scratchpads_and_waits() {
-    let here = mock(1);
-    let there = mock(1);
-    let streams_here = StreamPool::new(here.clone());
-    let streams_there = StreamPool::new(there.clone());
-    let events_here = EventPool::new(here.clone());
-    let events_there = EventPool::new(there.clone());
+    let (here, streams_here, events_here) = mock_pools(1);
+    let (there, streams_there, events_there) = mock_pools(1);
     let mine = streams_here.get(0).unwrap();
     let foreign = streams_there.get(0).unwrap();
     let calls = (here.total_calls(), there.total_calls());
@@ -353,24 +318,38 @@ fn an_order_of_another_machine_is_refused_by_scratchpads_and_waits() {
 
     // A wait with the event pool of another machine: whichever of the two
     // orders is foreign to the events, nothing is recorded or waited for.
-    assert_eq!(
-        mine.order().wait(&mine.order(), &events_there),
-        Err(Error::ForeignHandle),
-        "even a wait on itself"
-    );
-    assert_eq!(
-        mine.order().wait(&foreign.order(), &events_here),
-        Err(Error::ForeignHandle)
-    );
-    assert_eq!(
-        foreign.order().wait(&mine.order(), &events_here),
-        Err(Error::ForeignHandle)
-    );
-    assert_eq!(
-        AccessOrder::host().wait(&foreign.order(), &events_here),
-        Err(Error::ForeignHandle),
-        "the host synchronizing a foreign stream"
-    );
+    for (waiter, awaited, events, case) in [
+        (
+            mine.order(),
+            mine.order(),
+            &events_there,
+            "even a wait on itself",
+        ),
+        (
+            mine.order(),
+            foreign.order(),
+            &events_here,
+            "on a foreign stream",
+        ),
+        (
+            foreign.order(),
+            mine.order(),
+            &events_here,
+            "a foreign stream waiting",
+        ),
+        (
+            AccessOrder::host(),
+            foreign.order(),
+            &events_here,
+            "the host synchronizing a foreign stream",
+        ),
+    ] {
+        assert_eq!(
+            waiter.wait(&awaited, events),
+            Err(Error::ForeignHandle),
+            "{case}"
+        );
+    }
     // Waiting for an event of another machine.
     let event = events_there.get(0).unwrap();
     assert_eq!(mine.order().wait_event(&event), Err(Error::ForeignHandle));

@@ -5,7 +5,7 @@
 #![cfg(not(feature = "cuda"))]
 
 use gpupool_core::{EventFlags, EventPool};
-use gpupool_tests::mock;
+use gpupool_tests::{mock, mock_event_pool};
 
 #[test]
 fn an_event_pool_over_a_machine_without_devices_is_built_without_a_call() {
@@ -18,27 +18,24 @@ fn an_event_pool_over_a_machine_without_devices_is_built_without_a_call() {
 
 #[test]
 fn event_flags_reach_the_backend_unchanged() {
-    let gpu = mock(1);
-    let default = EventPool::new(gpu.clone());
-    let e = default.get(0).unwrap();
-    assert_eq!(
-        gpu.event_flags(e.handle()),
-        Some(EventFlags::DISABLE_TIMING)
-    );
+    let (gpu, default) = mock_event_pool(1);
     let custom = EventPool::with_flags(
         gpu.clone(),
         EventFlags::BLOCKING_SYNC | EventFlags::DISABLE_TIMING,
     );
-    let c = custom.get(0).unwrap();
-    assert_eq!(gpu.event_flags(c.handle()), Some(EventFlags(3)));
+    for (pool, flags) in [
+        (default, EventFlags::DISABLE_TIMING),
+        (custom, EventFlags(3)),
+    ] {
+        let e = pool.get(0).unwrap();
+        assert_eq!(gpu.event_flags(e.handle()), Some(flags));
+    }
 }
 
 #[test]
 fn get_in_cycles_reuse_the_threads_cached_event() {
-    let gpu = mock(1);
-    let pool = EventPool::new(gpu.clone());
-    let handle = pool.collector().register();
-    let guard = handle.pin();
+    let (gpu, pool) = mock_event_pool(1);
+    let guard = pool.collector().register().pin();
     let first = pool.get_in(0, &guard).unwrap().handle();
     for _ in 0..10 {
         assert_eq!(pool.get_in(0, &guard).unwrap().handle(), first);
@@ -51,8 +48,7 @@ fn get_in_cycles_reuse_the_threads_cached_event() {
 #[test]
 fn pooled_counts_the_events_the_pool_holds_and_has_not_leased() {
     use gpupool_core::DeviceId;
-    let gpu = mock(1);
-    let pool = EventPool::new(gpu.clone());
+    let (gpu, pool) = mock_event_pool(1);
     let pooled = |pool: &EventPool<_>| pool.stats(DeviceId(0)).unwrap().pooled;
     let leases: Vec<_> = (0..6).map(|_| pool.get(0).unwrap()).collect();
     assert_eq!(pooled(&pool), 0);

@@ -9,6 +9,7 @@ use gpupool_core::{
     OwnedStream, Scratchpad, StreamBackend, StreamOptions, StreamPool,
 };
 use gpupool_mock::{CallKind, MockBackend, MockError};
+use gpupool_tests::mock_stream_pool;
 
 /// The call kinds the pools and `AccessOrder` make. (`QueryEvent` is part of
 /// the backend trait for users; no pool path calls it, which `workload` checks.)
@@ -228,8 +229,7 @@ fn each_call_failing_once_gives_an_error_and_leaks_nothing() {
 
 #[test]
 fn injected_errors_name_the_operation() {
-    let gpu = MockBackend::new(1);
-    let pool = StreamPool::new(gpu.clone());
+    let (gpu, pool) = mock_stream_pool(1);
     gpu.fail_nth(CallKind::CreateStream, 1);
     let e = pool.get(0).unwrap_err();
     assert_eq!(e.backend_op(), Some(BackendOp::CreateStream));

@@ -11,9 +11,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use gpupool_core::{EventPool, MemoryKind, Scratchpad, StreamPool};
-use gpupool_mock::MockBackend;
-use gpupool_tests::Rng;
+use gpupool_core::{MemoryKind, Scratchpad};
+use gpupool_tests::{mock_pools, Rng};
 
 const THREADS: usize = 8;
 const DEVICES: u32 = 2;
@@ -26,9 +25,7 @@ fn ten_million_mixed_operations_leave_nothing_behind() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(10_000_000);
-    let gpu = MockBackend::new(DEVICES);
-    let streams = StreamPool::new(gpu.clone());
-    let events = EventPool::new(gpu.clone());
+    let (gpu, streams, events) = mock_pools(DEVICES);
     let ops = AtomicU64::new(0);
     let done = AtomicBool::new(false);
     let mut peaks = (0usize, 0usize, 0usize);

@@ -1,8 +1,8 @@
-//! The soundness findings of issue 11, one test each where safe code now gets
-//! a typed error at run time (the ones the type system forbids are the
-//! compile-fail cases in `tests/ui/`, run by `mock/compile_fail.rs`):
+//! The soundness findings (numbered as in issue 11), one test each where safe
+//! code gets a typed error at run time (the ones the type system forbids are
+//! the compile-fail cases in `tests/ui/`, run by `mock/compile_fail.rs`):
 //!
-//! | finding | now |
+//! | finding | what stops it |
 //! |---|---|
 //! | 1. forged and stale handles | compile error: `ui/forged_handles.rs`, `ui/backend_calls_need_unsafe.rs` |
 //! | 2. orders outlive their streams | compile error: `ui/order_outlives_lease.rs`, `ui/order_outlives_owned_stream.rs`, `ui/scratchpad_outlives_lease.rs`; special streams stay usable (here) |
@@ -13,22 +13,34 @@
 //! | 7. CUDA `with_context` without a guard | restored by a guard (backend-cuda) |
 
 use gpupool_core::{
-    AccessOrder, DeviceId, Error, EventPool, MemoryKind, Scratchpad, ScratchpadConfig, StreamPool,
+    AccessOrder, DeviceId, Error, MemoryKind, Scratchpad, ScratchpadConfig, StreamPool,
     StreamPoolConfig,
 };
 use gpupool_mock::{CallKind, MockBackend};
+use gpupool_tests::{mock_event_pool, mock_pools, mock_stream_pool};
 
 type R = Result<(), Error<gpupool_mock::MockError>>;
+
+/// Lets the mock run everything queued and checks that no use raced,
+/// then drops `scratch` and checks that every block was freed, with no
+/// misuse or hazard.
+#[track_caller]
+fn drop_once_the_queue_has_run(gpu: &MockBackend, scratch: Scratchpad<'_, MockBackend>) {
+    gpu.complete_everything();
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+    drop(scratch);
+    gpu.complete_everything();
+    assert_eq!(gpu.live_blocks(), 0);
+    assert!(gpu.misuses().is_empty() && gpu.hazards().is_empty());
+}
 
 /// Finding 3: a stream detached from one mock machine's pool is refused by
 /// another machine's pool and backend, comes back intact, and goes home.
 #[test]
 fn a_stream_of_another_backend_is_refused_and_handed_back() -> R {
-    let a = MockBackend::new(1);
-    let b = MockBackend::new(1);
+    let (a, pool_a) = mock_stream_pool(1);
+    let (b, pool_b) = mock_stream_pool(1);
     assert_ne!(gpupool_core::Backend::id(&a), gpupool_core::Backend::id(&b));
-    let pool_a = StreamPool::new(a.clone());
-    let pool_b = StreamPool::new(b.clone());
     // B's pool has a stream of its own leased, which a foreign handle of the
     // same number would alias.
     let b_lease = pool_b.get(0)?;
@@ -58,10 +70,8 @@ fn a_stream_of_another_backend_is_refused_and_handed_back() -> R {
 /// Finding 3, events: the same for an event.
 #[test]
 fn an_event_of_another_backend_is_refused_and_handed_back() -> R {
-    let a = MockBackend::new(1);
-    let b = MockBackend::new(1);
-    let events_a = EventPool::new(a.clone());
-    let events_b = EventPool::new(b.clone());
+    let (a, events_a) = mock_event_pool(1);
+    let (b, events_b) = mock_event_pool(1);
     let owned = events_a.get(0)?.detach();
     let refused = events_b.put(owned, None).unwrap_err();
     assert_eq!(refused.error, Error::ForeignHandle);
@@ -78,25 +88,22 @@ fn an_event_of_another_backend_is_refused_and_handed_back() -> R {
 /// another machine's events, nor carry another machine's scratchpad.
 #[test]
 fn an_order_of_another_backend_is_refused() -> R {
-    let a = MockBackend::new(1);
-    let b = MockBackend::new(1);
-    let streams_a = StreamPool::new(a.clone());
-    let streams_b = StreamPool::new(b.clone());
-    let events_b = EventPool::new(b.clone());
+    let (a, streams_a) = mock_stream_pool(1);
+    let (b, streams_b, events_b) = mock_pools(1);
     let la = streams_a.get(0)?;
     let lb = streams_b.get(0)?;
-    assert_eq!(
-        lb.order().wait(&la.order(), &events_b),
-        Err(Error::ForeignHandle)
-    );
-    assert_eq!(
-        la.order().wait(&lb.order(), &events_b),
-        Err(Error::ForeignHandle)
-    );
-    assert_eq!(
-        AccessOrder::host().wait(&la.order(), &events_b),
-        Err(Error::ForeignHandle)
-    );
+    for (waiter, awaited) in [
+        (lb.order(), la.order()),
+        (la.order(), lb.order()),
+        (AccessOrder::host(), la.order()),
+    ] {
+        let refused = waiter.wait(&awaited, &events_b);
+        assert_eq!(
+            refused,
+            Err(Error::ForeignHandle),
+            "{waiter:?} after {awaited:?}"
+        );
+    }
     assert_eq!(
         Scratchpad::new(&b, la.order()).err(),
         Some(Error::ForeignHandle)
@@ -118,9 +125,7 @@ fn an_order_of_another_backend_is_refused() -> R {
 /// usable with any backend.
 #[test]
 fn special_stream_orders_need_no_lease() -> R {
-    let gpu = MockBackend::new(2);
-    let events = EventPool::new(gpu.clone());
-    let streams = StreamPool::new(gpu.clone());
+    let (gpu, streams, events) = mock_pools(2);
     let lease = streams.get(1)?;
     lease
         .order()
@@ -138,40 +143,28 @@ fn special_stream_orders_need_no_lease() -> R {
 /// construction, before anything is allocated.
 #[test]
 fn a_scratchpad_refuses_orders_on_another_device() -> R {
-    let gpu = MockBackend::new(2);
-    let streams = StreamPool::new(gpu.clone());
+    let (gpu, streams) = mock_stream_pool(2);
     let on_0 = streams.get(0)?;
     let on_1 = streams.get(1)?;
     let mismatched = ScratchpadConfig {
         device: Some(DeviceId(1)),
         ..ScratchpadConfig::default()
     };
-    assert_eq!(
-        Scratchpad::with_config(&gpu, on_0.order(), mismatched).err(),
-        Some(Error::WrongDevice {
-            given: DeviceId(1),
-            actual: DeviceId(0)
-        })
-    );
-    let pinned_elsewhere = ScratchpadConfig {
+    let pinned_on_1 = ScratchpadConfig {
         pinned_release: Some(on_1.order()),
         ..ScratchpadConfig::default()
     };
-    assert_eq!(
-        Scratchpad::with_config(&gpu, on_0.order(), pinned_elsewhere).err(),
-        Some(Error::WrongDevice {
-            given: DeviceId(0),
-            actual: DeviceId(1)
-        })
-    );
+    for (config, given, actual) in [
+        (mismatched, DeviceId(1), DeviceId(0)),
+        (pinned_on_1, DeviceId(0), DeviceId(1)),
+    ] {
+        let refused = Scratchpad::with_config(&gpu, on_0.order(), config).err();
+        assert_eq!(refused, Some(Error::WrongDevice { given, actual }));
+    }
     // Host order for device memory, pinned released on device 1: the
     // scratchpad is device 1's, and its pinned blocks are allocated and freed
     // for device 1.
-    let host_then_1 = ScratchpadConfig {
-        pinned_release: Some(on_1.order()),
-        ..ScratchpadConfig::default()
-    };
-    let scratch = Scratchpad::with_config(&gpu, AccessOrder::host(), host_then_1)?;
+    let scratch = Scratchpad::with_config(&gpu, AccessOrder::host(), pinned_on_1)?;
     assert_eq!(scratch.device_id()?, DeviceId(1));
     scratch.pinned::<u8>(100)?;
     scratch.release()?;
@@ -187,8 +180,7 @@ fn a_scratchpad_refuses_orders_on_another_device() -> R {
 /// still queued.
 #[test]
 fn to_device_leaves_its_source_free_at_once() -> R {
-    let gpu = MockBackend::new(1);
-    let streams = StreamPool::new(gpu.clone());
+    let (gpu, streams) = mock_stream_pool(1);
     let lease = streams.get(0)?;
     let scratch = Scratchpad::new(&gpu, lease.order())?;
     let src = scratch.copy_of(MemoryKind::Pinned, &[1u32; 256])?;
@@ -199,12 +191,7 @@ fn to_device_leaves_its_source_free_at_once() -> R {
     gpu.host_access(src.as_ptr().cast(), size_of_val(src))
         .unwrap();
     src[0] = 7;
-    gpu.complete_everything();
-    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
-    drop(scratch);
-    gpu.complete_everything();
-    assert_eq!(gpu.live_blocks(), 0);
-    assert!(gpu.misuses().is_empty() && gpu.hazards().is_empty());
+    drop_once_the_queue_has_run(&gpu, scratch);
     Ok(())
 }
 
@@ -212,8 +199,7 @@ fn to_device_leaves_its_source_free_at_once() -> R {
 /// so the next round, after a reset, reuses it behind the copy.
 #[test]
 fn a_copied_block_is_reused_only_behind_the_copy() -> R {
-    let gpu = MockBackend::new(1);
-    let streams = StreamPool::new(gpu.clone());
+    let (gpu, streams) = mock_stream_pool(1);
     let lease = streams.get(0)?;
     let mut scratch = Scratchpad::new(&gpu, lease.order())?;
     let data = [3u64; 512];
@@ -226,12 +212,7 @@ fn a_copied_block_is_reused_only_behind_the_copy() -> R {
         assert!(gpu.pending_work(lease.handle()).unwrap() > 0);
         scratch.reset()?;
     }
-    gpu.complete_everything();
-    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
-    drop(scratch);
-    gpu.complete_everything();
-    assert_eq!(gpu.live_blocks(), 0);
-    assert!(gpu.misuses().is_empty());
+    drop_once_the_queue_has_run(&gpu, scratch);
     Ok(())
 }
 

@@ -20,6 +20,7 @@
 //! 4R + F**. With alignment above 1, each request counts its worst-case padding
 //! (`align - 1`) in R.
 use gpupool_core::{AccessOrder, MemoryKind, Scratchpad};
+use gpupool_mock::MockBackend;
 use gpupool_tests::mock;
 use proptest::prelude::*;
 
@@ -33,6 +34,26 @@ fn request() -> impl Strategy<Value = (usize, usize, u32)> {
         prop_oneof![0usize..64, 64usize..4096, 4096usize..300_000],
         0u32..13,
     )
+}
+
+/// Checks the bound (module documentation): each kind's upstream total is
+/// at most four times `requested` (padding included) plus its first block.
+fn within_the_bound(
+    scratch: &Scratchpad<'_, MockBackend>,
+    requested: [usize; 4],
+) -> Result<(), TestCaseError> {
+    let stats = scratch.stats();
+    for kind in MemoryKind::ALL {
+        let (k, first) = (kind.index(), scratch.first_block_size(kind));
+        prop_assert!(
+            stats.reserved[k] <= 4 * requested[k] + first,
+            "{:?}: reserved {} for {} requested",
+            kind,
+            stats.reserved[k],
+            requested[k]
+        );
+    }
+    Ok(())
 }
 
 proptest! {
@@ -50,15 +71,7 @@ proptest! {
             scratch.alloc(MemoryKind::ALL[k], size, 1).unwrap();
             requested[k] += size;
         }
-        let stats = scratch.stats();
-        #[allow(clippy::needless_range_loop)] // `k` indexes three parallel tables
-        for k in 0..4 {
-            let first = scratch.first_block_size(MemoryKind::ALL[k]);
-            prop_assert!(
-                stats.reserved[k] <= 4 * requested[k] + first,
-                "kind {}: reserved {} for {} requested", k, stats.reserved[k], requested[k]
-            );
-        }
+        within_the_bound(&scratch, requested)?;
     }
 
     #[test]
@@ -91,15 +104,10 @@ proptest! {
                 }
             }
         }
+        within_the_bound(&scratch, requested)?;
         let stats = scratch.stats();
-        #[allow(clippy::needless_range_loop)] // `k` indexes three parallel tables
-        for k in 0..4 {
-            let first = scratch.first_block_size(MemoryKind::ALL[k]);
-            prop_assert!(
-                stats.reserved[k] <= 4 * requested[k] + first,
-                "kind {}: reserved {} for {} requested with slack", k, stats.reserved[k], requested[k]
-            );
-            prop_assert_eq!(gpu.live_bytes(MemoryKind::ALL[k]), stats.reserved[k]);
+        for kind in MemoryKind::ALL {
+            prop_assert_eq!(gpu.live_bytes(kind), stats.reserved[kind.index()]);
         }
         drop(scratch);
         gpu.complete_everything();

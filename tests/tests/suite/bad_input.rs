@@ -1,108 +1,114 @@
 //! Generic suite: bad input gets a typed error and leaves the pools intact
-//! (where DALI has undefined behaviour), on the machine of this build — the mock by default, a GPU
-//! with `--features cuda`. Every case here is refused before the backend
-//! could see the bad value; backend failures themselves are injected on the
-//! mock only (`mock/faults.rs`, `mock/bad_input.rs`).
+//! (where DALI has undefined behaviour), on the machine of this build — the
+//! mock by default, a GPU with `--features cuda`. Every case here is refused
+//! before the backend could see the bad value; backend failures themselves
+//! are injected on the mock only (`mock/faults.rs`, `mock/bad_input.rs`).
 
 use gpupool_core::epoch_crate::Collector;
 use gpupool_core::{
     AccessOrder, DeviceId, Error, EventHandle, EventPool, OwnedEvent, OwnedStream, Scratchpad,
     ScratchpadConfig, StreamHandle, StreamPool, StreamPoolConfig,
 };
-use gpupool_tests::{assert_calls, gpu, TestGpu};
+use gpupool_tests::any_pool::AnyPool;
+use gpupool_tests::{assert_calls, gpu, with_pools, with_stream_pool, GpuBackend, TestGpu};
+
+const D0: DeviceId = DeviceId(0);
+const D1: DeviceId = DeviceId(1);
 
 #[test]
 fn a_device_out_of_range_is_an_error_and_the_pools_still_work() {
-    let Some(gpu) = gpu(1) else { return };
-    let count = gpu.device_count();
-    let streams = StreamPool::new(gpu.backend());
-    let events = EventPool::new(gpu.backend());
-    for d in [count, count + 1, u32::MAX] {
-        let out_of_range = Error::DeviceOutOfRange {
-            device: DeviceId(d),
-            count,
-        };
-        assert_eq!(streams.get(d).unwrap_err(), out_of_range);
-        assert_eq!(events.get(d).unwrap_err(), out_of_range);
-        assert_eq!(streams.stats(DeviceId(d)), None);
-    }
+    with_pools(1, |gpu, streams, events| {
+        let count = gpu.device_count();
+        for d in [count, count + 1, u32::MAX] {
+            let out_of_range = Error::DeviceOutOfRange {
+                device: DeviceId(d),
+                count,
+            };
+            assert_eq!(streams.get(d).unwrap_err(), out_of_range);
+            assert_eq!(events.get(d).unwrap_err(), out_of_range);
+            assert_eq!(streams.stats(DeviceId(d)), None);
+        }
+        assert_eq!(
+            streams.total_stats().created + events.total_stats().created,
+            0
+        );
+        drop(streams.get(count - 1).unwrap());
+        drop(events.get(count - 1).unwrap());
+        assert_eq!(streams.live_leases() + events.live_leases(), 0);
+    });
+}
+
+/// A handle leased on `from` and put under `to` comes back in the error and
+/// the pool is unchanged: `to`'s list is still empty (its next lease is a new
+/// handle), and the handle is taken back by a `put` naming `home`.
+fn a_handle_put_under_another_device_comes_back<P: AnyPool<GpuBackend>>(
+    (from, to): (DeviceId, DeviceId),
+    home: Option<DeviceId>,
+) {
+    let Some(gpu) = gpu(2) else { return };
+    let pool = P::over(gpu.backend());
+    let owned = pool.detached(from);
+    let h = P::handle(&owned);
+    let rejected = pool.put(owned, Some(to)).unwrap_err();
     assert_eq!(
-        streams.total_stats().created + events.total_stats().created,
-        0
+        rejected.error,
+        Error::WrongDevice {
+            given: to,
+            actual: from
+        }
     );
-    drop(streams.get(count - 1).unwrap());
-    drop(events.get(count - 1).unwrap());
-    assert_eq!(streams.live_leases() + events.live_leases(), 0);
+    assert_eq!(
+        P::handle(&rejected.value),
+        h,
+        "the caller keeps the {}",
+        P::WHAT
+    );
+    assert_eq!(pool.total_stats().live_leases, 0);
+    pool.put(rejected.value, home).unwrap();
+    assert_eq!(pool.lease_handle(from), h);
+    assert_eq!(pool.stats(to).unwrap().created, 0);
+    assert_ne!(pool.lease_handle(to), h);
 }
 
 #[test]
 fn a_stream_put_under_another_device_comes_back_and_the_pool_is_unchanged() {
-    let Some(gpu) = gpu(2) else { return };
-    let (d0, d1) = (DeviceId(0), DeviceId(1));
-    let pool = StreamPool::new(gpu.backend());
-    let owned = pool.get(d0).unwrap().detach();
-    let h = owned.handle();
-    let rejected = pool.put(owned, Some(d1)).unwrap_err();
-    let wrong = Error::WrongDevice {
-        given: d1,
-        actual: d0,
-    };
-    assert_eq!(rejected.error, wrong);
-    assert_eq!(rejected.value.handle(), h, "the caller keeps the stream");
-    assert_eq!(pool.live_leases(), 0);
-    // Device 1's list is still empty: its next lease is a new stream.
-    assert_ne!(pool.get(d1).unwrap().handle(), h);
-    pool.put(rejected.value, Some(d0)).unwrap();
-    assert_eq!(pool.get(d0).unwrap().handle(), h);
+    a_handle_put_under_another_device_comes_back::<StreamPool<_>>((D0, D1), Some(D0));
 }
 
 #[test]
 fn an_event_put_under_another_device_comes_back() {
-    let Some(gpu) = gpu(2) else { return };
-    let (d0, d1) = (DeviceId(0), DeviceId(1));
-    let pool = EventPool::new(gpu.backend());
-    let owned = pool.get(d1).unwrap().detach();
-    let h = owned.handle();
-    let rejected = pool.put(owned, Some(d0)).unwrap_err();
-    let wrong = Error::WrongDevice {
-        given: d0,
-        actual: d1,
-    };
-    assert_eq!(rejected.error, wrong);
-    pool.put(rejected.value, None).unwrap();
-    assert_eq!(pool.get(d1).unwrap().handle(), h);
-    assert_eq!(pool.stats(d0).unwrap().created, 0);
+    a_handle_put_under_another_device_comes_back::<EventPool<_>>((D1, D0), None);
 }
 
 #[test]
 fn an_adopted_handle_of_a_device_out_of_range_is_refused_at_put() {
-    let Some(gpu) = gpu(1) else { return };
-    let count = gpu.device_count();
-    let events = EventPool::new(gpu.backend());
-    let streams = StreamPool::new(gpu.backend());
-    let beyond = DeviceId(count + 8);
-    let out_of_range = Error::DeviceOutOfRange {
-        device: beyond,
-        count,
-    };
-    let backend = gpu.backend();
-    // SAFETY: deliberately breaks the contract (made-up handles, no such
-    // device): the pools must refuse the handles by their device before any
-    // backend call uses them, which is what is tested; the handles are never
-    // passed to the backend (into_raw below).
-    let (fake_event, fake_stream) = unsafe {
-        (
-            OwnedEvent::from_raw_parts(&backend, EventHandle::from_raw(0x55), beyond).unwrap(),
-            OwnedStream::from_raw_parts(&backend, StreamHandle::from_raw(0x5500), beyond).unwrap(),
-        )
-    };
-    let r = events.put(fake_event, None).unwrap_err();
-    assert_eq!(r.error, out_of_range);
-    let _ = r.value.into_raw();
-    let r = streams.put(fake_stream, None).unwrap_err();
-    assert_eq!(r.error, out_of_range);
-    let _ = r.value.into_raw();
-    assert_eq!(streams.live_leases() + events.live_leases(), 0);
+    with_pools(1, |gpu, streams, events| {
+        let count = gpu.device_count();
+        let beyond = DeviceId(count + 8);
+        let out_of_range = Error::DeviceOutOfRange {
+            device: beyond,
+            count,
+        };
+        let backend = gpu.backend();
+        // SAFETY: deliberately breaks the contract (made-up handles, no such
+        // device): the pools must refuse the handles by their device before any
+        // backend call uses them, which is what is tested; the handles are never
+        // passed to the backend (into_raw below).
+        let (fake_event, fake_stream) = unsafe {
+            (
+                OwnedEvent::from_raw_parts(&backend, EventHandle::from_raw(0x55), beyond).unwrap(),
+                OwnedStream::from_raw_parts(&backend, StreamHandle::from_raw(0x5500), beyond)
+                    .unwrap(),
+            )
+        };
+        let r = events.put(fake_event, None).unwrap_err();
+        assert_eq!(r.error, out_of_range);
+        let _ = r.value.into_raw();
+        let r = streams.put(fake_stream, None).unwrap_err();
+        assert_eq!(r.error, out_of_range);
+        let _ = r.value.into_raw();
+        assert_eq!(streams.live_leases() + events.live_leases(), 0);
+    });
 }
 
 #[test]
@@ -135,29 +141,28 @@ fn null_and_special_handles_are_refused() {
             );
         }
     }
-    // (`AccessOrder::wait_event` used to be given a raw event handle, and
-    // refused the null one here; it now takes a leased event, so a null or
-    // made-up event cannot reach it at all.)
+    // (`AccessOrder::wait_event` takes a leased event, so a null or made-up
+    // event cannot reach it at all.)
 }
 
 #[test]
 fn a_guard_of_another_collector_is_refused() {
-    let Some(gpu) = gpu(1) else { return };
-    let pool = StreamPool::new(gpu.backend());
-    let events = EventPool::new(gpu.backend());
-    let other = Collector::new();
-    let handle = other.register();
-    let guard = handle.pin();
-    assert_eq!(pool.get_in(0, &guard).unwrap_err(), Error::ForeignGuard);
-    assert_eq!(pool.purge_in(&guard).unwrap_err(), Error::ForeignGuard);
-    assert_eq!(events.get_in(0, &guard).unwrap_err(), Error::ForeignGuard);
-    assert_eq!(events.purge_in(&guard).unwrap_err(), Error::ForeignGuard);
-    assert_eq!(pool.device_count(), None, "nothing reached the backend");
-    // The pool's own collector works, as a no_std runtime would use it.
-    let own = StreamPool::with_collector(gpu.backend(), StreamPoolConfig::default(), other.clone());
-    let lease = own.get_in(0, &guard).unwrap();
-    drop(lease);
-    assert_eq!(own.purge_in(&guard).unwrap(), 1);
+    with_pools(1, |gpu, pool, events| {
+        let other = Collector::new();
+        let handle = other.register();
+        let guard = handle.pin();
+        assert_eq!(pool.get_in(0, &guard).unwrap_err(), Error::ForeignGuard);
+        assert_eq!(pool.purge_in(&guard).unwrap_err(), Error::ForeignGuard);
+        assert_eq!(events.get_in(0, &guard).unwrap_err(), Error::ForeignGuard);
+        assert_eq!(events.purge_in(&guard).unwrap_err(), Error::ForeignGuard);
+        assert_eq!(pool.device_count(), None, "nothing reached the backend");
+        // The pool's own collector works, as a no_std runtime would use it.
+        let own =
+            StreamPool::with_collector(gpu.backend(), StreamPoolConfig::default(), other.clone());
+        let lease = own.get_in(0, &guard).unwrap();
+        drop(lease);
+        assert_eq!(own.purge_in(&guard).unwrap(), 1);
+    });
 }
 
 #[test]
@@ -165,44 +170,32 @@ fn a_scratchpad_whose_orders_are_on_another_device_is_refused() {
     // A scratchpad allocates and frees every block under one device: an
     // order on another device than the configured one, or than the device
     // order, is refused before anything is allocated.
-    let Some(gpu) = gpu(1) else { return };
-    let backend = gpu.backend();
-    let (d0, d1) = (DeviceId(0), DeviceId(1));
-    let streams = StreamPool::new(gpu.backend());
-    let lease = streams.get(d0).unwrap();
-    let calls = gpu.backend_calls();
-    let on_device_1 = ScratchpadConfig {
-        device: Some(d1),
-        ..ScratchpadConfig::default()
-    };
-    let e = Scratchpad::with_config(&backend, lease.order(), on_device_1).unwrap_err();
-    assert_eq!(
-        e,
-        Error::WrongDevice {
-            given: d1,
-            actual: d0
+    with_stream_pool(1, |gpu, streams| {
+        let backend = gpu.backend();
+        let (d0, d1) = (DeviceId(0), DeviceId(1));
+        let lease = streams.get(d0).unwrap();
+        let calls = gpu.backend_calls();
+        let on_device_1 = ScratchpadConfig {
+            device: Some(d1),
+            ..ScratchpadConfig::default()
+        };
+        // A release order on another device than the device order.
+        let pinned_on_1 = ScratchpadConfig {
+            pinned_release: Some(AccessOrder::null_stream(d1)),
+            ..ScratchpadConfig::default()
+        };
+        for (config, given, actual) in [(on_device_1, d1, d0), (pinned_on_1, d0, d1)] {
+            let e = Scratchpad::with_config(&backend, lease.order(), config).unwrap_err();
+            assert_eq!(e, Error::WrongDevice { given, actual });
         }
-    );
-    // A release order on another device than the device order.
-    let pinned_on_1 = ScratchpadConfig {
-        pinned_release: Some(AccessOrder::null_stream(d1)),
-        ..ScratchpadConfig::default()
-    };
-    let e = Scratchpad::with_config(&backend, lease.order(), pinned_on_1).unwrap_err();
-    assert_eq!(
-        e,
-        Error::WrongDevice {
-            given: d0,
-            actual: d1
-        }
-    );
-    assert_calls(&gpu, calls, 0, "refused before any backend call");
-    // The same orders on one device are accepted.
-    let on_device_0 = ScratchpadConfig {
-        device: Some(d0),
-        pinned_release: Some(AccessOrder::null_stream(d0)),
-        ..ScratchpadConfig::default()
-    };
-    let scratch = Scratchpad::with_config(&backend, lease.order(), on_device_0).unwrap();
-    assert_eq!(scratch.device_id().unwrap(), d0);
+        assert_calls(&gpu, calls, 0, "refused before any backend call");
+        // The same orders on one device are accepted.
+        let on_device_0 = ScratchpadConfig {
+            device: Some(d0),
+            pinned_release: Some(AccessOrder::null_stream(d0)),
+            ..ScratchpadConfig::default()
+        };
+        let scratch = Scratchpad::with_config(&backend, lease.order(), on_device_0).unwrap();
+        assert_eq!(scratch.device_id().unwrap(), d0);
+    });
 }

@@ -4,6 +4,7 @@
 //! with tests for the GPU run).
 
 mod bad_input;
+mod both;
 mod events;
 mod order;
 mod scratch;
