@@ -14,10 +14,10 @@
 //! every handle out of every cell. A handle is in at most one place: a cell
 //! slot holds it until exactly one compare-and-swap (the owner's `take` or a
 //! drain) takes it out, and `give` claims an empty slot with a compare-and-swap, so no
-//! handle is ever overwritten. (A plain store after a load, on the argument
-//! "only the owner writes nonzero values", loses a handle to a racing drain:
-//! the loom model of an owner racing a drain finds it. The CAS gives the slot
-//! one modification order that settles the race.)
+//! handle is ever overwritten. (Only the owner turns an empty slot into a
+//! full one, and no other thread writes an empty slot, so a plain store after
+//! the load would also be correct today; the CAS keeps that from resting on
+//! who else writes the slot.)
 //!
 //! The event pool leases *in place* ([`Cell::lease`]): the owner's CAS
 //! replaces the handle in its slot with the [`LEASED`] marker, and the lease
@@ -183,10 +183,8 @@ impl Cell {
         }
         for s in &self.slots {
             // Relaxed pre-check: skips full slots without a read-modify-write.
-            // The CAS then claims the slot only if it is still empty; it is an
-            // RMW (not a plain store) so that it takes its place in the slot's
-            // modification order against a concurrent drain's CAS, and the
-            // drain either takes the handle or ran before it arrived.
+            // The CAS then claims the slot only if it is still empty (see the
+            // module documentation for why a CAS and not a plain store).
             // Release on success: publishes the handle to whoever takes it out.
             if s.load(Ordering::Relaxed) == 0
                 && s.compare_exchange(0, handle, Ordering::Release, Ordering::Relaxed)

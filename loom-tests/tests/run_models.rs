@@ -60,6 +60,7 @@ models! {
     thread_cache_registration_races_a_drain;
     thread_exit {
         adopter_keeps_the_handles_racing_a_drain,
+        one_adopter_per_orphaned_cell,
         adopter_is_not_served_the_orphans
     }
     in_place {

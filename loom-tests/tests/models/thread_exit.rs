@@ -85,6 +85,35 @@ fn adopter_keeps_the_handles_racing_a_drain() {
     OUTCOMES.assert_both_reached();
 }
 
+/// The event pool: a thread puts an event in its cell and exits, and two
+/// other threads lease for the first time. Their registrations may both find
+/// the exited thread's cell; only one may adopt it (it marks the cell owned
+/// under the registry's lock), or the two would share one cell and race on
+/// its owner-only tallies, which would then not add up. Every event is
+/// destroyed once; both outcomes must be reached (one of them served the
+/// exited thread's event, neither did).
+#[test]
+fn one_adopter_per_orphaned_cell() {
+    static OUTCOMES: Outcomes = Outcomes::new();
+    loom::model(|| {
+        let mock = idle_mock(1);
+        let pool = event_pool(&mock);
+        let [e1] = detached_events(&pool);
+        let ledger = Ledger::new([e1.handle()]);
+        let (pool, ledger, mock) = (&pool, &ledger, &mock);
+        // (loom's `join` returns before the joined thread's thread-locals
+        // are dropped, so the exit still races the registrations below.)
+        spawn_scoped(move || ledger.put(pool, e1)).join();
+        let first = spawn_scoped(move || lease_once(pool, ledger));
+        let second = spawn_scoped(move || lease_once(pool, ledger));
+        let reused = first.join() | second.join();
+        // One detached, one each for the two adopters.
+        ledger.finish(pool, mock, 3);
+        OUTCOMES.record(reused);
+    });
+    OUTCOMES.assert_both_reached();
+}
+
 /// The stream pool with `same_thread_reuse`: cells keep streams unqueried,
 /// so the streams an exited thread left may still run its work and must
 /// reach no other thread before a query finds them idle. A thread leases a
