@@ -21,6 +21,10 @@
 //!   the last one's end, the time per operation is the median thread's.
 //! - **Oversubscribed**: four threads per core, every operation timed on its
 //!   own: p50, p99 and p99.9.
+//! - **Scratch rounds on many threads** (pinned, device; 1 to 16 threads,
+//!   each on a stream of its own): gpupool new each round, with learned
+//!   sizes, reset reuse, and DALI-style new each round; time per round of
+//!   the median thread and the driver allocation calls per round once warm.
 //! - **Scratch rounds** of 16 allocations (1 B to 64 KiB) on one thread, per
 //!   kind (host, pinned, device): gpupool's `Scratchpad` made anew each round
 //!   (plain, and with `learn_sizes`: one block of the size the earlier rounds
@@ -43,13 +47,14 @@
 mod measure;
 mod output;
 mod report;
+mod threads;
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 #[cfg(feature = "cuda")]
 use gpupool_core::DeviceId;
-use gpupool_core::{EventBackend, MemoryBackend, StreamBackend};
+use gpupool_core::{EventBackend, MemoryBackend, MemoryKind, StreamBackend};
 
 use measure::{measure_pools, measure_scratch, Results, Settings};
 use output::{to_json, to_svg};
@@ -120,6 +125,7 @@ fn run<B: Machine>(
     name: String,
     args: &Args,
     plain: &dyn Fn(bool),
+    driver_allocations: &dyn Fn(MemoryKind) -> Option<u64>,
     leftovers: impl Fn() -> Option<String>,
 ) -> ExitCode {
     let s = Settings::from_env();
@@ -137,6 +143,7 @@ fn run<B: Machine>(
     let mut r = Results::default();
     measure_pools(&backend, &s, &mut r);
     measure_scratch(&backend, &s, &mut r, plain);
+    r.thread_rounds = threads::measure_scratch_threads(&backend, &s, plain, driver_allocations);
     let cuda = !a.backend.starts_with("mock");
     let t = targets(&r, &s, cuda);
     print!("{}", report(&r, &s, &a, &t));
@@ -202,7 +209,21 @@ fn run_cuda(args: &Args) -> ExitCode {
         gpu.set_device_cache(!on);
         gpu.set_idle_probe(!on);
     };
-    run(gpu, format!("CUDA backend, {name}"), args, &plain, || None)
+    let probe = gpu.clone();
+    let driver_allocations = move |kind: MemoryKind| {
+        probe
+            .memory_stats(DeviceId(0))
+            .ok()
+            .map(|m| m.upstream_allocations[kind.index()])
+    };
+    run(
+        gpu,
+        format!("CUDA backend, {name}"),
+        args,
+        &plain,
+        &driver_allocations,
+        || None,
+    )
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -229,8 +250,22 @@ fn main() -> ExitCode {
     }
     let mock = gpupool_mock::MockBackend::new(1);
     let probe = mock.clone();
-    run(mock, "mock backend".into(), &args, &|_| {}, move || {
-        let (s, e) = (probe.live_streams(), probe.live_events());
-        (s + e > 0).then(|| format!("{s} streams and {e} events"))
-    })
+    let counter = mock.clone();
+    // The mock's allocation calls of every kind (it does not count them per
+    // kind; the kinds are measured one at a time).
+    let driver_allocations = move |_: MemoryKind| {
+        use gpupool_mock::CallKind;
+        Some(counter.calls(CallKind::Allocate) + counter.calls(CallKind::AllocateAsync))
+    };
+    run(
+        mock,
+        "mock backend".into(),
+        &args,
+        &|_| {},
+        &driver_allocations,
+        move || {
+            let (s, e) = (probe.live_streams(), probe.live_events());
+            (s + e > 0).then(|| format!("{s} streams and {e} events"))
+        },
+    )
 }

@@ -225,6 +225,8 @@ pub(crate) struct Results {
     pub(crate) throughput: Vec<Throughput>,
     pub(crate) latency: Vec<Latency>,
     pub(crate) rounds: Vec<Round>,
+    /// Scratch rounds on many threads, each on its own stream.
+    pub(crate) thread_rounds: Vec<crate::threads::ThreadRound>,
 }
 
 impl Results {

@@ -101,6 +101,22 @@ pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) 
         })
         .collect();
     let _ = writeln!(o, "  \"scratch\": [\n{}\n  ],", rows.join(",\n"));
+    let rows: Vec<String> = r
+        .thread_rounds
+        .iter()
+        .map(|x| {
+            format!(
+                "    {{\"kind\": {}, \"variant\": {}, \"threads\": {}, \"ns_per_round\": {}, \"driver_allocations_per_round\": {}, \"rounds_per_thread\": {}}}",
+                json_str(kind_name(x.kind)),
+                json_str(x.variant),
+                x.threads,
+                json_num(Some(x.ns_per_round)),
+                json_num(x.driver_allocations_per_round),
+                x.rounds
+            )
+        })
+        .collect();
+    let _ = writeln!(o, "  \"scratch_threads\": [\n{}\n  ],", rows.join(",\n"));
     let rows: Vec<String> = targets
         .iter()
         .map(|t| {

@@ -22,14 +22,14 @@ pub(crate) fn kind_name(kind: MemoryKind) -> &'static str {
 }
 
 /// `a ÷ b` when both are known.
-fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+pub(crate) fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     match (a, b) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
     }
 }
 
-fn fmt_ratio(r: Option<f64>) -> String {
+pub(crate) fn fmt_ratio(r: Option<f64>) -> String {
     match r {
         Some(r) if r >= 100.0 => format!("{r:.0}×"),
         Some(r) if r >= 10.0 => format!("{r:.1}×"),
@@ -39,7 +39,7 @@ fn fmt_ratio(r: Option<f64>) -> String {
     }
 }
 
-fn fmt_ns(ns: f64) -> String {
+pub(crate) fn fmt_ns(ns: f64) -> String {
     if ns >= 1e6 {
         format!("{:.2} ms", ns / 1e6)
     } else if ns >= 1e4 {
@@ -437,6 +437,7 @@ pub(crate) fn report(r: &Results, s: &Settings, a: &About, targets: &[Target]) -
         );
     }
     let _ = writeln!(o);
+    o.push_str(&crate::threads::report(&r.thread_rounds));
     let _ = writeln!(
         o,
         "## Targets ({})",
