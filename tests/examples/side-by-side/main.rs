@@ -209,10 +209,8 @@ fn run_cuda(args: &Args) -> ExitCode {
         gpu.set_device_cache(!on);
         gpu.set_idle_probe(!on);
     };
-    let probe = gpu.clone();
     let driver_allocations = move |kind: MemoryKind| {
-        probe
-            .memory_stats(DeviceId(0))
+        gpu.memory_stats(DeviceId(0))
             .ok()
             .map(|m| m.upstream_allocations[kind.index()])
     };
