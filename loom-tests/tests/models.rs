@@ -291,22 +291,24 @@ fn parked_error_two_drops() {
 }
 
 /// The stream pool (default configuration: cells keep streams found idle on
-/// return). A thread puts two streams (its cell registered on the way: the
-/// registration races the purge), leases both from its cell (`take`),
-/// returns one (`give`) and keeps the other, while this thread purges. A
-/// purge never destroys a stream that is out (the ledger), the tallies are
-/// exact and every stream is destroyed once.
+/// return). A thread puts four streams (its cell registered on the way: the
+/// registration races the purge; the four fill every slot of the cell),
+/// leases two from its cell (`take`, last slot first), returns one (`give`)
+/// and keeps the other, while this thread purges. A purge never destroys a
+/// stream that is out (the ledger), the tallies are exact and every stream is
+/// destroyed once.
 #[test]
 fn thread_cache_owner_races_a_drain() {
     loom::model(|| {
         let mock = idle_mock(1);
         let pool = stream_pool(&mock, StreamPoolConfig::default());
-        let [s1, s2] = detached_streams(&pool);
-        let ledger = Ledger::new([s1.handle(), s2.handle()]);
+        let streams: [_; 4] = detached_streams(&pool);
+        let ledger = Ledger::new(streams.each_ref().map(|s| s.handle()));
         let (pool, ledger, mock) = (&pool, &ledger, &mock);
         let owner = spawn_scoped(move || {
-            ledger.put(pool, s1);
-            ledger.put(pool, s2);
+            for s in streams {
+                ledger.put(pool, s);
+            }
             let a = pool.get(0).unwrap();
             ledger.out(a.handle());
             let b = pool.get(0).unwrap();
@@ -318,8 +320,8 @@ fn thread_cache_owner_races_a_drain() {
         ledger.purge(pool, mock);
         let kept = owner.join();
         ledger.put(pool, kept);
-        // Two detached here, two leased by the owner.
-        ledger.finish(pool, mock, 4);
+        // Four detached here, two leased by the owner.
+        ledger.finish(pool, mock, 6);
     });
 }
 
