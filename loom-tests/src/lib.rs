@@ -105,7 +105,8 @@ pub const MODELS: &[&str] = &[
 /// most this many preemptions per thread).
 pub const MAX_PREEMPTIONS: &str = "2";
 
-/// The bound for the models cheap enough to go deeper (the mock backend's,
-/// the block pool's, the thread-cache registration, thread exits and in-place
-/// leases): a few seconds together.
+/// The bound for the models cheap enough to go deeper (those that call
+/// `model_deep` in `tests/models.rs` and its modules: the mock backend's, the
+/// block pool's, most thread-cache, thread-exit and in-place-lease models):
+/// under a minute together.
 pub const DEEP_PREEMPTIONS: usize = 3;
