@@ -50,6 +50,7 @@
 //! `Mutex` under `--cfg loom`). This module is public only for them
 //! (`#[doc(hidden)]`, not part of the API).
 
+mod local;
 mod upstream;
 
 use std::collections::VecDeque;
@@ -66,6 +67,9 @@ use gpupool_core::EventHandle;
 use crate::backend::CudaBackend;
 use crate::sync::{Mutex, MutexGuard};
 
+pub use self::local::{
+    LocalCounts, ThreadBlocks, QUERY_BATCH_BLOCKS, QUERY_BATCH_BYTES, THREAD_FREE_BYTES,
+};
 pub(crate) use self::upstream::PoolKind;
 pub use self::upstream::Upstream;
 
@@ -92,6 +96,12 @@ impl CudaBackend {
         // Relaxed: see `stream_is_idle`.
         IDLE_PROBE.store(enabled, Ordering::Relaxed);
     }
+}
+
+/// Whether the idle probe is on ([`CudaBackend::set_idle_probe`]).
+pub(crate) fn idle_probe() -> bool {
+    // Relaxed: a switch that guards no memory.
+    IDLE_PROBE.load(Ordering::Relaxed)
 }
 
 /// How many stream-ordered returns record their fence without asking whether
@@ -284,6 +294,9 @@ pub struct Pool<U: Upstream> {
     skip_probes: AtomicUsize,
     /// Upstream calls and reuses.
     pub(crate) counters: KindCounters,
+    /// How many blocks a thread's pending group of a stream holds before one
+    /// query proves them free ([`QUERY_BATCH_BLOCKS`]; the models lower it).
+    query_batch_blocks: usize,
 }
 
 /// Pinned or managed blocks of one device.
@@ -297,7 +310,18 @@ impl<U: Upstream> Pool<U> {
             lists: Mutex::new(Lists::default()),
             skip_probes: AtomicUsize::new(0),
             counters: KindCounters::default(),
+            query_batch_blocks: QUERY_BATCH_BLOCKS,
         }
+    }
+
+    /// The same pool, proving a thread's stream-ordered frees free once a
+    /// stream's group holds `blocks` blocks (at least 1) instead of
+    /// [`QUERY_BATCH_BLOCKS`]: for the models and unit tests, which cannot
+    /// afford thirty-two frees per batch.
+    #[doc(hidden)]
+    pub fn with_query_batch(mut self, blocks: usize) -> Self {
+        self.query_batch_blocks = blocks.max(1);
+        self
     }
 
     /// The upstream.

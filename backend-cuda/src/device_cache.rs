@@ -107,7 +107,7 @@ mod shelf;
 
 use std::ffi::c_ulonglong;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, StreamHandle};
@@ -118,18 +118,25 @@ use crate::backend::CudaBackend;
 use crate::driver::{raw_stream, Driver};
 use crate::error::{check, invalid_value, CudaError};
 use crate::library;
+use crate::shards::{LocalShards, ShardState, Shards};
 
 pub(crate) use self::shelf::Shelf;
 // For the unit tests' `use super::*`.
 #[cfg(test)]
 use self::shelf::Put;
 
-/// The most blocks the cache holds per device.
+/// The most blocks the cache holds per device **for one thread** (the
+/// blocks its stream-ordered frees put there).
 pub const MAX_BLOCKS: usize = 64;
 
-/// The most bytes the cache holds per device; a larger block is never
-/// cached.
-pub const MAX_BYTES: usize = 64 << 20;
+/// The most bytes the cache holds per device, all threads together; a larger
+/// block is never cached.
+pub const MAX_BYTES: usize = 256 << 20;
+
+/// The step in which a thread reserves bytes of [`MAX_BYTES`] for its blocks
+/// (and gives them back): the shared budget is touched only when a thread's
+/// cached bytes cross a chunk, not on every free and allocation.
+pub const RESERVE_CHUNK: usize = 1 << 20;
 
 /// Whether a stream's frees may be cached at all: not the special streams
 /// (legacy and per-thread default stream, whose handle names a different
@@ -199,6 +206,19 @@ unsafe fn stream_id(stream: StreamHandle) -> Option<u64> {
     (r == sys::CUresult::CUDA_SUCCESS).then_some(id)
 }
 
+/// `cuStreamGetId` of a usable stream; `None` for a special stream (never
+/// asked), or if the driver refuses or lacks the call.
+///
+/// # Safety
+/// `stream` is a usable stream of this process's driver (live, or special).
+pub(crate) unsafe fn id_of(stream: StreamHandle) -> Option<u64> {
+    if stream.is_special() {
+        return None;
+    }
+    // SAFETY: a live created stream (not special; this function's contract).
+    unsafe { stream_id(stream) }
+}
+
 /// Whether `stream` is capturing a graph (or the driver cannot say, which is
 /// treated the same: no caching).
 ///
@@ -224,16 +244,114 @@ unsafe fn free_on(addr: usize, stream: StreamHandle) -> Result<(), CudaError> {
     check(unsafe { sys::cuMemFreeAsync(addr as sys::CUdeviceptr, raw_stream(stream)) })
 }
 
-/// The device cache of one device.
+/// What one thread's shard of a device cache holds (and the orphans of the
+/// threads that exited): blocks by stream id and size, the bytes reserved
+/// from the device's budget for them, and what the shard has done.
+#[derive(Debug)]
+pub struct ThreadShelf {
+    shelf: Shelf<usize>,
+    /// Bytes of the device's budget ([`MAX_BYTES`]) this shard holds: at
+    /// least `shelf.bytes()`, in whole [`RESERVE_CHUNK`]s while the thread
+    /// lives (exactly the bytes held, for the orphans).
+    reserved: usize,
+    hits: u64,
+    misses: u64,
+    evictions: u64,
+}
+
+impl Default for ThreadShelf {
+    fn default() -> Self {
+        ThreadShelf {
+            shelf: Shelf::new(MAX_BLOCKS, 0),
+            reserved: 0,
+            hits: 0,
+            misses: 0,
+            evictions: 0,
+        }
+    }
+}
+
+impl ShardState for ThreadShelf {
+    /// The bytes reserved by the shards and the orphans, at most
+    /// [`MAX_BYTES`]; touched only when a shard's reservation crosses a
+    /// chunk.
+    type Shared = AtomicUsize;
+
+    fn is_empty(&self) -> bool {
+        self.shelf.len() == 0
+    }
+
+    /// The orphans keep exactly the bytes of their blocks reserved: the
+    /// exiting thread's spare chunk goes back to the budget.
+    fn absorb(&mut self, from: &mut Self, budget: &AtomicUsize) {
+        for (stream, size, addr) in from.shelf.drain() {
+            self.shelf.force(stream, size, addr);
+        }
+        self.reserved += core::mem::take(&mut from.reserved);
+        self.hits += core::mem::take(&mut from.hits);
+        self.misses += core::mem::take(&mut from.misses);
+        self.evictions += core::mem::take(&mut from.evictions);
+        self.release_surplus(0, budget);
+    }
+}
+
+/// Reservations from a device's byte budget.
+impl ThreadShelf {
+    /// Reserves room for `more` bytes beyond what the shelf holds, in whole
+    /// chunks, if the budget has them. Returns the shelf's byte bound.
+    fn reserve_for(&mut self, more: usize, budget: &AtomicUsize) -> usize {
+        let need = self.shelf.bytes().saturating_add(more);
+        if need > self.reserved {
+            let grow = (need - self.reserved).div_ceil(RESERVE_CHUNK) * RESERVE_CHUNK;
+            // Relaxed: a counter of bytes; no memory is published through
+            // it (the blocks themselves stay in this shard).
+            let reserved = budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                r.checked_add(grow).filter(|&r| r <= MAX_BYTES)
+            });
+            if reserved.is_ok() {
+                self.reserved += grow;
+            }
+        }
+        self.shelf.set_max_bytes(self.reserved);
+        self.reserved
+    }
+
+    /// Gives back what the shard reserved beyond one spare chunk (`keep`:
+    /// the chunks it holds blocks in, plus `spare` more).
+    fn release_surplus(&mut self, spare: usize, budget: &AtomicUsize) {
+        let keep = self.shelf.bytes().div_ceil(RESERVE_CHUNK) * RESERVE_CHUNK + spare;
+        if self.reserved > keep {
+            // Relaxed: see `reserve_for`.
+            budget.fetch_sub(self.reserved - keep, Ordering::Relaxed);
+            self.reserved = keep;
+            self.shelf.set_max_bytes(keep);
+        }
+    }
+
+    /// Takes out every block (stream id, size, address), giving back its
+    /// reservation.
+    fn drain_all(&mut self, budget: &AtomicUsize) -> Vec<(u64, usize, usize)> {
+        let blocks = self.shelf.drain();
+        self.release_surplus(0, budget);
+        blocks
+    }
+
+    /// Takes out every block of `stream` (size, address), giving back what
+    /// the shard no longer needs reserved.
+    fn drain_stream(&mut self, stream: u64, budget: &AtomicUsize) -> Vec<(usize, usize)> {
+        let blocks = self.shelf.drain_stream(stream);
+        self.release_surplus(RESERVE_CHUNK, budget);
+        blocks
+    }
+}
+
+/// The device cache of one device: a [`ThreadShelf`] per thread that frees
+/// device memory in stream order, and the byte budget they share.
 #[derive(Debug)]
 pub(crate) struct DeviceCache {
-    shelf: Mutex<Shelf<usize>>,
-    /// `shelf.len()`, readable without the lock: a hint that lets an
-    /// allocation skip the driver queries when nothing is cached.
-    len: AtomicUsize,
-    hits: AtomicU64,
-    misses: AtomicU64,
-    evictions: AtomicU64,
+    /// The device's index: this thread's shard is at this index of `LOCAL`.
+    index: usize,
+    shards: Shards<ThreadShelf>,
 }
 
 /// What the cache of a device holds and has done.
@@ -246,39 +364,42 @@ pub(crate) struct CacheCounts {
     pub(crate) evictions: u64,
 }
 
+thread_local! {
+    /// This thread's shards of the device caches, by device index.
+    static LOCAL: LocalShards<ThreadShelf> = const { LocalShards::new() };
+}
+
 impl DeviceCache {
-    pub(crate) const fn new() -> Self {
+    pub(crate) fn new(index: usize) -> Self {
         DeviceCache {
-            shelf: Mutex::new(Shelf::new(MAX_BLOCKS, MAX_BYTES)),
-            len: AtomicUsize::new(0),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
+            index,
+            shards: Shards::new(),
         }
     }
 
-    fn shelf(&self) -> MutexGuard<'_, Shelf<usize>> {
-        self.shelf.lock().unwrap_or_else(|p| p.into_inner())
+    /// The byte budget's reservations.
+    fn reserved(&self) -> &AtomicUsize {
+        self.shards.shared()
     }
 
-    /// Publishes the shelf's length (under its lock).
-    fn set_len(&self, shelf: &Shelf<usize>) {
-        // Relaxed: `len` is only a hint; a reader that needs the truth takes
-        // the lock, and a free that happens-before a reader's load is seen
-        // by it through that happens-before relation (coherence).
-        self.len.store(shelf.len(), Ordering::Relaxed);
+    /// Runs `f` on the calling thread's shard (registered now if it has
+    /// none); `None` while the thread's locals are being destroyed.
+    fn with_shard<R>(&'static self, f: impl FnOnce(&mut ThreadShelf) -> R) -> Option<R> {
+        LOCAL
+            .try_with(|local| local.with(self.index, &self.shards, f))
+            .ok()
     }
 
     pub(crate) fn counts(&self) -> CacheCounts {
-        let shelf = self.shelf();
-        CacheCounts {
-            blocks: shelf.len(),
-            bytes: shelf.bytes(),
-            // Relaxed: statistics.
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-            evictions: self.evictions.load(Ordering::Relaxed),
-        }
+        let mut c = CacheCounts::default();
+        self.shards.each(|t| {
+            c.blocks += t.shelf.len();
+            c.bytes += t.shelf.bytes();
+            c.hits += t.hits;
+            c.misses += t.misses;
+            c.evictions += t.evictions;
+        });
+        c
     }
 
     /// A cached block of exactly `size` bytes freed on the stream `stream`
@@ -288,32 +409,53 @@ impl DeviceCache {
     /// Called with a context current; `stream` is a usable stream of the
     /// cache's device (live, of its primary context, or a special stream,
     /// which is never cached).
-    pub(crate) unsafe fn take(&self, stream: StreamHandle, size: usize) -> Option<usize> {
+    pub(crate) unsafe fn take(&'static self, stream: StreamHandle, size: usize) -> Option<usize> {
         if !cacheable(stream) || !active() {
             return None;
         }
-        // Relaxed: a hint (see `set_len`).
-        let nothing_cached = self.len.load(Ordering::Relaxed) == 0;
-        // SAFETY: (both calls) `active()` saw the driver loaded with
-        // `cuStreamGetId`; `stream` is a live created stream (not special,
-        // checked above; this function's contract).
-        let found = if nothing_cached || unsafe { capturing(stream) } {
-            None
-        } else {
-            // SAFETY: as above.
-            unsafe { stream_id(stream) }.and_then(|id| {
-                let mut shelf = self.shelf();
-                let block = shelf.take(id, size);
-                self.set_len(&shelf);
-                block
-            })
+        self.with_shard(|mine| {
+            let nothing_cached = mine.is_empty() && !self.shards.may_have_orphans();
+            // SAFETY: (both driver calls) `active()` saw the driver loaded
+            // with `cuStreamGetId`; `stream` is a live created stream (not
+            // special, checked above; this function's contract).
+            let found = if nothing_cached || unsafe { capturing(stream) } {
+                None
+            } else {
+                // SAFETY: as above.
+                unsafe { stream_id(stream) }.and_then(|id| {
+                    mine.shelf.take(id, size).or_else(|| {
+                        self.adopt(mine, id);
+                        mine.shelf.take(id, size)
+                    })
+                })
+            };
+            match found {
+                Some(_) => {
+                    mine.hits += 1;
+                    mine.release_surplus(RESERVE_CHUNK, self.reserved());
+                }
+                None => mine.misses += 1,
+            }
+            found
+        })
+        .flatten()
+    }
+
+    /// Moves the orphaned blocks of stream `id` (of threads that exited)
+    /// into `mine`, with their reservation.
+    fn adopt(&self, mine: &mut ThreadShelf, id: u64) {
+        let Some(mut orphans) = self.shards.orphans() else {
+            return;
         };
-        // Relaxed: statistics.
-        match found {
-            Some(_) => self.hits.fetch_add(1, Ordering::Relaxed),
-            None => self.misses.fetch_add(1, Ordering::Relaxed),
-        };
-        found
+        let blocks = orphans.shelf.drain_stream(id);
+        let bytes: usize = blocks.iter().map(|&(size, _)| size).sum();
+        orphans.reserved -= bytes;
+        self.shards.release_orphans(orphans);
+        mine.reserved += bytes;
+        for (size, addr) in blocks {
+            mine.shelf.force(id, size, addr);
+        }
+        mine.shelf.set_max_bytes(mine.reserved);
     }
 
     /// Keeps `addr` (`size` bytes) freed in the order of `stream`. `false`:
@@ -327,7 +469,7 @@ impl DeviceCache {
     /// contract of a stream-ordered free); `stream` is a usable stream of the
     /// cache's device (live, of its primary context, or a special stream).
     pub(crate) unsafe fn put(
-        &self,
+        &'static self,
         stream: StreamHandle,
         addr: usize,
         size: usize,
@@ -343,15 +485,15 @@ impl DeviceCache {
         let Some(id) = (unsafe { stream_id(stream) }) else {
             return false;
         };
-        let put = {
-            let mut shelf = self.shelf();
-            let put = shelf.put(id, size, addr);
-            self.set_len(&shelf);
+        let Some(put) = self.with_shard(|mine| {
+            mine.reserve_for(size, self.reserved());
+            let put = mine.shelf.put(id, size, addr);
+            mine.evictions += put.evicted.len() as u64 + u64::from(put.refused.is_some());
             put
+        }) else {
+            return false;
         };
         for old in put.evicted {
-            // Relaxed: statistics.
-            self.evictions.fetch_add(1, Ordering::Relaxed);
             // SAFETY: `old` was freed earlier in the order of the stream with
             // id `id`, which is `stream` (ids are never reused), so every use
             // of it was ordered before a point `stream` has already queued;
@@ -359,21 +501,15 @@ impl DeviceCache {
             // block stays with the driver's pool unfreed until the context
             // goes away (only a broken or exiting context fails here).
             if unsafe { free_on(old, stream) }.is_ok() {
+                // Relaxed: statistics.
                 frees.fetch_add(1, Ordering::Relaxed);
             }
         }
-        match put.refused {
-            Some(_) => {
-                // Relaxed: statistics.
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-                false
-            }
-            None => true,
-        }
+        put.refused.is_none()
     }
 
-    /// Frees every block cached for `stream` with `cuMemFreeAsync` on it.
-    /// Returns how many.
+    /// Frees every block cached for `stream`, on every thread's shard and
+    /// among the orphans, with `cuMemFreeAsync` on it. Returns how many.
     ///
     /// # Safety
     /// Called with a context current; `stream` is a usable stream of the
@@ -384,9 +520,10 @@ impl DeviceCache {
         stream: StreamHandle,
         frees: &AtomicU64,
     ) -> Result<usize, CudaError> {
-        // Relaxed: a hint (see `set_len`); the frees the caller wants handled
-        // happen-before this call.
-        if !cacheable(stream) || self.len.load(Ordering::Relaxed) == 0 || !supported() {
+        // Relaxed: a hint; nothing is cached anywhere while nothing is
+        // reserved, and the frees the caller wants handled happen-before
+        // this call (the reservation for them was made before them).
+        if !cacheable(stream) || self.reserved().load(Ordering::Relaxed) == 0 || !supported() {
             return Ok(0);
         }
         // SAFETY: `supported()` saw the driver loaded with `cuStreamGetId`;
@@ -400,27 +537,24 @@ impl DeviceCache {
         let Some(id) = (unsafe { stream_id(stream) }) else {
             return Err(invalid_value());
         };
-        let blocks = {
-            let mut shelf = self.shelf();
-            let blocks = shelf.drain_stream(id);
-            self.set_len(&shelf);
-            blocks
-        };
+        let mut blocks = Vec::new();
+        self.shards
+            .each(|t| blocks.extend(t.drain_stream(id, self.reserved())));
         // SAFETY: the blocks were freed in the order of the stream with id
         // `id`, which is `stream` (ids are never reused), so every use of them
         // is ordered before the work queued on it so far; it is live.
         unsafe { self.give_back(blocks, stream, frees) }
             .map(|(n, _)| n)
             .map_err(|(e, left)| {
-                self.reshelve(id, left);
+                self.reshelve(left.into_iter().map(|(size, addr)| (id, size, addr)));
                 e
             })
     }
 
-    /// Frees every cached block of `device`, whatever its stream: waits for
-    /// the primary context's work, then frees them on `private` (the
-    /// backend's private stream of the device). Returns how many, and their
-    /// bytes. Nothing is synchronized when nothing is cached.
+    /// Frees every cached block of `device`, whatever its stream and thread:
+    /// waits for the primary context's work, then frees them on `private`
+    /// (the backend's private stream of the device). Returns how many, and
+    /// their bytes. Nothing is synchronized when nothing is cached.
     ///
     /// # Safety
     /// `private` is a live stream of `device`'s primary context that is
@@ -432,12 +566,9 @@ impl DeviceCache {
         private: StreamHandle,
         frees: &AtomicU64,
     ) -> Result<(usize, usize), CudaError> {
-        let blocks = {
-            let mut shelf = self.shelf();
-            let blocks = shelf.drain();
-            self.set_len(&shelf);
-            blocks
-        };
+        let mut blocks = Vec::new();
+        self.shards
+            .each(|t| blocks.extend(t.drain_all(self.reserved())));
         if blocks.is_empty() {
             return Ok((0, 0));
         }
@@ -447,7 +578,7 @@ impl DeviceCache {
             // (the context of every stream a block was freed on, the
             // module's contract), work left on destroyed streams included.
             if let Err(e) = check(unsafe { sys::cuCtxSynchronize() }) {
-                left = blocks;
+                left = core::mem::take(&mut blocks);
                 return Err(e);
             }
             // SAFETY: every use of every block was queued before its
@@ -474,14 +605,8 @@ impl DeviceCache {
             check(unsafe { sys::cuStreamSynchronize(raw_stream(private)) })?;
             Ok(freed)
         });
-        if !left.is_empty() {
-            // Not freed: still ours, back on the shelf for a later try.
-            let mut shelf = self.shelf();
-            for (id, size, addr) in left {
-                shelf.force(id, size, addr);
-            }
-            self.set_len(&shelf);
-        }
+        // Not freed: still ours, kept for a later try.
+        self.reshelve(left);
         done
     }
 
@@ -527,13 +652,24 @@ impl DeviceCache {
         }
     }
 
-    /// Puts blocks that could not be freed back on the shelf.
-    fn reshelve(&self, stream: u64, blocks: Vec<(usize, usize)>) {
-        let mut shelf = self.shelf();
-        for (size, addr) in blocks {
-            shelf.force(stream, size, addr);
+    /// Keeps blocks (stream id, size, address) that could not be given back
+    /// among the orphans, reserved whatever the budget says (the bound is
+    /// exceeded until they go).
+    fn reshelve(&self, blocks: impl IntoIterator<Item = (u64, usize, usize)>) {
+        let mut blocks = blocks.into_iter().peekable();
+        if blocks.peek().is_none() {
+            return;
         }
-        self.set_len(&shelf);
+        let mut kept = ThreadShelf::default();
+        for (stream, size, addr) in blocks {
+            kept.shelf.force(stream, size, addr);
+            kept.reserved += size;
+        }
+        // Relaxed: see `ThreadShelf::reserve_for`.
+        self.reserved().fetch_add(kept.reserved, Ordering::Relaxed);
+        let mut orphans = self.shards.lock_orphans();
+        orphans.absorb(&mut kept, self.reserved());
+        self.shards.release_orphans(orphans);
     }
 }
 

@@ -89,6 +89,8 @@ pub mod interop;
 mod kernel_arg;
 mod library;
 pub mod memory;
+#[doc(hidden)]
+pub mod shards; // public for the loom models only
 mod streams_events;
 mod sync;
 pub mod testing;

@@ -170,9 +170,28 @@ use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryBackend, MemoryKind, StreamBackend, StreamHandle};
 
 use crate::backend::CudaBackend;
+use crate::block_pool::ThreadBlocks;
 use crate::driver::{driver, raw_stream, Driver};
 use crate::error::{check, invalid_value, out_of_memory, CudaError};
+use crate::shards::{LocalShards, Shards};
 use state::{state, DeviceMemory};
+
+thread_local! {
+    /// This thread's pinned and managed blocks, by device and kind (see
+    /// [`DeviceMemory::host_visible`]).
+    static LOCAL_BLOCKS: LocalShards<ThreadBlocks> = const { LocalShards::new() };
+}
+
+/// Runs `f` on the calling thread's blocks at `index` of `shards`
+/// (registered now if it has none); `None` while the thread's locals are
+/// being destroyed.
+fn with_local_blocks<R>(
+    index: usize,
+    shards: &'static Shards<ThreadBlocks>,
+    f: impl FnOnce(&mut ThreadBlocks) -> R,
+) -> Option<R> {
+    LOCAL_BLOCKS.try_with(|l| l.with(index, shards, f)).ok()
+}
 
 pub use stats::MemoryStats;
 
@@ -194,6 +213,12 @@ pub(crate) unsafe fn forget_stream_blocks(
         return Ok(0);
     };
     drv.ensure_context(device)?;
+    for kind in [MemoryKind::Pinned, MemoryKind::Managed] {
+        if let Some((pool, threads, _)) = mem.host_visible(kind) {
+            // SAFETY: this function's contract: a usable stream of `device`.
+            unsafe { pool.forget_stream_local(threads, device, stream) };
+        }
+    }
     // SAFETY: this function's contract.
     unsafe { mem.cache.forget(stream, &mem.device.upstream_frees) }
 }
@@ -257,7 +282,7 @@ impl DeviceMemory {
     /// [`MemoryBackend::allocate_async`]; see [`CudaBackend`], "Raw
     /// handles").
     unsafe fn raw_allocate(
-        &self,
+        &'static self,
         drv: &Driver,
         kind: MemoryKind,
         device: DeviceId,
@@ -267,8 +292,15 @@ impl DeviceMemory {
         match kind {
             // SAFETY: this function's contract.
             MemoryKind::Device => unsafe { self.device_allocate(drv, device, size, stream) },
-            MemoryKind::Pinned => self.pinned.take(device, size),
-            MemoryKind::Managed => self.managed.take(device, size),
+            MemoryKind::Pinned | MemoryKind::Managed => {
+                let Some((pool, threads, index)) = self.host_visible(kind) else {
+                    return Err(invalid_value());
+                };
+                with_local_blocks(index, threads, |mine| {
+                    pool.take_local(mine, threads, device, size)
+                })
+                .unwrap_or_else(|| pool.take(device, size))
+            }
             MemoryKind::Host => Err(invalid_value()),
         }
     }
@@ -280,7 +312,7 @@ impl DeviceMemory {
     /// `size`, is freed once; with `stream`, only work already issued on it
     /// may still use the block; without, nothing does.
     unsafe fn raw_free(
-        &self,
+        &'static self,
         drv: &Driver,
         kind: MemoryKind,
         device: DeviceId,
@@ -288,21 +320,27 @@ impl DeviceMemory {
         size: usize,
         stream: Option<StreamHandle>,
     ) -> Result<(), CudaError> {
-        let pool = match kind {
-            MemoryKind::Device => {
-                // SAFETY: the caller's contract.
-                return unsafe { self.device_free(drv, device, addr, size, stream) };
-            }
-            MemoryKind::Pinned => &self.pinned,
-            MemoryKind::Managed => &self.managed,
-            MemoryKind::Host => return Err(invalid_value()),
+        if kind == MemoryKind::Device {
+            // SAFETY: the caller's contract.
+            return unsafe { self.device_free(drv, device, addr, size, stream) };
+        }
+        let Some((pool, threads, index)) = self.host_visible(kind) else {
+            return Err(invalid_value());
         };
-        match stream {
+        let local = with_local_blocks(index, threads, |mine| match stream {
             // SAFETY: the caller's contract (the block came from `take` of
             // this pool with this size).
-            None => unsafe { pool.give(addr, size) },
+            None => unsafe { pool.give_local(mine, addr, size) },
             // SAFETY: as above.
-            Some(s) => unsafe { pool.give_after(device, addr, size, s) },
+            Some(s) => unsafe { pool.give_after_local(mine, threads, device, addr, size, s) },
+        });
+        match (local, stream) {
+            (Some(done), _) => done,
+            // The thread's locals are gone (it is exiting): the shared lists.
+            // SAFETY: as above.
+            (None, None) => unsafe { pool.give(addr, size) },
+            // SAFETY: as above.
+            (None, Some(s)) => unsafe { pool.give_after(device, addr, size, s) },
         }
     }
 
@@ -340,7 +378,7 @@ impl DeviceMemory {
     /// `stream`, if any, is a usable stream of `device` (the contract of
     /// [`MemoryBackend::allocate_async`]).
     unsafe fn allocate(
-        &self,
+        &'static self,
         drv: &Driver,
         kind: MemoryKind,
         device: DeviceId,
@@ -367,7 +405,7 @@ impl DeviceMemory {
     /// [`MemoryBackend::deallocate_async`].
     #[allow(clippy::too_many_arguments)]
     unsafe fn deallocate(
-        &self,
+        &'static self,
         drv: &Driver,
         kind: MemoryKind,
         device: DeviceId,
@@ -548,6 +586,17 @@ impl MemoryBackend for CudaBackend {
                 )
             })
         })
+    }
+
+    /// True while the idle probe is on ([`CudaBackend::set_idle_probe`]):
+    /// each thread keeps its stream-ordered pinned and managed frees and
+    /// proves them free with one stream query per batch
+    /// ([`QUERY_BATCH_BLOCKS`](crate::block_pool::QUERY_BATCH_BLOCKS)), so a
+    /// scratchpad reset gives its kept block back instead of asking the
+    /// stream. Off, every free records an event, and a reset asks the stream
+    /// as before.
+    fn batches_host_reuse(&self) -> bool {
+        crate::block_pool::idle_probe()
     }
 }
 

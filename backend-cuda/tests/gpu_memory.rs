@@ -11,7 +11,11 @@
 //!    result buffer that is not scratch, while the host drops (or resets) the
 //!    scratchpad and the next round allocates and writes new scratch (the
 //!    host writes pinned and managed memory, a memset on the next round's
-//!    stream writes device memory); every round's sum must be right;
+//!    stream writes device memory); every round's sum must be right; and
+//!    the same on 16 threads, each on its own stream of one pool, in two
+//!    waves (the first exits without waiting for its kernels, the second
+//!    runs on the same streams), with every (thread, round) sum right and
+//!    device and pinned blocks reused;
 //! 3. the pinned (and managed) pool never hands out a block whose event has
 //!    not completed: blocks are parked behind a gate kernel while eight
 //!    threads allocate, free and park as fast as they can;
@@ -450,13 +454,14 @@ fn managed_value(round: usize, i: usize) -> u32 {
 
 /// One round: scratch device memory written by a memset on `stream`, pinned
 /// and managed scratch written by the host, a kernel on `stream` that spins
-/// and then sums them into `result`. Returns the sum it must find, and the
-/// pinned address used.
+/// for `spin` and then sums them into `result`. Returns the sum it must find,
+/// and the pinned address used.
 fn round(
     scratch: &Scratchpad<'_, CudaBackend>,
     stream: AccessOrder<'_>,
     r: usize,
     managed_stand_in: Option<u64>,
+    spin: Duration,
     result: u64,
 ) -> (u32, usize) {
     let dev = scratch.device::<u32>(WORDS).expect("device scratch");
@@ -490,7 +495,7 @@ fn round(
         addr(pinned.as_ptr()),
         managed_addr,
         WORDS,
-        SPIN,
+        spin,
         result,
     );
     (expected, pinned.as_ptr() as usize)
@@ -535,13 +540,13 @@ fn stream_order_proof(reset: bool) {
         let result = results.addr() + 4 * r as u64;
         let (sum, pinned_at) = match kept.as_mut() {
             Some(scratch) => {
-                let out = round(scratch, stream, r, managed, result);
+                let out = round(scratch, stream, r, managed, SPIN, result);
                 scratch.reset().expect("reset");
                 out
             }
             None => {
                 let scratch = Scratchpad::new(&gpu, lease.order()).unwrap();
-                let out = round(&scratch, stream, r, managed, result);
+                let out = round(&scratch, stream, r, managed, SPIN, result);
                 scratch.release().expect("release in stream order");
                 out
             }
@@ -618,6 +623,239 @@ fn stream_order_proof_dropping_the_scratchpad_every_round() {
 #[ignore = "needs a CUDA GPU"]
 fn stream_order_proof_resetting_the_scratchpad_every_round() {
     stream_order_proof(true);
+}
+
+/// Worker threads of each wave of the threaded stream-order proof.
+const PROOF_THREADS: usize = 16;
+/// Waves of workers: the first wave's threads exit before the second starts.
+const WAVES: usize = 2;
+/// Rounds each worker runs (one wave's share of its thread's rounds).
+const WAVE_ROUNDS: usize = 40;
+/// Rounds of each of the threaded proof's threads over both waves.
+const THREAD_ROUNDS: usize = WAVES * WAVE_ROUNDS;
+/// How long each round's kernel spins in the threaded proof (shorter than
+/// [`SPIN`]: it runs 16 × 2 × 40 rounds, under the sanitizers too).
+const THREAD_SPIN: Duration = Duration::from_micros(20);
+
+/// What the workers of the threaded stream-order proof share.
+struct Workers<'p> {
+    /// The backend the scratchpads and events use.
+    gpu: CudaBackend,
+    /// The one pool every worker leases its stream from (device 0).
+    streams: &'p StreamPool<CudaBackend>,
+    /// The pool of the events that keep the host `lag` rounds ahead.
+    events: &'p EventPool<CudaBackend>,
+    /// Reset one scratchpad per worker, or make one per round.
+    reset: bool,
+    /// The zeroed device buffer that stands in for managed scratch.
+    zeros: u64,
+    /// The result buffer: one `u32` slot per (thread, round), thread-major.
+    results: u64,
+}
+
+impl<'p> Workers<'p> {
+    /// Runs wave `wave` of thread `t` on the calling thread: rounds
+    /// `wave * WAVE_ROUNDS ..` of the thread, on the stream of `lease` (one of
+    /// the pool's, leased here when `None`), the host running ahead of the
+    /// GPU by `lag` rounds. Returns the sums the rounds must find, in order,
+    /// and the lease (so it can be handed to the next wave) or, when
+    /// `hand_over` is false, its stream's handle after the lease has gone
+    /// back to the pool.
+    fn run(
+        &self,
+        t: usize,
+        wave: usize,
+        lease: Option<StreamLease<'p, CudaBackend>>,
+        hand_over: bool,
+    ) -> (Vec<u32>, Result<StreamLease<'p, CudaBackend>, StreamHandle>) {
+        // The kernel and the memsets need device 0's context on this thread.
+        make_current(D0);
+        let lease = lease.unwrap_or_else(|| self.streams.get(0).expect("lease a stream"));
+        let stream = lease.order();
+        let gpu = &self.gpu;
+        let mut expected = Vec::with_capacity(WAVE_ROUNDS);
+        let mut in_flight: VecDeque<EventLease<'_, CudaBackend>> = VecDeque::new();
+        let mut kept = self
+            .reset
+            .then(|| Scratchpad::new(gpu, stream).expect("a scratchpad"));
+        for r in wave * WAVE_ROUNDS..(wave + 1) * WAVE_ROUNDS {
+            // The (thread, round) slot; also the round number the values are
+            // made from, so no two rounds of any thread write the same ones.
+            let slot = t * THREAD_ROUNDS + r;
+            let result = self.results + 4 * slot as u64;
+            let managed = Some(self.zeros);
+            let (sum, _) = match kept.as_mut() {
+                Some(scratch) => {
+                    let out = round(scratch, stream, slot, managed, THREAD_SPIN, result);
+                    scratch.reset().expect("reset");
+                    out
+                }
+                None => {
+                    let scratch = Scratchpad::new(gpu, stream).expect("a scratchpad");
+                    let out = round(&scratch, stream, slot, managed, THREAD_SPIN, result);
+                    scratch.release().expect("release in stream order");
+                    out
+                }
+            };
+            expected.push(sum);
+
+            let done = self.events.get(0).expect("an event");
+            // SAFETY: the lease `done` holds this live event of device 0, and
+            // `lease` this live stream of device 0.
+            unsafe { gpu.record_event(done.handle(), lease.handle(), D0) }.expect("record");
+            in_flight.push_back(done);
+            while in_flight.len() > lag(slot) {
+                let e = in_flight.pop_front().unwrap();
+                // SAFETY: the lease `e` holds this live event of device 0.
+                unsafe { gpu.synchronize_event(e.handle(), D0) }.expect("synchronize");
+            }
+        }
+        // No waiting at the end of a wave: the last rounds' kernels may still
+        // run while the next wave reuses their blocks (pending events go back
+        // to the pool, which may record them again).
+        drop(kept);
+        drop(in_flight);
+        if hand_over {
+            (expected, Ok(lease))
+        } else {
+            (expected, Err(lease.handle()))
+        }
+    }
+}
+
+/// The stream-order proof on 16 threads in two waves (see the module
+/// documentation, item 2): each worker leases its own stream of one pool and
+/// runs [`round`]s as [`stream_order_proof`] does (managed scratch left out),
+/// dropping or resetting its scratchpad; the first wave's threads exit
+/// without waiting for their kernels, so the blocks they cached are left
+/// keyed by their streams, and the second wave's threads run the other half
+/// of the rounds on the same streams. Even threads hand their lease to their
+/// successor (certainly the same stream, its kernels possibly still
+/// running); odd threads return theirs to the pool and their successors
+/// lease one from it (the same streams once they are idle, fresh ones
+/// otherwise). Every (thread, round) sum must be right, and the device cache
+/// and the pinned pool must have reused blocks.
+fn stream_order_proof_on_threads(reset: bool) {
+    // One at a time, device 0 current, the device cache on and empty (so
+    // blocks of earlier tests' streams do not fill it up).
+    let _serial = cache_test();
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    let events = EventPool::new(gpu);
+    consume_kernel();
+    let results = DeviceBuffer::zeroed(PROOF_THREADS * THREAD_ROUNDS);
+    let zeros = DeviceBuffer::zeroed(WORDS);
+    let workers = Workers {
+        gpu,
+        streams: &streams,
+        events: &events,
+        reset,
+        zeros: zeros.addr(),
+        results: results.addr(),
+    };
+    let before = stats();
+    let started = Instant::now();
+
+    let mut expected: Vec<Vec<u32>> = (0..PROOF_THREADS)
+        .map(|_| Vec::with_capacity(THREAD_ROUNDS))
+        .collect();
+    // Wave 1. Each thread is joined (its thread-local caches gone) before
+    // wave 2 starts; nothing waits for the GPU in between.
+    let mut handed = Vec::with_capacity(PROOF_THREADS);
+    let mut wave1_streams = HashSet::new();
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..PROOF_THREADS)
+            .map(|t| {
+                let workers = &workers;
+                scope.spawn(move || workers.run(t, 0, None, t % 2 == 0))
+            })
+            .collect();
+        for (t, thread) in threads.into_iter().enumerate() {
+            let (sums, lease) = thread.join().expect("a wave 1 worker panicked");
+            expected[t].extend(sums);
+            wave1_streams.insert(lease.as_ref().map_or_else(|&h| h, |l| l.handle()));
+            handed.push(lease.ok());
+        }
+    });
+    let mut same_stream = 0;
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = handed
+            .drain(..)
+            .enumerate()
+            .map(|(t, lease)| {
+                let workers = &workers;
+                scope.spawn(move || workers.run(t, 1, lease, false))
+            })
+            .collect();
+        for (t, thread) in threads.into_iter().enumerate() {
+            let (sums, lease) = thread.join().expect("a wave 2 worker panicked");
+            expected[t].extend(sums);
+            let stream = lease.expect_err("wave 2 returns its leases");
+            same_stream += usize::from(wave1_streams.contains(&stream));
+        }
+    });
+    let host_time = started.elapsed();
+    ctx_sync();
+    let reader = streams.get(0).expect("lease a stream");
+    let got = results.read(reader.order());
+    drop(reader);
+    let after = stats();
+
+    let wrong: Vec<(usize, usize)> = (0..PROOF_THREADS)
+        .flat_map(|t| (0..THREAD_ROUNDS).map(move |r| (t, r)))
+        .filter(|&(t, r)| got[t * THREAD_ROUNDS + r] != expected[t][r])
+        .collect();
+    let (di, pi) = (MemoryKind::Device.index(), MemoryKind::Pinned.index());
+    let reused_device = after.reuses[di] - before.reuses[di];
+    let reused_pinned = after.reuses[pi] - before.reuses[pi];
+    eprintln!(
+        "{} mode, {PROOF_THREADS} threads x {WAVES} waves x {WAVE_ROUNDS} rounds in \
+         {host_time:?} (host); wave 2 on a wave 1 stream: {same_stream} of {PROOF_THREADS}; \
+         device: {reused_device} reuses, {} cuMemAllocFromPoolAsync; pinned: {reused_pinned} \
+         reuses, {} cuMemHostAlloc; wrong rounds: {}",
+        if reset { "reset" } else { "drop" },
+        after.upstream_allocations[di] - before.upstream_allocations[di],
+        after.upstream_allocations[pi] - before.upstream_allocations[pi],
+        wrong.len(),
+    );
+    assert!(
+        wrong.is_empty(),
+        "{} of {} (thread, round)s read scratch memory that was reused too early; first \
+         (thread, round, got, expected): {:?}",
+        wrong.len(),
+        PROOF_THREADS * THREAD_ROUNDS,
+        wrong
+            .iter()
+            .take(8)
+            .map(|&(t, r)| (t, r, got[t * THREAD_ROUNDS + r], expected[t][r]))
+            .collect::<Vec<_>>()
+    );
+    // Not vacuous: blocks were handed out again while kernels of earlier
+    // rounds (and of the other threads) ran. Dropping, every round's device
+    // block comes back from the cache on its stream; resetting, at least
+    // wave 2's first device blocks on the handed-over streams do.
+    assert!(
+        reused_device > 0,
+        "no device block was reused: the proof did not exercise reuse"
+    );
+    assert!(
+        reused_pinned > 0,
+        "no pinned block was reused: the proof did not exercise reuse"
+    );
+}
+
+/// The threaded proof, each worker making a new scratchpad every round.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn stream_order_proof_on_16_threads_dropping() {
+    stream_order_proof_on_threads(false);
+}
+
+/// The threaded proof, each worker resetting one scratchpad every round.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn stream_order_proof_on_16_threads_resetting() {
+    stream_order_proof_on_threads(true);
 }
 
 // ---------------------------------------------------------------------------
@@ -834,7 +1072,7 @@ fn a_reset_loop_makes_no_upstream_allocation_after_warm_up() {
             x.write(r as u32);
         });
         let result = results.addr() + 4 * r as u64;
-        let (sum, _) = round(&scratch, s, r, managed, result);
+        let (sum, _) = round(&scratch, s, r, managed, SPIN, result);
         expected.push(sum);
         scratch.reset().unwrap();
         let done = events.get(0).unwrap();

@@ -262,6 +262,12 @@ impl EventBackend for MockBackend {
 /// after a successful free, and a `copy_async` source outside every block of
 /// the mock is valid for `size` bytes.
 impl MemoryBackend for MockBackend {
+    /// As set by [`MockBackend::set_batches_host_reuse`] (`false` by
+    /// default).
+    fn batches_host_reuse(&self) -> bool {
+        read(&self.inner.state).batches_host_reuse
+    }
+
     /// Checks the device, then the layout (a zero size or an alignment that
     /// is not a power of two is [`MockError::InvalidLayout`]).
     fn allocate(

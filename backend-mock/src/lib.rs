@@ -352,6 +352,15 @@ impl MockBackend {
         write(&self.inner.state).current = device;
     }
 
+    /// Sets what [`batches_host_reuse`](gpupool_core::MemoryBackend::batches_host_reuse)
+    /// answers (`false` by default): `true` makes a scratchpad reset give its
+    /// host-visible blocks back in stream order instead of asking the stream,
+    /// as it does over the CUDA backend, so the hazard detector checks that
+    /// path too. The mock's memory itself behaves the same either way.
+    pub fn set_batches_host_reuse(&self, on: bool) {
+        write(&self.inner.state).batches_host_reuse = on;
+    }
+
     /// Sets when simulated work completes.
     pub fn set_policy(&self, policy: CompletionPolicy) {
         let mut state = write(&self.inner.state);

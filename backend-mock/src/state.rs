@@ -126,6 +126,9 @@ pub(crate) struct State {
     /// Mock-wide (not per thread) current device; may be out of range.
     pub(crate) current: DeviceId,
     pub(crate) policy: CompletionPolicy,
+    /// What [`MemoryBackend::batches_host_reuse`](gpupool_core::MemoryBackend::batches_host_reuse)
+    /// answers ([`MockBackend::set_batches_host_reuse`](crate::MockBackend::set_batches_host_reuse)).
+    pub(crate) batches_host_reuse: bool,
     pub(crate) streams: Streams,
     pub(crate) events: BTreeMap<usize, Event>,
     /// Blocks, uses, byte counters and hazards. Dropping it returns every
@@ -151,6 +154,7 @@ impl State {
             devices,
             current: DeviceId(0),
             policy: CompletionPolicy::Manual,
+            batches_host_reuse: false,
             streams: Streams::default(),
             events: BTreeMap::new(),
             memory: Memory::default(),

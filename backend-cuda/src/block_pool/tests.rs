@@ -136,6 +136,9 @@ impl Upstream for Fake {
             Ok(Completion::Pending)
         }
     }
+    fn stream_id(&self, s: StreamHandle, _: DeviceId) -> Option<u64> {
+        (!s.is_special()).then_some(s.as_raw() as u64)
+    }
 }
 
 const D: DeviceId = DeviceId(0);

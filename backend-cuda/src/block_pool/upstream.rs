@@ -60,6 +60,11 @@ pub trait Upstream {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<Completion, Self::Error>;
+
+    /// `stream`'s id, unique in the process and never reused (unlike a
+    /// handle); `None` for a special stream, or when there is no such id.
+    /// The per-thread blocks group stream-ordered frees by it.
+    fn stream_id(&self, stream: StreamHandle, device: DeviceId) -> Option<u64>;
 }
 
 /// What a pool's blocks are.
@@ -170,5 +175,11 @@ impl Upstream for PoolKind {
     ) -> Result<Completion, CudaError> {
         // SAFETY: (2) of the impl's documentation: a usable stream of `device`.
         unsafe { CudaBackend::new().query_stream(stream, device) }
+    }
+
+    fn stream_id(&self, stream: StreamHandle, _: DeviceId) -> Option<u64> {
+        // SAFETY: (2) of the impl's documentation: a usable stream (a special
+        // one is refused before the driver is asked).
+        unsafe { crate::device_cache::id_of(stream) }
     }
 }

@@ -40,6 +40,12 @@ impl<B> Shelf<B> {
         }
     }
 
+    /// Changes the byte bound (kept blocks stay, even past it; the next
+    /// [`put`](Self::put) makes room).
+    pub(crate) fn set_max_bytes(&mut self, max_bytes: usize) {
+        self.max_bytes = max_bytes;
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
@@ -139,7 +145,7 @@ impl<B> Shelf<B> {
 
     /// Keeps `block` whatever the bound: a block that could not be given
     /// back stays cached (the bound is exceeded until it goes).
-    pub(super) fn force(&mut self, stream: u64, size: usize, block: B) {
+    pub(crate) fn force(&mut self, stream: u64, size: usize, block: B) {
         self.entries.push(Entry {
             stream,
             size,

@@ -129,7 +129,7 @@ fn special_streams_are_never_cached() {
     }));
     // And the driver-side entry points refuse them before any driver
     // call (none is loaded here).
-    let cache = DeviceCache::new();
+    let cache: &'static DeviceCache = Box::leak(Box::new(DeviceCache::new(0)));
     let frees = AtomicU64::new(0);
     for s in SPECIAL {
         // SAFETY: a special stream is usable on every device, and refused

@@ -141,7 +141,7 @@ impl DeviceMemory {
     /// `stream`, if any, is a usable stream of `device` (the contract of
     /// [`MemoryBackend::allocate_async`](gpupool_core::MemoryBackend::allocate_async)).
     pub(super) unsafe fn device_allocate(
-        &self,
+        &'static self,
         drv: &Driver,
         device: DeviceId,
         size: usize,
@@ -185,13 +185,14 @@ impl DeviceMemory {
             }
             other => other?,
         };
-        // Relaxed: statistics.
-        let counter = if cached {
-            &self.device.reuses
-        } else {
-            &self.device.upstream_allocations
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        if !cached {
+            // Relaxed: statistics. (A cache hit is counted by the calling
+            // thread's shard of the cache, off the shared lines:
+            // `memory_stats` adds the hits to the device reuses.)
+            self.device
+                .upstream_allocations
+                .fetch_add(1, Ordering::Relaxed);
+        }
         Ok(addr)
     }
 
@@ -233,7 +234,7 @@ impl DeviceMemory {
     /// `size`, is freed once, and only work already issued on `stream` may
     /// still use it.
     pub(super) unsafe fn device_free(
-        &self,
+        &'static self,
         drv: &Driver,
         device: DeviceId,
         addr: usize,

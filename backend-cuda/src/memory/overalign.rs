@@ -44,7 +44,7 @@ impl DeviceMemory {
     /// `stream`, if any, is a usable stream of `device` (the contract of
     /// [`MemoryBackend::allocate_async`](gpupool_core::MemoryBackend::allocate_async)).
     pub(super) unsafe fn allocate_aligned(
-        &self,
+        &'static self,
         drv: &Driver,
         kind: MemoryKind,
         device: DeviceId,
@@ -88,7 +88,7 @@ impl DeviceMemory {
     /// already issued on it may still use the block; without, nothing does.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn free_aligned(
-        &self,
+        &'static self,
         drv: &Driver,
         kind: MemoryKind,
         device: DeviceId,

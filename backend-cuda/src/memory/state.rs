@@ -10,14 +10,17 @@ use std::sync::{Mutex, OnceLock};
 
 use gpupool_core::{DeviceId, MemoryKind, StreamHandle};
 
-use crate::block_pool::{BlockPool, KindCounters, PoolKind};
+use crate::block_pool::{BlockPool, KindCounters, PoolKind, ThreadBlocks};
 use crate::device_cache::DeviceCache;
 use crate::driver::{driver, Driver};
 use crate::error::CudaError;
+use crate::shards::Shards;
 
 /// The memory state of one device.
 #[derive(Debug)]
 pub(super) struct DeviceMemory {
+    /// The device's index.
+    index: usize,
     /// gpupool's own memory pool on this device (`CUmemoryPool` as an
     /// address), its threshold raised; set once, never destroyed.
     pub(super) mempool: OnceLock<usize>,
@@ -28,6 +31,10 @@ pub(super) struct DeviceMemory {
     pub(super) device: KindCounters,
     pub(super) pinned: BlockPool,
     pub(super) managed: BlockPool,
+    /// Each thread's pinned blocks, in front of `pinned`.
+    pub(super) pinned_threads: Shards<ThreadBlocks>,
+    /// Each thread's managed blocks, in front of `managed`.
+    pub(super) managed_threads: Shards<ThreadBlocks>,
     /// Device blocks freed in stream order, kept for the same stream.
     pub(super) cache: DeviceCache,
     /// Over-aligned blocks: handed-out address to the address allocated.
@@ -46,7 +53,7 @@ pub(super) fn state(
     device: DeviceId,
 ) -> Result<(&'static Driver, &'static DeviceMemory), CudaError> {
     let drv = driver()?;
-    let table = MEMORY.get_or_init(|| (0..drv.count()).map(|_| DeviceMemory::new()).collect());
+    let table = MEMORY.get_or_init(|| (0..drv.count() as usize).map(DeviceMemory::new).collect());
     let mem = table
         .get(device.index())
         .ok_or(CudaError::DeviceOutOfRange {
@@ -63,17 +70,33 @@ pub(super) fn existing(device: DeviceId) -> Option<&'static DeviceMemory> {
 }
 
 impl DeviceMemory {
-    fn new() -> Self {
+    fn new(index: usize) -> Self {
         DeviceMemory {
+            index,
             mempool: OnceLock::new(),
             sync_stream: OnceLock::new(),
             host: KindCounters::default(),
             device: KindCounters::default(),
             pinned: BlockPool::new(PoolKind::Pinned),
             managed: BlockPool::new(PoolKind::Managed),
-            cache: DeviceCache::new(),
+            pinned_threads: Shards::new(),
+            managed_threads: Shards::new(),
+            cache: DeviceCache::new(index),
             overaligned: Mutex::new(HashMap::new()),
             overaligned_len: AtomicUsize::new(0),
+        }
+    }
+
+    /// The pool of a host-visible kind, its threads' blocks, and their index
+    /// in a thread's table of them; `None` for host and device memory.
+    pub(super) fn host_visible(
+        &self,
+        kind: MemoryKind,
+    ) -> Option<(&BlockPool, &Shards<ThreadBlocks>, usize)> {
+        match kind {
+            MemoryKind::Pinned => Some((&self.pinned, &self.pinned_threads, 2 * self.index)),
+            MemoryKind::Managed => Some((&self.managed, &self.managed_threads, 2 * self.index + 1)),
+            MemoryKind::Host | MemoryKind::Device => None,
         }
     }
 

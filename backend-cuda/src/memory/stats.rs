@@ -88,21 +88,24 @@ impl CudaBackend {
             s.upstream_frees[i] = c.upstream_frees.load(Ordering::Relaxed);
             s.reuses[i] = c.reuses.load(Ordering::Relaxed);
         }
-        for (kind, pool) in [
-            (MemoryKind::Pinned, &mem.pinned),
-            (MemoryKind::Managed, &mem.managed),
-        ] {
+        for kind in [MemoryKind::Pinned, MemoryKind::Managed] {
+            let Some((pool, threads, _)) = mem.host_visible(kind) else {
+                continue;
+            };
             let counts = pool.counts();
+            let local = pool.local_counts(threads);
             let i = kind.index();
-            s.parked_blocks[i] = counts.parked_blocks;
-            s.cached_blocks[i] = counts.free_blocks;
-            s.cached_bytes[i] = counts.free_bytes;
+            s.parked_blocks[i] = counts.parked_blocks + local.pending_blocks;
+            s.cached_blocks[i] = counts.free_blocks + local.free_blocks;
+            s.cached_bytes[i] = counts.free_bytes + local.free_bytes;
+            s.reuses[i] += local.reuses;
         }
         let cache = mem.cache.counts();
         let i = MemoryKind::Device.index();
         s.cached_blocks[i] = cache.blocks;
         s.cached_bytes[i] = cache.bytes;
         s.device_cache_hits = cache.hits;
+        s.reuses[i] += cache.hits;
         s.device_cache_misses = cache.misses;
         s.device_cache_evictions = cache.evictions;
         Ok(s)
@@ -134,7 +137,30 @@ impl CudaBackend {
         let (drv, mem) = state(device)?;
         let mut freed = 0;
         let mut first_error = None;
-        for pool in [&mem.pinned, &mem.managed] {
+        for kind in [MemoryKind::Pinned, MemoryKind::Managed] {
+            let Some((pool, threads, _)) = mem.host_visible(kind) else {
+                continue;
+            };
+            // The threads' blocks first: the free ones to the pool's lists;
+            // those still waiting for a query of their stream (which may be
+            // gone) are proven free by a synchronization of the context.
+            let pending = pool.drain_local(threads);
+            if !pending.is_empty() {
+                // SAFETY: no arguments; waits for all work of the primary
+                // context, work left on destroyed streams included.
+                let synced =
+                    drv.with_context(device, |_| check(unsafe { sys::cuCtxSynchronize() }));
+                match synced {
+                    // SAFETY: every block was freed in the order of a stream
+                    // of the primary context, whose work has all finished:
+                    // nothing uses them any more.
+                    Ok(()) => unsafe { pool.give_all(pending) },
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        pool.keep_pending(threads, pending);
+                    }
+                }
+            }
             match pool.trim(device) {
                 Ok(n) => freed += n,
                 Err(e) => {

@@ -306,6 +306,22 @@ pub trait MemoryBackend: Backend {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<(), Self::Error>;
+
+    /// Whether a stream-ordered free of host-visible memory
+    /// ([`deallocate_async`](Self::deallocate_async) of pinned or managed
+    /// memory) followed by an [`allocate`](Self::allocate) of the same size
+    /// costs less than one [`query_stream`](StreamBackend::query_stream):
+    /// true for a backend that keeps such blocks per thread and proves them
+    /// free in batches (one query for many frees). A [`Scratchpad`] reset
+    /// then gives its kept host-visible blocks back in stream order instead of
+    /// asking whether the stream is idle, and its next round takes them (or
+    /// others) from the backend again. Default: `false` (a reset asks the
+    /// stream, and keeps its block if the stream is idle).
+    ///
+    /// [`Scratchpad`]: crate::Scratchpad
+    fn batches_host_reuse(&self) -> bool {
+        false
+    }
 }
 
 macro_rules! forward_backend {
@@ -391,6 +407,9 @@ macro_rules! forward_memory {
             unsafe fn copy_async(&self, dst: NonNull<u8>, src: NonNull<u8>, size: usize, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).copy_async(dst, src, size, s, d) }
+            }
+            fn batches_host_reuse(&self) -> bool {
+                (**self).batches_host_reuse()
             }
         }
     )*};

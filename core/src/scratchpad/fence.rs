@@ -86,7 +86,13 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             // nothing to rewind, ask or fence.
             return;
         }
-        if n > 1 || armed {
+        // A backend that proves host-visible blocks free in batches takes a
+        // block back in stream order for less than one question to the
+        // stream costs (`MemoryBackend::batches_host_reuse`).
+        let batched = kind.is_host_accessible()
+            && self.backend.batches_host_reuse()
+            && self.release_order(kind).stream_and_device().is_some();
+        if n > 1 || armed || batched {
             // Release everything; next time one block that holds the largest
             // round (not the sum of the blocks: their unused tails and the
             // doubling are not needed again).

@@ -225,6 +225,10 @@ impl Upstream for FakeGpu {
             Ok(Completion::Pending)
         }
     }
+
+    fn stream_id(&self, s: StreamHandle, _: DeviceId) -> Option<u64> {
+        Some(index(s) as u64)
+    }
 }
 
 /// The pool, and the blocks its users hold (so a block handed to two of them

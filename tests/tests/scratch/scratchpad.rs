@@ -416,6 +416,40 @@ fn a_stream_found_busy_at_reset_is_fenced_and_not_asked_for_seven_resets() {
 }
 
 #[test]
+fn a_backend_that_batches_host_reuse_gets_the_pinned_block_back_at_each_reset_unasked() {
+    with_scratchpad(|gpu, s, mut scratch| {
+        gpu.set_batches_host_reuse(true);
+        for round in 0..20 {
+            let p = scratch.pinned::<u8>(4096).unwrap().as_mut_ptr() as *const u8;
+            gpu.host_access(p, 4096).unwrap();
+            gpu.use_memory(s.get(), p, 4096).unwrap(); // a copy still reading it
+            let before = (reset_calls(gpu), gpu.calls(CallKind::DeallocateAsync));
+            scratch.reset().unwrap();
+            let after = (reset_calls(gpu), gpu.calls(CallKind::DeallocateAsync));
+            assert_eq!(after.0, before.0, "round {round}: no question, no fence");
+            assert_eq!(
+                after.1,
+                before.1 + 1,
+                "round {round}: given back in stream order"
+            );
+            assert_eq!(scratch.stats().blocks[MemoryKind::Pinned.index()], 0);
+            if round % 3 == 2 {
+                gpu.complete_all(s.get()).unwrap();
+            }
+        }
+        assert_eq!(gpu.live_events(), 0);
+        assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+        gpu.complete_all(s.get()).unwrap();
+        drop(scratch);
+        assert_eq!(
+            gpu.live_bytes(MemoryKind::Pinned),
+            0,
+            "every block given back"
+        );
+    });
+}
+
+#[test]
 fn a_failed_idle_question_at_reset_counts_as_busy() {
     with_scratchpad(|gpu, s, mut scratch| {
         let p = a_pinned_block_read_by_a_finished_copy(gpu, s, &scratch);

@@ -10,7 +10,8 @@
 //! failures) are in `scratch/scratchpad.rs`.
 
 use gpupool_core::{
-    AccessOrder, DeviceId, MemoryKind, Scratchpad, ScratchpadConfig, StreamHandle, StreamPool,
+    AccessOrder, DeviceId, MemoryBackend, MemoryKind, Scratchpad, ScratchpadConfig, StreamHandle,
+    StreamPool,
 };
 use gpupool_tests::{assert_calls, gpu, Gpu, TestGpu};
 
@@ -124,12 +125,28 @@ fn reset_converges_to_one_block_per_kind_and_then_asks_upstream_for_nothing() {
         }
         let before = warm.unwrap();
         let after = scratch.stats();
-        assert_eq!(after.blocks, [1, 1, 1, 1], "one block per kind");
-        assert_eq!(
-            (after.upstream_allocations, after.upstream_releases),
-            (before.upstream_allocations, before.upstream_releases),
-            "warm rounds took or gave back blocks"
-        );
+        if gpu.backend().batches_host_reuse() {
+            // The backend takes host-visible blocks back in stream order for
+            // less than a question to the stream: each reset gives the one
+            // pinned and the one managed block back (released in the
+            // stream's order), and each round takes one of each again.
+            assert_eq!(after.blocks, [1, 0, 1, 0], "host and device blocks kept");
+            assert_eq!(
+                (after.upstream_allocations, after.upstream_releases),
+                (
+                    before.upstream_allocations + 200,
+                    before.upstream_releases + 200
+                ),
+                "one pinned and one managed block taken and given back per warm round"
+            );
+        } else {
+            assert_eq!(after.blocks, [1, 1, 1, 1], "one block per kind");
+            assert_eq!(
+                (after.upstream_allocations, after.upstream_releases),
+                (before.upstream_allocations, before.upstream_releases),
+                "warm rounds took or gave back blocks"
+            );
+        }
     });
 }
 
@@ -147,7 +164,27 @@ fn a_pinned_block_comes_back_only_after_the_stream_has_passed_the_reset() {
         unsafe { gpu.finish(s, d) };
         scratch.reset().unwrap();
         let r = scratch.pinned::<u8>(4096).unwrap().as_ptr() as usize;
-        assert_eq!(r, q, "the stream passed the reset: reused");
+        if !gpu.backend().batches_host_reuse() {
+            assert_eq!(r, q, "the stream passed the reset: reused");
+            return;
+        }
+        // The reset gave `q` back in stream order: the backend proves such
+        // blocks free in batches, with one question to the stream for many
+        // frees, so `p` or `q` comes back once a batch is full (the stream
+        // has passed every reset since the `finish`).
+        let mut seen = vec![r];
+        for _ in 0..200 {
+            if seen.contains(&p) || seen.contains(&q) {
+                break;
+            }
+            scratch.reset().unwrap();
+            seen.push(scratch.pinned::<u8>(4096).unwrap().as_ptr() as usize);
+        }
+        assert!(
+            seen.contains(&p) || seen.contains(&q),
+            "the stream passed both resets, but neither block came back in {} rounds",
+            seen.len()
+        );
     });
 }
 
