@@ -28,15 +28,30 @@
 //!   block (after moving every completed parked block to the free list) and the
 //!   idle events. Parked blocks whose event is still pending stay.
 //!
+//! ## Each thread's own blocks, in front
+//!
+//! The lists above are shared by every thread of the process. In front of
+//! them each thread keeps its own blocks (`local.rs`: [`ThreadBlocks`], one
+//! per thread, device and kind, in a [`Shard`](crate::shards::Shard)): the
+//! blocks it freed, proven free, and the blocks it freed in the order of a
+//! stream, by stream id, until one stream query proves a whole batch free
+//! ([`QUERY_BATCH_BLOCKS`]). A warm thread's allocation and free take only
+//! its own lock and make one stream query per batch instead of one per free;
+//! it comes to the shared lists on a miss, with a busy batch (parked here
+//! behind fences as above), and with what it holds past its bound. When it
+//! exits, its blocks become the orphans of its shards, which other threads'
+//! misses and batches adopt. `local.rs` says why one query per batch is the
+//! floor.
+//!
 //! ## Locking
 //!
-//! The lists sit behind one `Mutex` per pool. This is not a pool hot path like
-//! the stream and event pools: the scratchpad keeps its blocks across
-//! [`reset`](gpupool_core::Scratchpad::reset)s and comes here only to grow or
-//! when a fence has not completed, and each visit replaces a driver call that
+//! The shared lists sit behind one `Mutex` per pool. With the threads' own
+//! blocks in front, a warm thread comes here only on a miss, for a busy batch
+//! or to spill past its bound, and each visit replaces a driver call that
 //! costs tens of microseconds or more. The lock is held for list operations
 //! and, on a miss, for at most `SCAN_LIMIT` event queries (~0.2 µs each); it
-//! is never held across an allocation, a free, or an event record.
+//! is never held across an allocation, a free, or an event record. No
+//! thread's own lock is taken while the shared lock is held.
 //!
 //! ## Separated from the driver
 //!
@@ -399,6 +414,24 @@ impl<U: Upstream> Pool<U> {
             self.lock().push_free(class, addr);
             return Ok(());
         }
+        // SAFETY: the caller's contract.
+        unsafe { self.park_after(device, addr, class, stream) }
+    }
+
+    /// Parks a block of `class` behind a fence recorded on `stream` now,
+    /// without asking whether the stream is idle; if no fence can be
+    /// recorded, synchronizes the stream and frees the block. On error the
+    /// block is untouched and still the caller's.
+    ///
+    /// # Safety
+    /// As for [`give_after`](Self::give_after).
+    unsafe fn park_after(
+        &self,
+        device: DeviceId,
+        addr: usize,
+        class: usize,
+        stream: StreamHandle,
+    ) -> Result<(), U::Error> {
         let idle = self.lock().idle_fences.pop();
         let fence = match idle {
             Some(f) => Ok(f),

@@ -123,11 +123,12 @@ impl<T: ShardState> Shards<T> {
     /// The thread of `shard` is exiting: takes the shard out of the registry
     /// and moves its contents to the orphans. Makes no driver call.
     pub fn retire(&self, shard: &Arc<Shard<T>>) {
-        {
-            let mut registry = self.registry();
-            if let Some(i) = registry.iter().position(|s| Arc::ptr_eq(s, shard)) {
-                registry.swap_remove(i);
-            }
+        // The registry stays locked until the contents are among the orphans,
+        // so an `each` sees them in the shard or in the orphans, never in
+        // neither.
+        let mut registry = self.registry();
+        if let Some(i) = registry.iter().position(|s| Arc::ptr_eq(s, shard)) {
+            registry.swap_remove(i);
         }
         let mut state = shard.lock();
         let mut orphans = self.lock_orphans();
@@ -250,3 +251,6 @@ impl<T: ShardState + 'static> Drop for LocalShards<T> {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests;

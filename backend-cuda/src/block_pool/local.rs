@@ -30,9 +30,9 @@
 //! one block pays a thirty-second of a query.
 //!
 //! **A busy stream.** If the query finds the stream still working, the group
-//! goes to the shared lists through [`Pool::give_after`], which parks each
-//! block behind a fence recorded now (as every free did before): the group
-//! never grows past one batch.
+//! goes to the shared lists, each block parked behind a fence recorded now
+//! (as a free on a busy stream always was), with no second question: the
+//! group never grows past one batch.
 //!
 //! **Bounds.** Per thread and pool: at most one batch pending per stream the
 //! thread frees on (a stream that never frees again keeps its group until
@@ -48,9 +48,8 @@
 
 use gpupool_core::{Completion, DeviceId, StreamHandle};
 
-use super::{class_of, class_size, Pool, Upstream, IDLE_PROBE};
+use super::{class_of, class_size, idle_probe, Pool, Upstream};
 use crate::shards::{ShardState, Shards};
-use crate::sync::Ordering;
 
 /// A pending group is proven (one stream query) once it holds this many
 /// blocks...
@@ -272,9 +271,7 @@ impl<U: Upstream> Pool<U> {
         stream: StreamHandle,
     ) -> Result<(), U::Error> {
         let class = class_of(size).ok_or_else(|| self.upstream.invalid_size())?;
-        // Relaxed: a switch that guards no memory.
-        let probing = IDLE_PROBE.load(Ordering::Relaxed);
-        let id = if probing {
+        let id = if idle_probe() {
             self.upstream.stream_id(stream, device)
         } else {
             None
@@ -338,8 +335,9 @@ impl<U: Upstream> Pool<U> {
         for (class, addr) in blocks {
             // SAFETY: freed in the order of `stream` (this function's
             // contract), a usable stream of `device`; the block is the
-            // thread's alone (taken out of its group).
-            if unsafe { self.give_after(device, addr, class_size(class), stream) }.is_err() {
+            // thread's alone (taken out of its group). The stream was just
+            // found busy: no second question.
+            if unsafe { self.park_after(device, addr, class, stream) }.is_err() {
                 mine.push_pending(id, class, addr);
             }
         }

@@ -113,7 +113,10 @@ impl CudaBackend {
 
     /// Gives the memory held for reuse on `device` back to the driver: every
     /// free pinned and managed block (parked blocks whose event has completed
-    /// included; those still waiting stay), the idle events of those pools,
+    /// included; those still waiting stay), every pinned and managed block the
+    /// threads keep for a stream query that has not come yet (when there are
+    /// any, this first **synchronizes the device's primary context**: their
+    /// streams may be gone), the idle events of those pools,
     /// every block of the [device cache](crate::device_cache) (when it holds
     /// any, this first **synchronizes the device's primary context**: the
     /// blocks' streams may be gone), and the unused memory of gpupool's own
