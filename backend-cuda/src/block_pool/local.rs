@@ -44,7 +44,11 @@
 //! groups become the orphans of its [`Shards`] (no driver call). A thread
 //! whose own free list is empty takes from the orphans' free blocks before the
 //! shared lists; a thread that proves a stream free also frees the orphans'
-//! group of that stream; forget and trim drain every shard and the orphans.
+//! group of that stream, and a thread with no free block left proves its
+//! group at once (one query, before its batch is full) when the orphans hold
+//! a group of the same stream, so a thread that takes over an exited thread's
+//! stream gets its blocks back at its first free; forget and trim drain
+//! every shard and the orphans.
 
 use gpupool_core::{Completion, DeviceId, StreamHandle};
 
@@ -210,6 +214,19 @@ impl ShardState for ThreadBlocks {
     }
 }
 
+/// Whether the orphans hold a group of stream `id`: a thread that has no
+/// free block left settles its own group early to adopt it (a new thread on a
+/// stream an exited thread used gets that thread's blocks back at its first
+/// free, instead of taking new ones for a whole batch).
+fn orphans_wait_on(shards: &Shards<ThreadBlocks>, id: u64) -> bool {
+    let Some(orphans) = shards.orphans() else {
+        return false;
+    };
+    let waiting = orphans.groups.iter().any(|g| g.stream == id);
+    shards.release_orphans(orphans);
+    waiting
+}
+
 impl<U: Upstream> Pool<U> {
     /// [`take`](Self::take) for a thread whose blocks are `mine`: one of its
     /// free blocks, else one of the orphans', else the shared lists'.
@@ -282,7 +299,9 @@ impl<U: Upstream> Pool<U> {
         };
         let i = mine.push_pending(id, class, addr);
         let g = &mine.groups[i];
-        if g.blocks.len() < self.query_batch_blocks && g.bytes < QUERY_BATCH_BYTES {
+        let full = g.blocks.len() >= self.query_batch_blocks || g.bytes >= QUERY_BATCH_BYTES;
+        let refill = !full && mine.free_blocks == 0 && orphans_wait_on(shards, id);
+        if !full && !refill {
             return Ok(());
         }
         // SAFETY: `stream` is the caller's usable stream of `device`, with id

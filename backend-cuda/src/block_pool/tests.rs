@@ -531,18 +531,23 @@ fn an_exited_threads_blocks_are_adopted_and_its_group_freed_by_a_query_of_its_st
     );
     let z = pool.take_local(&mut mine, &shards, D, PAGE).unwrap();
     assert_eq!(pool.tallies().upstream_allocations, 4, "x adopted, z new");
-    // B's batch of S: the query proves the orphans' group of S too.
-    free_on(&pool, &mut mine, &shards, &[x, z], PAGE, S);
+    // B has no free block left and the orphans hold a group of S: its first
+    // free on S proves its group and the orphans' at once, with one query,
+    // before its batch is full.
+    free_on(&pool, &mut mine, &shards, &[x], PAGE, S);
     assert_eq!(queries(&pool), 1);
-    let again = take_n(&pool, &mut mine, &shards, 3, PAGE);
-    assert_eq!(sorted(again), sorted(vec![x, y, z]));
+    let again = take_n(&pool, &mut mine, &shards, 2, PAGE);
+    assert_eq!(sorted(again), sorted(vec![x, y]));
     assert_eq!(pool.tallies().upstream_allocations, 4);
+    // No orphans of S left: `z` waits for B's batch.
+    free_on(&pool, &mut mine, &shards, &[z], PAGE, S);
+    assert_eq!(queries(&pool), 1);
     drop(mine);
     let c = pool.local_counts(&shards);
     assert_eq!(
         (c.free_blocks, c.pending_blocks, c.reuses),
-        (0, 1, 4),
-        "t[2] on S2"
+        (0, 2, 3),
+        "z on S, t[2] on S2"
     );
     assert!(shards.may_have_orphans(), "S2's group stays with them");
 }
@@ -561,12 +566,16 @@ fn a_busy_query_parks_the_orphans_group_of_the_stream_too() {
     shards.retire(&a);
     let mut mine = b.lock();
     let t = take_n(&pool, &mut mine, &shards, 2, PAGE);
-    free_on(&pool, &mut mine, &shards, &t, PAGE, S);
-    assert_eq!(pool.counts().parked_blocks, 3, "B's two and the orphan");
-    assert_eq!(recorded_fences(&pool), 3);
-    drop(mine);
-    assert_eq!(pool.local_counts(&shards), LocalCounts::default());
+    // B has no free block and the orphans hold a group of S: its first free
+    // settles at once, and the stream is busy.
+    free_on(&pool, &mut mine, &shards, &t[..1], PAGE, S);
+    assert_eq!(pool.counts().parked_blocks, 2, "B's first and the orphan");
+    assert_eq!(recorded_fences(&pool), 2);
+    assert_eq!(queries(&pool), 1);
     assert!(!shards.may_have_orphans());
+    free_on(&pool, &mut mine, &shards, &t[1..], PAGE, S);
+    drop(mine);
+    assert_eq!(pool.local_counts(&shards).pending_blocks, 1, "B's batch is not full");
 }
 
 /// The fake upstream, running a hook the next time a stream is queried:
