@@ -575,7 +575,11 @@ fn a_busy_query_parks_the_orphans_group_of_the_stream_too() {
     assert!(!shards.may_have_orphans());
     free_on(&pool, &mut mine, &shards, &t[1..], PAGE, S);
     drop(mine);
-    assert_eq!(pool.local_counts(&shards).pending_blocks, 1, "B's batch is not full");
+    assert_eq!(
+        pool.local_counts(&shards).pending_blocks,
+        1,
+        "B's batch is not full"
+    );
 }
 
 /// The fake upstream, running a hook the next time a stream is queried:
@@ -865,4 +869,39 @@ fn sizes_no_class_holds_are_refused_before_anything_moves() {
     assert_eq!(pool.local_counts(&shards), LocalCounts::default());
     assert_eq!(pool.counts(), PoolCounts::default());
     assert_eq!(queries(&pool), 0);
+}
+
+#[test]
+fn an_exited_threads_free_blocks_wait_with_its_last_stream_for_the_next_thread_on_it() {
+    let _probe = probe_on();
+    let pool = local_pool(4, true);
+    let shards = Shards::new();
+    let (a, b, c) = (shards.register(), shards.register(), shards.register());
+    // A: a batch on S proven free (4 blocks free), then one more pending.
+    let (free, pending) = {
+        let mut mine = a.lock();
+        let t = take_n(&pool, &mut mine, &shards, 5, PAGE);
+        free_on(&pool, &mut mine, &shards, &t[..4], PAGE, S);
+        free_on(&pool, &mut mine, &shards, &t[4..], PAGE, S);
+        (t[..4].to_vec(), t[4])
+    };
+    assert_eq!(queries(&pool), 1);
+    shards.retire(&a);
+    // C, on another stream, takes one of them on a miss (any thread may).
+    let stolen = pool.take_local(&mut c.lock(), &shards, D, PAGE).unwrap();
+    assert!(free.contains(&stolen));
+    // B takes over S: its first free on S, with no free block of its own,
+    // proves its group and the orphans' (one query), and gets A's free
+    // blocks back with them: no new block for a whole batch.
+    let mut mine = b.lock();
+    let first = pool.take_local(&mut mine, &shards, D, PAGE).unwrap();
+    assert!(free.contains(&first), "{first:#x}: one of A's free blocks");
+    free_on(&pool, &mut mine, &shards, &[first], PAGE, S);
+    assert_eq!(queries(&pool), 2);
+    assert!(!shards.may_have_orphans(), "everything of S adopted");
+    let back = take_n(&pool, &mut mine, &shards, 4, PAGE);
+    let mut expected: Vec<usize> = free.iter().copied().filter(|&x| x != stolen).collect();
+    expected.push(pending);
+    assert_eq!(sorted(back), sorted(expected));
+    assert_eq!(pool.tallies().upstream_allocations, 5, "nothing new");
 }
