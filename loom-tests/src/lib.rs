@@ -1,7 +1,7 @@
 //! loom models of every shared (`Sync`) type in gpupool.
 //!
 //! The models live in `tests/models.rs` (with `tests/models/mock_backend.rs`,
-//! `tests/models/block_pool.rs`, `tests/models/thread_exit.rs`,
+//! `tests/models/block_pool.rs`, `tests/models/shards.rs`, `tests/models/thread_exit.rs`,
 //! `tests/models/in_place.rs` and their ledger, `tests/models/ledger.rs`) and compile only with `--cfg loom` (which also
 //! switches gpupool-core, gpupool-mock and the block pools of gpupool-cuda to
 //! loom's primitives) and `--cfg crossbeam_loom` (which makes crossbeam-epoch
@@ -35,6 +35,7 @@
 //! | `Pinning` (core, private) | a crossbeam-epoch `Collector` | every stack and pool model (crossbeam-epoch's own loom mode) |
 //! | `MockBackend` (mock) | one `RwLock` over streams, events, waits, memory and its hazard detector, call counters, armed faults, misuse log; the read-only calls' fast path under the read lock, counted in relaxed atomics | `mock_backend::two_threads_every_call`, `mock_backend::completion_races_a_stream_ordered_free`, `mock_backend::queries_race_destroy_and_record` (two threads query, a third records and destroys: fast and write-locked paths, a per-handle fault, misuses); it is the backend of every pool model too |
 //! | `Pool<U>` / `BlockPool`: pinned and managed blocks (cuda, `block_pool`) | one `Mutex` over the free lists, parked blocks and idle fences; relaxed tallies | `block_pool::reuse_waits_for_the_fence`, `block_pool::give_after_races_trim`, `block_pool::failed_record_races_take`, `block_pool::idle_return_races_take` (over a fake upstream; the CUDA pools are the same `Pool` over `PoolKind`) |
+//! | `Shards<T>` / `Shard<T>`: per-thread shards of a per-device cache, the registry, the orphans of exited threads and their relaxed `has_orphans` hint (cuda, `shards`); `ThreadBlocks`: each thread's free blocks and pending groups by stream of a block pool (cuda, `block_pool::local`) | the registry `Mutex`, one `Mutex` per shard, the orphans' `Mutex` and the hint (a relaxed `AtomicBool` written under it) | `shards::adoption_from_an_exited_thread` (an exited thread's pending group adopted by another thread's settle, whose one query must cover it; its free block, kept with its last stream's group, taken by a miss), `shards::trim_races_an_owner` (the backend's trim: `drain_local`, the context synchronization, `give_all`, `Pool::trim`, racing an owner's takes and frees), `shards::forget_races_an_owner` (`forget_stream_local` racing an owner and the GPU), `shards::retire_races_an_orphans_reader` (`Shards` alone: a retire racing a reader of the hint and a visit, which then keeps an item among the orphans: the visit finds everything put before it, nothing lost or found twice, the hint exact once the threads are done); over the block pool's fake upstream and its oracle, the threads' shards registered and retired by hand as `LocalShards` does |
 //!
 //! Not modelled, and why:
 //!
@@ -99,6 +100,10 @@ pub const MODELS: &[&str] = &[
     "block_pool::give_after_races_trim",
     "block_pool::failed_record_races_take",
     "block_pool::idle_return_races_take",
+    "shards::adoption_from_an_exited_thread",
+    "shards::trim_races_an_owner",
+    "shards::forget_races_an_owner",
+    "shards::retire_races_an_orphans_reader",
 ];
 
 /// Preemption bound for the models (loom explores every interleaving with at
@@ -107,6 +112,6 @@ pub const MAX_PREEMPTIONS: &str = "2";
 
 /// The bound for the models cheap enough to go deeper (those that call
 /// `model_deep` in `tests/models.rs` and its modules: the mock backend's, the
-/// block pool's, most thread-cache, thread-exit and in-place-lease models):
-/// under a minute together.
+/// block pool's, most thread-cache, thread-exit, in-place-lease and shards
+/// models): under a minute together.
 pub const DEEP_PREEMPTIONS: usize = 3;

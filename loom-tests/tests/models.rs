@@ -4,9 +4,10 @@
 //! use them (`models.rs`), thread exits and the adoption of their cells
 //! (`models/thread_exit.rs`), the event pool's in-place leases of cell slots
 //! (`models/in_place.rs`), the mock
-//! backend (`models/mock_backend.rs`) and the CUDA backend's pinned/managed
-//! block pool over a fake upstream (`models/block_pool.rs`); 2–3 threads
-//! each. The list, and which model covers which type, is in the crate
+//! backend (`models/mock_backend.rs`), the CUDA backend's pinned/managed
+//! block pool over a fake upstream (`models/block_pool.rs`) and its
+//! per-thread shards and the blocks each thread keeps in them, over the same
+//! fake (`models/shards.rs`); 2–3 threads each. The list, and which model covers which type, is in the crate
 //! documentation (`src/lib.rs`).
 //!
 //! Built only with `--cfg loom --cfg crossbeam_loom`; `tests/run_models.rs`
@@ -23,6 +24,8 @@ mod in_place;
 mod ledger;
 #[path = "models/mock_backend.rs"]
 mod mock_backend;
+#[path = "models/shards.rs"]
+mod shards;
 #[path = "models/thread_exit.rs"]
 mod thread_exit;
 

@@ -79,6 +79,12 @@ models! {
         failed_record_races_take,
         idle_return_races_take
     }
+    shards {
+        adoption_from_an_exited_thread,
+        trim_races_an_owner,
+        forget_races_an_owner,
+        retire_races_an_orphans_reader
+    }
 }
 
 /// The models' test binary, built once for every test of this binary (the

@@ -66,10 +66,6 @@ pub const QUERY_BATCH_BYTES: usize = 8 << 20;
 /// free blocks go to the shared lists.
 pub const THREAD_FREE_BYTES: usize = 2 * QUERY_BATCH_BYTES;
 
-/// A group's pending blocks and the free blocks kept with it (class,
-/// address).
-type Pair = (Vec<(usize, usize)>, Vec<(usize, usize)>);
-
 /// The group of blocks that no stream query can prove free, only a trim's
 /// synchronization (a synchronization for them failed). No stream has this
 /// id: the driver counts ids up from small numbers.
@@ -83,11 +79,6 @@ struct Group {
     /// (class, address), oldest first.
     blocks: Vec<(usize, usize)>,
     bytes: usize,
-    /// Among the orphans only: the free blocks of the exited thread whose
-    /// last stream-ordered free was on this stream (class, address), kept
-    /// with its group so that the next thread on the stream takes both back
-    /// (see `orphans_wait_on`). Counted as free.
-    proven: Vec<(usize, usize)>,
 }
 
 /// One thread's blocks of a pool (or the orphans of the threads that
@@ -100,8 +91,6 @@ pub struct ThreadBlocks {
     free_bytes: usize,
     groups: Vec<Group>,
     pending_blocks: usize,
-    /// The stream id of the thread's last stream-ordered free.
-    last_stream: Option<u64>,
     /// Blocks handed out from here (or the orphans) without the shared
     /// lists.
     reuses: u64,
@@ -131,57 +120,25 @@ impl ThreadBlocks {
     }
 
     fn pop_free(&mut self, class: usize) -> Option<usize> {
-        let addr = match self.free.get_mut(class).and_then(Vec::pop) {
-            Some(addr) => addr,
-            None => self.pop_proven(class)?,
-        };
+        let addr = self.free.get_mut(class)?.pop()?;
         self.free_blocks -= 1;
         self.free_bytes -= class_size(class);
         Some(addr)
     }
 
-    /// A free block of `class` kept with a group (the orphans' only), taken
-    /// out; a group left with nothing goes.
-    fn pop_proven(&mut self, class: usize) -> Option<usize> {
-        let (gi, bi) = self.groups.iter().enumerate().find_map(|(gi, g)| {
-            let bi = g.proven.iter().position(|&(c, _)| c == class)?;
-            Some((gi, bi))
-        })?;
-        let g = &mut self.groups[gi];
-        let (_, addr) = g.proven.swap_remove(bi);
-        if g.blocks.is_empty() && g.proven.is_empty() {
-            self.groups.swap_remove(gi);
-        }
-        Some(addr)
-    }
-
-    /// The group of `stream`, made if there is none; its index.
-    fn group(&mut self, stream: u64) -> usize {
-        match self.groups.iter().position(|g| g.stream == stream) {
+    /// Adds a block to the group of `stream`; returns the group's index.
+    fn push_pending(&mut self, stream: u64, class: usize, addr: usize) -> usize {
+        let i = match self.groups.iter().position(|g| g.stream == stream) {
             Some(i) => i,
             None => {
                 self.groups.push(Group {
                     stream,
                     blocks: Vec::new(),
                     bytes: 0,
-                    proven: Vec::new(),
                 });
                 self.groups.len() - 1
             }
-        }
-    }
-
-    /// Keeps a free block with the group of `stream` (for the orphans).
-    fn push_proven(&mut self, stream: u64, class: usize, addr: usize) {
-        let i = self.group(stream);
-        self.groups[i].proven.push((class, addr));
-        self.free_blocks += 1;
-        self.free_bytes += class_size(class);
-    }
-
-    /// Adds a block to the group of `stream`; returns the group's index.
-    fn push_pending(&mut self, stream: u64, class: usize, addr: usize) -> usize {
-        let i = self.group(stream);
+        };
         let g = &mut self.groups[i];
         g.blocks.push((class, addr));
         g.bytes += class_size(class);
@@ -189,18 +146,15 @@ impl ThreadBlocks {
         i
     }
 
-    /// Takes out the group of `stream`: its pending blocks, oldest first,
-    /// and the free blocks kept with it (class, address).
-    fn take_group(&mut self, stream: u64) -> Pair {
+    /// Takes out the group of `stream` (its blocks, oldest first).
+    fn take_group(&mut self, stream: u64) -> Vec<(usize, usize)> {
         match self.groups.iter().position(|g| g.stream == stream) {
             Some(i) => {
                 let g = self.groups.swap_remove(i);
                 self.pending_blocks -= g.blocks.len();
-                self.free_blocks -= g.proven.len();
-                self.free_bytes -= g.proven.iter().map(|&(c, _)| class_size(c)).sum::<usize>();
-                (g.blocks, g.proven)
+                g.blocks
             }
-            None => (Vec::new(), Vec::new()),
+            None => Vec::new(),
         }
     }
 
@@ -209,9 +163,6 @@ impl ThreadBlocks {
         let mut out = Vec::with_capacity(self.free_blocks);
         for (class, list) in self.free.iter_mut().enumerate() {
             out.extend(list.drain(..).map(|addr| (class, addr)));
-        }
-        for g in &mut self.groups {
-            out.append(&mut g.proven);
         }
         self.free_blocks = 0;
         self.free_bytes = 0;
@@ -249,16 +200,9 @@ impl ShardState for ThreadBlocks {
         self.free_blocks == 0 && self.pending_blocks == 0
     }
 
-    /// The exiting thread's free blocks stay with the group of its last
-    /// stream, so the next thread on that stream gets them back with the
-    /// group (a thread that never freed in stream order leaves them free to
-    /// any thread).
     fn absorb(&mut self, from: &mut Self, (): &()) {
         for (class, addr) in from.take_free() {
-            match from.last_stream {
-                Some(stream) => self.push_proven(stream, class, addr),
-                None => self.push_free(class, addr),
-            }
+            self.push_free(class, addr);
         }
         for g in core::mem::take(&mut from.groups) {
             for (class, addr) in g.blocks {
@@ -278,10 +222,7 @@ fn orphans_wait_on(shards: &Shards<ThreadBlocks>, id: u64) -> bool {
     let Some(orphans) = shards.orphans() else {
         return false;
     };
-    let waiting = orphans
-        .groups
-        .iter()
-        .any(|g| g.stream == id && !(g.blocks.is_empty() && g.proven.is_empty()));
+    let waiting = orphans.groups.iter().any(|g| g.stream == id);
     shards.release_orphans(orphans);
     waiting
 }
@@ -356,7 +297,6 @@ impl<U: Upstream> Pool<U> {
             // SAFETY: the caller's contract.
             return unsafe { self.give_after(device, addr, size, stream) };
         };
-        mine.last_stream = Some(id);
         let i = mine.push_pending(id, class, addr);
         let g = &mine.groups[i];
         let full = g.blocks.len() >= self.query_batch_blocks || g.bytes >= QUERY_BATCH_BYTES;
@@ -391,20 +331,15 @@ impl<U: Upstream> Pool<U> {
         // The orphans' group of the stream first: its blocks were freed
         // before their thread exited, which happened before the orphans'
         // lock is taken here, so before the query below.
-        let (adopted, proven) = match shards.orphans() {
+        let adopted = match shards.orphans() {
             Some(mut orphans) => {
                 let group = orphans.take_group(id);
                 shards.release_orphans(orphans);
                 group
             }
-            None => (Vec::new(), Vec::new()),
+            None => Vec::new(),
         };
-        // Free already (their thread proved them, or freed them in host
-        // order): the thread's now, whatever the stream answers.
-        for (class, addr) in proven {
-            mine.push_free(class, addr);
-        }
-        let (mut blocks, _) = mine.take_group(id);
+        let mut blocks = mine.take_group(id);
         blocks.extend(adopted);
         if let Ok(Completion::Complete) = self.upstream.query_stream(stream, device) {
             // Everything queued on `stream` before the query has finished,
@@ -500,16 +435,8 @@ impl<U: Upstream> Pool<U> {
             return 0;
         };
         let mut blocks = Vec::new();
-        let mut proven = Vec::new();
-        shards.each(|t| {
-            let (pending, free) = t.take_group(id);
-            blocks.extend(pending);
-            proven.extend(free);
-        });
-        let n = blocks.len() + proven.len();
-        // SAFETY: free blocks of this pool (proven, or freed in host order),
-        // taken out of the lists that held them.
-        unsafe { self.give_all(proven) };
+        shards.each(|t| blocks.extend(t.take_group(id)));
+        let n = blocks.len();
         let mut kept = Vec::new();
         for (class, addr) in blocks {
             // SAFETY: freed in the order of the stream with id `id`, which is

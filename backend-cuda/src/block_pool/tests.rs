@@ -871,37 +871,78 @@ fn sizes_no_class_holds_are_refused_before_anything_moves() {
     assert_eq!(queries(&pool), 0);
 }
 
-#[test]
-fn an_exited_threads_free_blocks_wait_with_its_last_stream_for_the_next_thread_on_it() {
-    let _probe = probe_on();
-    let pool = local_pool(4, true);
+/// Generations of `threads` threads, one per stream, that run `rounds`
+/// scratch rounds side by side (round-robin, one round each in turn: every
+/// thread is in the middle of its work while the others are) and then exit:
+/// the first round grows 64, 128, 256 KiB as a new scratchpad does, the next
+/// ones take one 256 KiB block, as a learned one does. Deterministic: the
+/// threads are shards driven from this thread. Returns the upstream
+/// allocations and stream queries of each generation.
+fn generations(
+    pool: &Pool<Fake>,
+    threads: usize,
+    rounds: usize,
+    count: usize,
+) -> Vec<(u64, usize)> {
     let shards = Shards::new();
-    let (a, b, c) = (shards.register(), shards.register(), shards.register());
-    // A: a batch on S proven free (4 blocks free), then one more pending.
-    let (free, pending) = {
-        let mut mine = a.lock();
-        let t = take_n(&pool, &mut mine, &shards, 5, PAGE);
-        free_on(&pool, &mut mine, &shards, &t[..4], PAGE, S);
-        free_on(&pool, &mut mine, &shards, &t[4..], PAGE, S);
-        (t[..4].to_vec(), t[4])
+    let stream = |t: usize| {
+        // SAFETY: a fake stream, only ever given to the fake upstream.
+        unsafe { StreamHandle::from_raw(0x10_000 + 0x100 * t) }
     };
-    assert_eq!(queries(&pool), 1);
-    shards.retire(&a);
-    // C, on another stream, takes one of them on a miss (any thread may).
-    let stolen = pool.take_local(&mut c.lock(), &shards, D, PAGE).unwrap();
-    assert!(free.contains(&stolen));
-    // B takes over S: its first free on S, with no free block of its own,
-    // proves its group and the orphans' (one query), and gets A's free
-    // blocks back with them: no new block for a whole batch.
-    let mut mine = b.lock();
-    let first = pool.take_local(&mut mine, &shards, D, PAGE).unwrap();
-    assert!(free.contains(&first), "{first:#x}: one of A's free blocks");
-    free_on(&pool, &mut mine, &shards, &[first], PAGE, S);
-    assert_eq!(queries(&pool), 2);
-    assert!(!shards.may_have_orphans(), "everything of S adopted");
-    let back = take_n(&pool, &mut mine, &shards, 4, PAGE);
-    let mut expected: Vec<usize> = free.iter().copied().filter(|&x| x != stolen).collect();
-    expected.push(pending);
-    assert_eq!(sorted(back), sorted(expected));
-    assert_eq!(pool.tallies().upstream_allocations, 5, "nothing new");
+    (0..count)
+        .map(|_| {
+            let (allocs, asked) = (pool.tallies().upstream_allocations, queries(pool));
+            let generation: Vec<_> = (0..threads).map(|_| shards.register()).collect();
+            for r in 0..rounds {
+                let sizes: &[usize] = if r == 0 {
+                    &[64 << 10, 128 << 10, 256 << 10]
+                } else {
+                    &[256 << 10]
+                };
+                for (t, shard) in generation.iter().enumerate() {
+                    let mut mine = shard.lock();
+                    let blocks: Vec<(usize, usize)> = sizes
+                        .iter()
+                        .map(|&size| (pool.take_local(&mut mine, &shards, D, size).unwrap(), size))
+                        .collect();
+                    for &(addr, size) in blocks.iter().rev() {
+                        free_on(pool, &mut mine, &shards, &[addr], size, stream(t));
+                    }
+                }
+            }
+            for shard in &generation {
+                shards.retire(shard);
+            }
+            (
+                pool.tallies().upstream_allocations - allocs,
+                queries(pool) - asked,
+            )
+        })
+        .collect()
+}
+
+/// A thread that takes over an exited thread's stream gets that thread's
+/// blocks back at its first free (its group, from the orphans), and the
+/// blocks the exited threads left free serve every thread's misses: from the
+/// second generation on, no thread takes a new block. (Keeping an exited
+/// thread's free blocks with the group of its last stream instead, for its
+/// successor alone, fails this: the threads that take blocks before their
+/// first free empty other streams' groups, 28 new blocks per generation.)
+#[test]
+fn threads_that_take_over_their_predecessors_streams_need_no_new_blocks() {
+    let _probe = probe_on();
+    let pool = local_pool(QUERY_BATCH_BLOCKS, true);
+    let per_generation = generations(&pool, 16, 100, 4);
+    let first = per_generation[0].0;
+    assert!(first > 0, "the first generation allocates its blocks");
+    for (g, &(allocs, _)) in per_generation.iter().enumerate().skip(1) {
+        assert_eq!(allocs, 0, "generation {g} allocated: {per_generation:?}");
+    }
+    // One query per batch of 32 frees (and one early one per takeover).
+    for &(_, asked) in &per_generation[1..] {
+        assert!(
+            asked <= 16 * (100 / QUERY_BATCH_BLOCKS + 2),
+            "{per_generation:?}"
+        );
+    }
 }

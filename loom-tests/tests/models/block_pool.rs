@@ -13,6 +13,9 @@
 //! recording complete (so no parked block can still wait on it); that no
 //! block is freed twice or lost (every block allocated is freed by the final
 //! trim), and no fence leaked.
+//!
+//! `shards.rs` runs the blocks each thread keeps in front of the pool over
+//! the same fake (hence the `pub(super)` items).
 
 use std::collections::{HashMap, HashSet};
 
@@ -23,11 +26,11 @@ use loom::sync::{Mutex, MutexGuard};
 
 use super::{model_deep, spawn_scoped};
 
-const D: DeviceId = DeviceId(0);
-const PAGE: usize = 4096;
-const STREAMS: usize = 2;
+pub(super) const D: DeviceId = DeviceId(0);
+pub(super) const PAGE: usize = 4096;
+pub(super) const STREAMS: usize = 2;
 
-fn stream(i: usize) -> StreamHandle {
+pub(super) fn stream(i: usize) -> StreamHandle {
     // SAFETY: the handle goes only to the fake upstream below, which takes it
     // for an index into its counters, never to a backend.
     unsafe { StreamHandle::from_raw(0x1000 + i) }
@@ -44,7 +47,7 @@ struct FakeStream {
 }
 
 #[derive(Debug, Default)]
-struct FenceState {
+pub(super) struct FenceState {
     /// (stream, position) of the last recording.
     recorded: Option<(usize, usize)>,
     /// Whether a query has seen that recording complete.
@@ -56,24 +59,24 @@ struct FenceState {
 /// a fence recorded after a taker's query (say) differs from one recorded
 /// before it only here.
 #[derive(Debug, Default)]
-struct Book {
+pub(super) struct Book {
     next_block: usize,
     /// Blocks allocated and not freed.
-    live: HashSet<usize>,
+    pub(super) live: HashSet<usize>,
     /// Where each block was last used: (stream, position).
     last_use: HashMap<usize, (usize, usize)>,
-    fences: HashMap<usize, FenceState>,
+    pub(super) fences: HashMap<usize, FenceState>,
     next_fence: usize,
     fail_record: bool,
 }
 
-struct FakeGpu {
+pub(super) struct FakeGpu {
     streams: [FakeStream; STREAMS],
     book: Mutex<Book>,
 }
 
 impl FakeGpu {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         FakeGpu {
             streams: [(); STREAMS].map(|_| FakeStream {
                 queued: AtomicUsize::new(0),
@@ -83,19 +86,19 @@ impl FakeGpu {
         }
     }
 
-    fn book(&self) -> MutexGuard<'_, Book> {
+    pub(super) fn book(&self) -> MutexGuard<'_, Book> {
         self.book.lock().unwrap()
     }
 
     /// A kernel on stream `s` that uses `addr`.
-    fn use_block(&self, addr: usize, s: usize) {
+    pub(super) fn use_block(&self, addr: usize, s: usize) {
         // AcqRel: stands for the ordering a launch has with the stream.
         let pos = self.streams[s].queued.fetch_add(1, Ordering::AcqRel) + 1;
         self.book().last_use.insert(addr, (s, pos));
     }
 
     /// The GPU finishes everything queued on `s` so far.
-    fn complete_all(&self, s: usize) {
+    pub(super) fn complete_all(&self, s: usize) {
         let st = &self.streams[s];
         // Acquire/Release: the GPU's completion publishes that the work is
         // done to whoever then observes `done` (a fence query, the oracle).
@@ -109,7 +112,7 @@ impl FakeGpu {
     }
 
     /// The oracle: nothing may still be running that uses `addr`.
-    fn assert_unused(&self, addr: usize, what: &str) {
+    pub(super) fn assert_unused(&self, addr: usize, what: &str) {
         let last = self.book().last_use.get(&addr).copied();
         if let Some((s, pos)) = last {
             assert!(
