@@ -19,6 +19,18 @@ use crate::measure::Settings;
 use crate::report::kind_name;
 use crate::{Machine, ALIGN, SCRATCH_DALI, SCRATCH_NEW, SCRATCH_RESET, SCRATCH_SIZED, SIZES};
 
+/// Untimed rounds each thread runs before the barrier. Every run starts new
+/// threads, and a thread's own caches reach their steady state only within
+/// its first batch of frees (the CUDA backend proves pinned blocks free with
+/// one stream query per 32 stream-ordered frees, and a thread taking over a
+/// stream adopts what the previous thread left on it): with 2 rounds, the
+/// calibration measured that warm-up, chose a few hundred rounds per thread,
+/// and the timed rounds were dominated by it in some runs (H200,
+/// 2026-12-01: pinned learned rounds at 16 threads 4.5–7.3 µs with 0.002–0.004
+/// driver allocations per round and ~500 rounds per thread, against 0.45–0.95
+/// µs with ~100,000). The same for every variant, the baselines included.
+pub(crate) const WARM_ROUNDS: usize = 64;
+
 /// The variants measured on many threads, in report order.
 pub(crate) const VARIANTS: [&str; 4] = [SCRATCH_NEW, SCRATCH_SIZED, SCRATCH_RESET, SCRATCH_DALI];
 /// The kinds measured on many threads.
@@ -167,7 +179,15 @@ pub(crate) fn measure_scratch_threads<B: Machine>(
                 // Calibrate: rounds per thread for about the target time.
                 let mut n = 4usize;
                 loop {
-                    let per = median(run_threads(backend, &streams, variant, kind, 2, n, &|| {}));
+                    let per = median(run_threads(
+                        backend,
+                        &streams,
+                        variant,
+                        kind,
+                        WARM_ROUNDS,
+                        n,
+                        &|| {},
+                    ));
                     let t = Duration::from_nanos((per * n as f64) as u64);
                     if t >= s.target / 10 || n >= 1 << 24 {
                         n = ((s.target.as_nanos() as f64 / per.max(1.0)) as usize)
@@ -180,9 +200,10 @@ pub(crate) fn measure_scratch_threads<B: Machine>(
                 let mut calls = Some(0u64);
                 for _ in 0..s.repeats {
                     let before = std::cell::Cell::new(None);
-                    let per = run_threads(backend, &streams, variant, kind, 2, n, &|| {
-                        before.set(driver_allocations(kind));
-                    });
+                    let per =
+                        run_threads(backend, &streams, variant, kind, WARM_ROUNDS, n, &|| {
+                            before.set(driver_allocations(kind));
+                        });
                     calls = match (calls, before.get(), driver_allocations(kind)) {
                         (Some(c), Some(b), Some(a)) => Some(c + a.saturating_sub(b)),
                         _ => None,
