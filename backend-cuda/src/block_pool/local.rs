@@ -40,6 +40,12 @@
 //! like the device cache), and at most [`THREAD_FREE_BYTES`] free (the
 //! oldest blocks beyond go to the shared lists).
 //!
+//! The orphans (what exited threads left) have no bound of their own: an
+//! exited thread's pending groups stay until a thread frees on the same
+//! stream (and adopts them), the stream is destroyed through the backend or
+//! forgotten, or [`drain_local`](Pool::drain_local) (`trim_memory`) runs; its
+//! free blocks serve any thread's misses meanwhile.
+//!
 //! **Other threads.** When a thread exits, its free blocks and pending
 //! groups become the orphans of its [`Shards`] (no driver call). A thread
 //! whose own free list is empty takes from the orphans' free blocks before the

@@ -232,6 +232,19 @@ fn adoption_from_an_exited_thread() {
     OUTCOMES.assert_both_reached();
 }
 
+/// The owner's part of the trim and forget models: takes two pages, uses them
+/// on stream 0, frees them in its order (with a batch of two, the second
+/// settles the group) and takes a page again, which it returns.
+fn two_on_stream_0_then_one(h: &Harness, mine: &Shard<ThreadBlocks>) -> usize {
+    let x = h.take(mine);
+    let y = h.take(mine);
+    h.gpu().use_block(x, 0);
+    h.gpu().use_block(y, 0);
+    h.give_after(mine, x, 0);
+    h.give_after(mine, y, 0);
+    h.take(mine)
+}
+
 /// A trim racing an owner. The owner (A) takes two pages, uses them on
 /// stream 0 and frees them in its order (batch two: the first waits in its
 /// group, the second settles the group), takes a page again and frees it for
@@ -251,13 +264,7 @@ fn trim_races_an_owner() {
         let h = &h;
         let owner = spawn_scoped(move || {
             let mine = h.register();
-            let x = h.take(&mine);
-            let y = h.take(&mine);
-            h.gpu().use_block(x, 0);
-            h.gpu().use_block(y, 0);
-            h.give_after(&mine, x, 0);
-            h.give_after(&mine, y, 0);
-            let z = h.take(&mine);
+            let z = two_on_stream_0_then_one(h, &mine);
             h.give(&mine, z);
             h.retire(mine);
         });
@@ -285,13 +292,7 @@ fn forget_races_an_owner() {
         let h = &h;
         let owner = spawn_scoped(move || {
             let mine = h.register();
-            let x = h.take(&mine);
-            let y = h.take(&mine);
-            h.gpu().use_block(x, 0);
-            h.gpu().use_block(y, 0);
-            h.give_after(&mine, x, 0);
-            h.give_after(&mine, y, 0);
-            let z = h.take(&mine);
+            let z = two_on_stream_0_then_one(h, &mine);
             h.give_after(&mine, z, 0);
             h.retire(mine);
         });
