@@ -81,10 +81,15 @@ impl ScratchSizes {
     }
 
     pub(super) fn learn(&self, kind: MemoryKind, bytes: usize) {
-        if bytes != 0 {
-            // Relaxed: as in `get`; `fetch_max` keeps the largest of racing
-            // scratchpads.
-            self.sizes[kind.index()].fetch_max(bytes, Ordering::Relaxed);
+        let size = &self.sizes[kind.index()];
+        // Relaxed: as in `get`. A load first: once learned, the size rarely
+        // grows, and a `ScratchSizes` shared by the threads of an operation
+        // would otherwise take a read-modify-write of one cache line from
+        // every scratchpad's drop. `fetch_max` keeps the largest of racing
+        // scratchpads. A stale load only sends a smaller size to it, or, racing
+        // `forget`, skips one lesson (the next drop learns it).
+        if bytes != 0 && bytes > size.load(Ordering::Relaxed) {
+            size.fetch_max(bytes, Ordering::Relaxed);
         }
     }
 }
