@@ -275,7 +275,7 @@ unsafe fn free_on(addr: usize, stream: StreamHandle) -> Result<(), CudaError> {
 /// threads that exited): blocks by stream id and size, the bytes reserved
 /// from the device's budget for them, and what the shard has done.
 #[derive(Debug)]
-pub struct ThreadShelf {
+pub(crate) struct ThreadShelf {
     shelf: Shelf<usize>,
     /// Bytes of the device's budget ([`MAX_BYTES`]) this shard holds: at
     /// least `shelf.bytes()`, in whole [`RESERVE_CHUNK`]s while the thread
@@ -412,9 +412,7 @@ impl DeviceCache {
     /// Runs `f` on the calling thread's shard (registered now if it has
     /// none); `None` while the thread's locals are being destroyed.
     fn with_shard<R>(&'static self, f: impl FnOnce(&mut ThreadShelf) -> R) -> Option<R> {
-        LOCAL
-            .try_with(|local| local.with(self.index, &self.shards, f))
-            .ok()
+        LocalShards::with_local(&LOCAL, self.index, &self.shards, f)
     }
 
     pub(crate) fn counts(&self) -> CacheCounts {

@@ -173,24 +173,13 @@ use crate::backend::CudaBackend;
 use crate::block_pool::ThreadBlocks;
 use crate::driver::{driver, raw_stream, Driver};
 use crate::error::{check, invalid_value, out_of_memory, CudaError};
-use crate::shards::{LocalShards, Shards};
+use crate::shards::LocalShards;
 use state::{state, DeviceMemory};
 
 thread_local! {
     /// This thread's pinned and managed blocks, by device and kind (see
     /// [`DeviceMemory::host_visible`]).
     static LOCAL_BLOCKS: LocalShards<ThreadBlocks> = const { LocalShards::new() };
-}
-
-/// Runs `f` on the calling thread's blocks at `index` of `shards`
-/// (registered now if it has none); `None` while the thread's locals are
-/// being destroyed.
-fn with_local_blocks<R>(
-    index: usize,
-    shards: &'static Shards<ThreadBlocks>,
-    f: impl FnOnce(&mut ThreadBlocks) -> R,
-) -> Option<R> {
-    LOCAL_BLOCKS.try_with(|l| l.with(index, shards, f)).ok()
 }
 
 pub use stats::MemoryStats;
@@ -296,7 +285,7 @@ impl DeviceMemory {
                 let Some((pool, threads, index)) = self.host_visible(kind) else {
                     return Err(invalid_value());
                 };
-                with_local_blocks(index, threads, |mine| {
+                LocalShards::with_local(&LOCAL_BLOCKS, index, threads, |mine| {
                     pool.take_local(mine, threads, device, size)
                 })
                 .unwrap_or_else(|| pool.take(device, size))
@@ -327,7 +316,7 @@ impl DeviceMemory {
         let Some((pool, threads, index)) = self.host_visible(kind) else {
             return Err(invalid_value());
         };
-        let local = with_local_blocks(index, threads, |mine| match stream {
+        let local = LocalShards::with_local(&LOCAL_BLOCKS, index, threads, |mine| match stream {
             // SAFETY: the caller's contract (the block came from `take` of
             // this pool with this size).
             None => unsafe { pool.give_local(mine, addr, size) },

@@ -238,6 +238,20 @@ impl<T: ShardState + 'static> LocalShards<T> {
     }
 }
 
+impl<T: ShardState + 'static> LocalShards<T> {
+    /// [`with`](Self::with) on the calling thread's table in `key` (a
+    /// `thread_local!` of the caller); `None` while the thread's locals are
+    /// being destroyed.
+    pub fn with_local<R>(
+        key: &'static std::thread::LocalKey<Self>,
+        index: usize,
+        shards: &'static Shards<T>,
+        f: impl FnOnce(&mut T) -> R,
+    ) -> Option<R> {
+        key.try_with(|local| local.with(index, shards, f)).ok()
+    }
+}
+
 impl<T: ShardState + 'static> Default for LocalShards<T> {
     fn default() -> Self {
         Self::new()

@@ -374,10 +374,31 @@ impl<U: Upstream> Pool<U> {
             return;
         }
         let excess = mine.take_excess();
+        self.push_all_free(excess);
+    }
+
+    /// Puts blocks (class, address) on the shared lists' free list, under
+    /// one visit to their lock.
+    fn push_all_free(&self, blocks: Vec<(usize, usize)>) {
+        if blocks.is_empty() {
+            return;
+        }
         let mut lists = self.lock();
-        for (class, addr) in excess {
+        for (class, addr) in blocks {
             lists.push_free(class, addr);
         }
+    }
+
+    /// Keeps blocks (class, address) in the orphans' group of stream `id`.
+    fn keep_among_orphans(shards: &Shards<ThreadBlocks>, id: u64, blocks: Vec<(usize, usize)>) {
+        if blocks.is_empty() {
+            return;
+        }
+        let mut orphans = shards.lock_orphans();
+        for (class, addr) in blocks {
+            orphans.push_pending(id, class, addr);
+        }
+        shards.release_orphans(orphans);
     }
 
     /// Moves the blocks of every thread and of the orphans out: the free
@@ -391,10 +412,7 @@ impl<U: Upstream> Pool<U> {
             free.extend(t.take_free());
             pending.extend(t.take_pending());
         });
-        let mut lists = self.lock();
-        for (class, addr) in free {
-            lists.push_free(class, addr);
-        }
+        self.push_all_free(free);
         pending
     }
 
@@ -404,23 +422,17 @@ impl<U: Upstream> Pool<U> {
     /// Each block came from this pool, is given once, and nothing uses it
     /// any more.
     pub unsafe fn give_all(&self, blocks: Vec<(usize, usize)>) {
-        let mut lists = self.lock();
-        for (class, addr) in blocks {
-            lists.push_free(class, addr);
-        }
+        self.push_all_free(blocks);
     }
 
     /// Keeps blocks (class, address) that wait for their stream among the
     /// orphans (a synchronization that would prove them free failed).
-    pub fn keep_pending(&self, shards: &Shards<ThreadBlocks>, blocks: Vec<(usize, usize)>) {
-        if blocks.is_empty() {
-            return;
-        }
-        let mut orphans = shards.lock_orphans();
-        for (class, addr) in blocks {
-            orphans.push_pending(NO_STREAM, class, addr);
-        }
-        shards.release_orphans(orphans);
+    ///
+    /// # Safety
+    /// Each block came from this pool (as [`drain_local`](Self::drain_local)
+    /// returned it) and is kept once; work may still use it.
+    pub unsafe fn keep_pending(&self, shards: &Shards<ThreadBlocks>, blocks: Vec<(usize, usize)>) {
+        Self::keep_among_orphans(shards, NO_STREAM, blocks);
     }
 
     /// The stream `stream` (live, of `device`) is about to be destroyed or
@@ -451,13 +463,7 @@ impl<U: Upstream> Pool<U> {
                 kept.push((class, addr));
             }
         }
-        if !kept.is_empty() {
-            let mut orphans = shards.lock_orphans();
-            for (class, addr) in kept {
-                orphans.push_pending(id, class, addr);
-            }
-            shards.release_orphans(orphans);
-        }
+        Self::keep_among_orphans(shards, id, kept);
         n
     }
 

@@ -790,7 +790,8 @@ fn drain_returns_the_pending_blocks_and_gives_the_free_ones_to_the_shared_lists(
     assert!(!shards.may_have_orphans());
     assert_eq!(queries(&pool), 0, "no driver call");
     // What a failed synchronization keeps: no query of any stream proves it.
-    pool.keep_pending(&shards, drained);
+    // SAFETY: the pending blocks `drain_local` returned, kept once.
+    unsafe { pool.keep_pending(&shards, drained) };
     assert_eq!(pool.local_counts(&shards).pending_blocks, 2);
     assert!(shards.may_have_orphans());
     {

@@ -160,7 +160,9 @@ impl CudaBackend {
                     Ok(()) => unsafe { pool.give_all(pending) },
                     Err(e) => {
                         first_error.get_or_insert(e);
-                        pool.keep_pending(threads, pending);
+                        // SAFETY: the pending blocks `drain_local` returned,
+                        // kept once.
+                        unsafe { pool.keep_pending(threads, pending) };
                     }
                 }
             }

@@ -86,12 +86,19 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             // nothing to rewind, ask or fence.
             return;
         }
+        // The stream a host-visible kind's block is released on: its reuse
+        // needs that stream to have passed the reset. (Device memory is
+        // allocated and released on the device order; host order is
+        // reusable at once.)
+        let release_stream = if kind.is_host_accessible() {
+            self.release_order(kind).stream_and_device()
+        } else {
+            None
+        };
         // A backend that proves host-visible blocks free in batches takes a
         // block back in stream order for less than one question to the
         // stream costs (`MemoryBackend::batches_host_reuse`).
-        let batched = kind.is_host_accessible()
-            && self.backend.batches_host_reuse()
-            && self.release_order(kind).stream_and_device().is_some();
+        let batched = release_stream.is_some() && self.backend.batches_host_reuse();
         if n > 1 || armed || batched {
             // Release everything; next time one block that holds the largest
             // round (not the sum of the blocks: their unused tails and the
@@ -111,11 +118,8 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             return;
         }
         st.res.rewind();
-        if !kind.is_host_accessible() {
-            return; // device memory: allocated and released on the device order
-        }
-        let Some((stream, release_device)) = self.release_order(kind).stream_and_device() else {
-            return; // host order: reusable now
+        let Some((stream, release_device)) = release_stream else {
+            return; // device memory, or a host order: reusable now
         };
         // One question first: if the stream has finished everything queued on
         // it so far (the work of the rounds that used the block included), the
