@@ -122,7 +122,11 @@ pub fn with_cudarc_stream<R>(
     // of other ids, and every `CudaBackend` shares one), made on the primary
     // context of `lease.device()`; the lease is borrowed for the whole call,
     // so the stream stays leased to this caller alone until it returns.
-    unsafe { scoped(lease.handle(), lease.device(), f) }
+    let out = unsafe { scoped(lease.handle(), lease.device(), f) };
+    // cudarc's `wait` may have made the stream join a graph capture: the
+    // lease's return asks before it queries.
+    lease.note_capture();
+    out
 }
 
 /// [`with_cudarc_stream`] for a stream the caller owns
@@ -168,7 +172,7 @@ unsafe fn scoped<R>(
     // `device`'s primary context current for `f` and the capture check, the
     // thread's own restored afterwards (also on a panic).
     let out = driver()?.with_context(device, |_| {
-        let capture = OpenCapture(raw_stream(handle));
+        let capture = OpenCapture::watch(raw_stream(handle))?;
         let out = f(&stream);
         capture.end()?;
         Ok(out)
@@ -177,30 +181,52 @@ unsafe fn scoped<R>(
     out
 }
 
-/// Ends a graph capture that the closure left open on the stream: by
-/// [`end`](Self::end), which reports it, or by its drop if the closure
+/// Ends a graph capture that the closure began on the stream and left open:
+/// by [`end`](Self::end), which reports it, or by its drop if the closure
 /// panics. Otherwise the stream would go back to its pool (or owner) still
 /// capturing, and every later user's work on it would be captured instead of
-/// run, or fail.
-struct OpenCapture(sys::CUstream);
+/// run, or fail. A stream that was already in a capture when the closure
+/// began (a side stream of a fork made with `AccessOrder::wait`, say) is left
+/// as it is: that capture is its owner's to end.
+struct OpenCapture {
+    stream: sys::CUstream,
+    /// The stream was in a capture before the closure ran.
+    was_capturing: bool,
+}
 
 impl OpenCapture {
-    /// `Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)` if a capture was open
-    /// (ended now, its graph destroyed), or the driver's error.
+    /// Notes whether `stream` is capturing before the closure runs. Called
+    /// by `scoped` only, with its live created stream and a context current.
+    fn watch(stream: sys::CUstream) -> Result<Self, CudaError> {
+        // SAFETY: `scoped`'s stream, live for the call, context current.
+        let status = unsafe { result::stream::is_capturing(stream) }?;
+        Ok(OpenCapture {
+            stream,
+            was_capturing: status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+        })
+    }
+
+    /// `Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)` if the closure left a
+    /// capture open (ended now, its graph destroyed), or the driver's error.
     fn end(self) -> Result<(), CudaError> {
-        let stream = self.0;
-        core::mem::forget(self);
+        let this = core::mem::ManuallyDrop::new(self);
+        if this.was_capturing {
+            return Ok(());
+        }
         // SAFETY: made by `scoped` for its stream, a created stream that is
         // live while the guard exists (`scoped`'s contract).
-        unsafe { end_open_capture(stream) }
+        unsafe { end_open_capture(this.stream) }
     }
 }
 
 impl Drop for OpenCapture {
     fn drop(&mut self) {
+        if self.was_capturing {
+            return;
+        }
         // Unwinding: nobody to report to; the capture is ended all the same.
         // SAFETY: as in `end`.
-        let _ = unsafe { end_open_capture(self.0) };
+        let _ = unsafe { end_open_capture(self.stream) };
     }
 }
 

@@ -157,6 +157,7 @@
 //! }
 //! ```
 
+mod capture;
 mod device;
 mod overalign;
 mod state;
@@ -407,6 +408,12 @@ impl DeviceMemory {
             if let Some(s) = stream {
                 // SAFETY: a usable stream of `device` (the contract of
                 // `deallocate_async`).
+                if unsafe { Self::capturing(drv, s, device) }? {
+                    // Cannot wait for a capture; its replays may read it.
+                    self.keep_for_graphs(kind, ptr.as_ptr() as usize, size);
+                    return Ok(());
+                }
+                // SAFETY: as above.
                 unsafe { CudaBackend::new().synchronize_stream(s, device) }?;
             }
             // SAFETY: the caller's contract; work issued on `stream` before
@@ -523,6 +530,15 @@ impl MemoryBackend for CudaBackend {
     /// once the event has completed. Host: `stream` is synchronized, then the
     /// memory freed.
     ///
+    /// On a stream capturing a graph: a device block allocated in that
+    /// capture is freed by a free node of the graph; one allocated outside
+    /// it, and a host block, are kept for the life of the process
+    /// ([`MemoryStats::kept_for_graphs`]), since the graph's replays may use
+    /// them whenever they run. A pinned or managed block must not be freed
+    /// on a capturing stream (the stream cannot be asked when the graph is
+    /// done with it): [`Scratchpad`](gpupool_core::Scratchpad) keeps such
+    /// blocks itself.
+    ///
     /// # Safety
     /// The contract of [`MemoryBackend::deallocate_async`] (see the impl's
     /// documentation for what it means here).
@@ -575,6 +591,26 @@ impl MemoryBackend for CudaBackend {
                 )
             })
         })
+    }
+
+    /// Counts the block in [`MemoryStats::kept_for_graphs`] and never hands
+    /// it out again (the driver cannot say when a graph's last replay is
+    /// done with it).
+    ///
+    /// # Safety
+    /// The contract of [`MemoryBackend::keep_for_graph`].
+    unsafe fn keep_for_graph(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        _align: usize,
+        _stream: StreamHandle,
+    ) -> Result<(), CudaError> {
+        let (_, mem) = state(device)?;
+        mem.keep_for_graphs(kind, ptr.as_ptr() as usize, size);
+        Ok(())
     }
 
     /// True while the idle probe is on ([`CudaBackend::set_idle_probe`]):

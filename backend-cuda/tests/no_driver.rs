@@ -101,8 +101,9 @@ fn the_event_pool_and_access_order_report_no_driver() {
         )
     };
     assert!(is_no_driver(&a.wait(&b, &events), BackendOp::DeviceCount));
+    // The host asks whether the stream is capturing before it waits.
     let host_wait = AccessOrder::host().wait(&a, &events);
-    assert!(is_no_driver(&host_wait, BackendOp::SynchronizeStream));
+    assert!(is_no_driver(&host_wait, BackendOp::CaptureStatus));
 }
 
 #[test]

@@ -8,7 +8,7 @@
 //! has passed the free are reclaimed.
 //!
 //! The read-only calls (`device_count`, `current_device`, `query_stream`,
-//! `stream_device`, `query_event`) first try a fast path under the read lock,
+//! `stream_device`, `capture_status`, `query_event`) first try a fast path under the read lock,
 //! [`MockBackend::read_call_on`], so that threads querying at once do not wait
 //! for each other: when the slow path would change nothing but the call
 //! counter (nothing armed, settled, reclaimed; see `State::is_quiet`) and the
@@ -20,8 +20,8 @@
 use core::ptr::NonNull;
 
 use gpupool_core::{
-    Backend, BackendId, BackendOp as CallKind, Completion, DeviceId, EventBackend, EventFlags,
-    EventHandle, MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
+    Backend, BackendId, BackendOp as CallKind, CaptureStatus, Completion, DeviceId, EventBackend,
+    EventFlags, EventHandle, MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
 };
 
 use crate::error::{BlockLayout, Misuse, MockError};
@@ -29,6 +29,10 @@ use crate::error::{BlockLayout, Misuse, MockError};
 use crate::state::State;
 use crate::sync::{read, write};
 use crate::MockBackend;
+
+/// What an open capture refuses of a read-only call (see
+/// `MockBackend::read_call_on`).
+type Refusal<'a> = dyn Fn(&mut State) -> Result<(), MockError> + 'a;
 
 impl MockBackend {
     /// Runs one backend call of `kind` under the lock: count, faults, `op`.
@@ -54,10 +58,7 @@ impl MockBackend {
         state.reclaim();
         result.inspect_err(|error| {
             if !matches!(error, MockError::OutOfMemory { .. }) {
-                state.misuses.push(Misuse {
-                    call: kind,
-                    error: error.clone(),
-                });
+                state.misuses.push(Misuse::backend(kind, error.clone()));
             }
         })
     }
@@ -75,6 +76,12 @@ impl MockBackend {
     /// one settles nothing); on a quiet state there is nothing to settle, so
     /// both paths give the same answer.
     ///
+    /// With a `refuse` (a query an open capture may refuse, see
+    /// `State::refuse_in_capture`), the call takes the write lock whenever a
+    /// capture is open, and `refuse` runs there once `peek` has found the
+    /// handles valid: a refusal changes the state (it invalidates captures).
+    /// With no capture open, `refuse` would refuse nothing.
+    ///
     /// The read lock keeps every writer out while it is held, so nothing the
     /// answer depends on (the handle's stream or event, the armed faults) can
     /// change between the checks and the count: the call takes effect at one
@@ -85,10 +92,11 @@ impl MockBackend {
         handles: &[usize],
         settle: bool,
         peek: impl Fn(&State) -> Result<T, MockError>,
+        refuse: Option<&Refusal<'_>>,
     ) -> Result<T, MockError> {
         {
             let state = read(&self.inner.state);
-            if state.is_quiet() {
+            if state.is_quiet() && (refuse.is_none() || state.captures.none_open()) {
                 if let Ok(value) = peek(&state) {
                     if state.calls.count_shared(kind) {
                         return Ok(value);
@@ -97,8 +105,13 @@ impl MockBackend {
             }
         }
         self.call_on(kind, handles, |st| {
-            if settle {
+            if settle || refuse.is_some() {
                 peek(st)?;
+            }
+            if let Some(refuse) = refuse {
+                refuse(st)?;
+            }
+            if settle {
                 st.streams.settle(st.policy);
             }
             peek(st)
@@ -120,13 +133,19 @@ unsafe impl Backend for MockBackend {
 
     /// The device count given to [`MockBackend::new`].
     fn device_count(&self) -> Result<u32, MockError> {
-        self.read_call_on(CallKind::DeviceCount, &[], false, |st| Ok(st.devices))
+        self.read_call_on(CallKind::DeviceCount, &[], false, |st| Ok(st.devices), None)
     }
 
     /// The mock-wide current device (see [`MockBackend::set_current_device`]),
     /// even when it is out of range: checking it is the caller's job.
     fn current_device(&self) -> Result<DeviceId, MockError> {
-        self.read_call_on(CallKind::CurrentDevice, &[], false, |st| Ok(st.current))
+        self.read_call_on(
+            CallKind::CurrentDevice,
+            &[],
+            false,
+            |st| Ok(st.current),
+            None,
+        )
     }
 }
 
@@ -162,9 +181,13 @@ impl StreamBackend for MockBackend {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<Completion, MockError> {
-        self.read_call_on(CallKind::QueryStream, &[stream.as_raw()], true, |st| {
-            st.query_stream(stream, device)
-        })
+        self.read_call_on(
+            CallKind::QueryStream,
+            &[stream.as_raw()],
+            true,
+            |st| st.query_stream(stream, device),
+            Some(&|st| st.refuse_query_stream(stream, device)),
+        )
     }
 
     /// Completes everything the stream's queued items depend on, on other
@@ -195,9 +218,30 @@ impl StreamBackend for MockBackend {
 
     /// For a special handle (0, 1, 2): the mock-wide current device.
     unsafe fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, MockError> {
-        self.read_call_on(CallKind::StreamDevice, &[stream.as_raw()], false, |st| {
-            st.stream_device(stream)
-        })
+        self.read_call_on(
+            CallKind::StreamDevice,
+            &[stream.as_raw()],
+            false,
+            |st| st.stream_device(stream),
+            None,
+        )
+    }
+
+    /// Whether the stream is in a graph capture of this mock (see
+    /// [Capture](crate#capture)): never refused, never breaks a capture, and
+    /// a misuse only for a bad handle, like any call.
+    unsafe fn capture_status(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<CaptureStatus, MockError> {
+        self.read_call_on(
+            CallKind::CaptureStatus,
+            &[stream.as_raw()],
+            false,
+            |st| st.capture_status(stream, device),
+            None,
+        )
     }
 }
 
@@ -235,9 +279,13 @@ impl EventBackend for MockBackend {
         event: EventHandle,
         device: DeviceId,
     ) -> Result<Completion, MockError> {
-        self.read_call_on(CallKind::QueryEvent, &[event.as_raw()], true, |st| {
-            st.query_event(event, device)
-        })
+        self.read_call_on(
+            CallKind::QueryEvent,
+            &[event.as_raw()],
+            true,
+            |st| st.query_event(event, device),
+            Some(&|st| st.refuse_query_event(event, device)),
+        )
     }
 
     unsafe fn synchronize_event(
@@ -302,7 +350,9 @@ impl MemoryBackend for MockBackend {
     }
 
     /// As [`allocate`](Self::allocate), after checking that `stream` belongs
-    /// to `device`. The block is usable at once.
+    /// to `device`. The block is usable at once. On a capturing stream it is
+    /// a graph allocation of the capture, and the allocation an item of it
+    /// (see [Capture](crate#capture)).
     unsafe fn allocate_async(
         &self,
         kind: MemoryKind,
@@ -317,7 +367,11 @@ impl MemoryBackend for MockBackend {
     }
 
     /// The block becomes free-pending at `stream`'s current position and goes
-    /// back to `std::alloc` once the stream has passed it.
+    /// back to `std::alloc` once the stream has passed it. On a capturing
+    /// stream it is an item of the capture instead, and the block stays
+    /// allocated, reserved for the graph, until the graph is dropped (device
+    /// memory must be a graph allocation of that capture: see
+    /// [Capture](crate#capture)).
     unsafe fn deallocate_async(
         &self,
         kind: MemoryKind,
@@ -338,9 +392,27 @@ impl MemoryBackend for MockBackend {
         })
     }
 
+    /// A stream-ordered free on the capturing stream (counted as a
+    /// `DeallocateAsync` call): the block is held for the graph and freed
+    /// when the graph is dropped (or when a failed capture ends). On a stream
+    /// that is not capturing, an ordinary stream-ordered free.
+    unsafe fn keep_for_graph(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+        stream: StreamHandle,
+    ) -> Result<(), MockError> {
+        // SAFETY: the mock checks every handle and address it is given.
+        unsafe { self.deallocate_async(kind, device, ptr, size, align, stream) }
+    }
+
     /// Copies the bytes **at once** (so a round trip is observable as soon as
     /// the call returns) and queues one work item on `stream` that uses both
-    /// ranges until it completes. `dst` must lie inside a live block; `src`
+    /// ranges until it completes. On a capturing stream, after the same
+    /// checks, it is an item of the capture and copies nothing. `dst` must lie inside a live block; `src`
     /// inside a live block or outside every block (foreign host memory, not
     /// tracked); the ranges must not overlap.
     unsafe fn copy_async(
@@ -353,7 +425,10 @@ impl MemoryBackend for MockBackend {
     ) -> Result<(), MockError> {
         self.call(CallKind::CopyAsync, |st| {
             let (to, from) = (dst.as_ptr().addr(), src.as_ptr().addr());
-            st.copy_async(to, from, size, stream, device)?;
+            if !st.copy_async(to, from, size, stream, device)? {
+                // Captured into a graph: nothing runs now.
+                return Ok(());
+            }
             // SAFETY: the trait's contract makes `src` valid for reads and
             // `dst` valid for writes of `size` bytes (every kind is host
             // memory in this mock) until the copy has run, which is now. The

@@ -8,6 +8,8 @@ use gpupool_core::{DeviceId, EventHandle, MemoryKind, StreamHandle};
 
 use gpupool_core::BackendOp as CallKind;
 
+use crate::capture::{CaptureMode, HarnessCall};
+
 /// Why a call to the mock failed.
 ///
 /// Every error except [`Injected`](MockError::Injected) means the caller
@@ -140,6 +142,48 @@ pub enum MockError {
         /// Its length in bytes.
         len: usize,
     },
+    /// A call the driver refuses on a stream in a graph capture, or on an
+    /// event last recorded in a capture still open: querying or
+    /// synchronizing it, destroying a capturing stream, launching a graph
+    /// into one. The capture is invalidated (see [Capture](crate#capture)).
+    CaptureUnsupported,
+    /// A "potentially unsafe" call (see [Capture](crate#capture): a
+    /// synchronous allocation or free of device-visible memory, a query or a
+    /// synchronization of any stream or event) while a capture of this mode
+    /// is open that forbids it to the calling thread: a
+    /// [`Global`](crate::CaptureMode::Global) capture of any thread or a
+    /// [`ThreadLocal`](crate::CaptureMode::ThreadLocal) capture of this one.
+    /// Those captures are invalidated.
+    CaptureProhibited(CaptureMode),
+    /// A dependency across the boundary of a capture: a stream of one capture
+    /// waiting on an event of another, or a capturing stream waiting on an
+    /// event recorded outside any capture. The captures concerned are
+    /// invalidated.
+    CaptureIsolation,
+    /// [`begin_capture`](crate::MockBackend::begin_capture) on a stream that
+    /// is already in a capture.
+    AlreadyCapturing(StreamHandle),
+    /// [`end_capture`](crate::MockBackend::end_capture) on a stream that is
+    /// not the origin of a capture (a stream that only joined one: that
+    /// capture is invalidated; or a stream in none).
+    NotCaptureOrigin(StreamHandle),
+    /// [`end_capture`](crate::MockBackend::end_capture) of a capture that a
+    /// refused call invalidated: no graph. Every stream has left the capture.
+    CaptureInvalidated,
+    /// [`end_capture`](crate::MockBackend::end_capture) of a capture with a
+    /// stream (this one) whose last captured work is not joined back into the
+    /// origin: the origin never waited, directly or through other streams of
+    /// the capture, on an event recorded on it after that work. No graph;
+    /// every stream has left the capture.
+    CaptureUnjoined(StreamHandle),
+    /// A stream-ordered free, on a capturing stream, of device memory that
+    /// was not allocated in stream order in that capture (a graph allocation
+    /// is the only device memory a graph can free), or of any block another
+    /// capture allocated. Nothing is freed and the capture is invalidated.
+    NotGraphAllocation(usize),
+    /// A [`MockGraph`](crate::MockGraph) of another machine was launched or
+    /// destroyed on this one.
+    ForeignGraph,
 }
 
 /// What a block was allocated with, or what a free claims it was: carried by
@@ -230,6 +274,36 @@ impl fmt::Display for MockError {
                 f,
                 "the {len} bytes at {addr:#x} are not inside one live block of device memory of this mock"
             ),
+            MockError::CaptureUnsupported => f.write_str(
+                "not allowed on a stream in a graph capture or an event recorded in one \
+                 (the capture is invalidated)",
+            ),
+            MockError::CaptureProhibited(mode) => write!(
+                f,
+                "a potentially unsafe call while a {mode:?} graph capture is open \
+                 (the capture is invalidated)"
+            ),
+            MockError::CaptureIsolation => f.write_str(
+                "the wait would cross the boundary of a graph capture (the capture is invalidated)",
+            ),
+            MockError::AlreadyCapturing(s) => {
+                write!(f, "stream {:#x} is already in a graph capture", s.as_raw())
+            }
+            MockError::NotCaptureOrigin(s) => {
+                write!(f, "stream {:#x} did not begin a graph capture", s.as_raw())
+            }
+            MockError::CaptureInvalidated => f.write_str("the graph capture was invalidated"),
+            MockError::CaptureUnjoined(s) => write!(
+                f,
+                "the work captured on stream {:#x} is not joined back into the capture's origin",
+                s.as_raw()
+            ),
+            MockError::NotGraphAllocation(addr) => write!(
+                f,
+                "the device block at {addr:#x} was not allocated in this graph capture, \
+                 so the graph cannot free it (the capture is invalidated)"
+            ),
+            MockError::ForeignGraph => f.write_str("the graph was captured on another machine"),
         }
     }
 }
@@ -240,21 +314,55 @@ impl std::error::Error for MockError {}
 /// A call that handed the mock a bad handle, device, pointer or range: a
 /// double destroy, an unknown or destroyed handle, a device out of range, a
 /// handle used with the wrong device, a bad layout, a double free or a free of
-/// an unknown pointer, a free that misnames its block, a copy of a bad range.
+/// an unknown pointer, a free that misnames its block, a copy of a bad range;
+/// or a call that a graph capture refuses (see [Capture](crate#capture)).
 /// Injected failures and [`MockError::OutOfMemory`] are not misuses.
 ///
 /// The pools must never cause one; tests assert
 /// [`MockBackend::misuses`](crate::MockBackend::misuses) is empty.
+///
+/// A misuse of the capture harness ([`begin_capture`](crate::MockBackend::begin_capture),
+/// [`end_capture`](crate::MockBackend::end_capture),
+/// [`launch_graph`](crate::MockBackend::launch_graph),
+/// [`destroy_graph`](crate::MockBackend::destroy_graph)) names its call in
+/// `harness`; its `call` is then [`CallKind::CaptureStatus`], the capture
+/// model's one backend operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Misuse {
     /// The kind of call that was made.
     pub call: CallKind,
     /// What the mock answered.
     pub error: MockError,
+    /// The capture-harness call, if it was one (then `call` is
+    /// [`CallKind::CaptureStatus`]); `None` for a backend call.
+    pub harness: Option<HarnessCall>,
+}
+
+impl Misuse {
+    /// The misuse of a backend call of `call`.
+    pub(crate) fn backend(call: CallKind, error: MockError) -> Self {
+        Misuse {
+            call,
+            error,
+            harness: None,
+        }
+    }
+
+    /// The misuse of a capture-harness call.
+    pub(crate) fn harness(call: HarnessCall, error: MockError) -> Self {
+        Misuse {
+            call: CallKind::CaptureStatus,
+            error,
+            harness: Some(call),
+        }
+    }
 }
 
 impl fmt::Display for Misuse {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}: {}", self.call, self.error)
+        match self.harness {
+            Some(h) => write!(f, "{h:?}: {}", self.error),
+            None => write!(f, "{:?}: {}", self.call, self.error),
+        }
     }
 }

@@ -21,13 +21,13 @@ impl MockBackend {
     // A special handle names the current device's implicit stream.
 
     /// Queues one work item on `stream`. Under [`CompletionPolicy::Immediate`]
-    /// it completes at once unless the stream is blocked on a wait.
+    /// it completes at once unless the stream is blocked on a wait. On a
+    /// stream in a graph capture the item is captured instead (see
+    /// [Capture](crate#capture)): the queue does not change.
     pub fn enqueue_work(&self, stream: StreamHandle) -> Result<(), MockError> {
         let mut state = write(&self.inner.state);
         let key = state.harness_key(stream)?;
-        let policy = state.policy;
-        state.streams.settle(policy);
-        state.streams.push_work(key, policy);
+        state.enqueue_work(key);
         state.reclaim();
         Ok(())
     }
@@ -90,6 +90,8 @@ impl MockBackend {
     /// stream's use is not ordered before this item by a pending wait
     /// ([`ConcurrentUse`](HazardKind::ConcurrentUse)). An empty range is
     /// checked against nothing. The pointer is only compared, never read.
+    /// On a stream in a graph capture the item is captured instead (see
+    /// [Capture](crate#capture)).
     pub fn use_memory(
         &self,
         stream: StreamHandle,
@@ -206,8 +208,9 @@ impl MockBackend {
 
     /// Every backend call so far that was handed a bad handle or device (a
     /// double destroy, an unknown or destroyed handle, a device out of range, a
-    /// handle used with the wrong device), in order. Injected failures are not
-    /// misuses.
+    /// handle used with the wrong device, and the rest listed at [`Misuse`]),
+    /// or that a graph capture refused, and every bad use of the capture
+    /// harness, in order. Injected failures are not misuses.
     pub fn misuses(&self) -> Vec<Misuse> {
         write(&self.inner.state).misuses.clone()
     }

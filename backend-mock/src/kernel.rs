@@ -26,8 +26,11 @@ impl MockBackend {
     ///
     /// It runs at once and queues one work item on the stream that reads
     /// `src` and writes `dst` until it completes (as
-    /// [`enqueue_work`](Self::enqueue_work) does, policy included), so the
-    /// hazard detector sees it: a copy or kernel on another stream that uses
+    /// [`enqueue_work`](Self::enqueue_work) does, policy included). On a
+    /// stream in a graph capture it is captured instead, and `f` is not
+    /// called: a graph's replays model the kernel's memory uses, not its
+    /// results (see [Capture](crate#capture)). The hazard detector sees the
+    /// work item: a copy or kernel on another stream that uses
     /// the same memory without a wait is a
     /// [`ConcurrentUse`](crate::HazardKind::ConcurrentUse), a reset that
     /// frees it in another order a
@@ -105,12 +108,17 @@ impl MockBackend {
         let (src_range, dst_range) = ((src.addr(), src.byte_len()), (dst.addr(), dst.byte_len()));
         let n = src.len();
 
-        // Read the source under the lock.
+        // Read the source under the lock (or capture the kernel: it does
+        // not run now).
         let input: Vec<T> = {
-            let state = write(&self.inner.state);
-            state.stream_key(stream, device)?;
+            let mut state = write(&self.inner.state);
+            let key = state.stream_key(stream, device)?;
             state.check_device_range(src_range.0, src_range.1, device)?;
             state.check_device_range(dst_range.0, dst_range.1, device)?;
+            if state.captures.of_stream(key).is_some() {
+                state.kernel_use(key, src_range, dst_range);
+                return Ok(());
+            }
             let mut input = Vec::<T>::with_capacity(n);
             // SAFETY: `src` lies inside a live block of device memory of this
             // machine (checked above; no `&`/`&mut` to device memory exists,
@@ -141,7 +149,13 @@ impl MockBackend {
         let key = state.stream_key(stream, device)?;
         state.check_device_range(src_range.0, src_range.1, device)?;
         state.check_device_range(dst_range.0, dst_range.1, device)?;
+        let captured = state.captures.of_stream(key).is_some();
         state.kernel_use(key, src_range, dst_range);
+        if captured {
+            // The stream began capturing meanwhile: the kernel was captured,
+            // and does not run now.
+            return Ok(());
+        }
         // SAFETY: `dst` lies inside a live block of device memory of this
         // machine (checked again above, under the lock we hold, so no free
         // and no other write can run until we are done), valid for its

@@ -63,13 +63,15 @@
 //! ([`query_stream`](gpupool_core::StreamBackend::query_stream),
 //! [`query_event`](gpupool_core::EventBackend::query_event),
 //! [`stream_device`](gpupool_core::StreamBackend::stream_device),
+//! [`capture_status`](gpupool_core::StreamBackend::capture_status),
 //! [`current_device`](gpupool_core::Backend::current_device),
 //! [`device_count`](gpupool_core::Backend::device_count)) run under the read
 //! lock, side by side, when no fault is armed, no wait is queued, no block is
-//! free-pending and the call succeeds: then the write-locked call would
-//! change nothing but its call count, which they keep in an atomic counter.
-//! Otherwise (a fault to fire, a wait to resolve, a block to reclaim, a
-//! misuse to log) they take the write lock like any call. So a benchmark's
+//! free-pending (and, for the two queries, no graph capture is open) and the
+//! call succeeds: then the write-locked call would change nothing but its
+//! call count, which they keep in an atomic counter. Otherwise (a fault to
+//! fire, a wait to resolve, a block to reclaim, a misuse to log, a query a
+//! capture may refuse) they take the write lock like any call. So a benchmark's
 //! threads querying their own streams do not queue behind each other on the
 //! mock. Every other method (the test harness, the accessors) takes the write
 //! lock, so it sees every call made before it and none half done.
@@ -113,9 +115,10 @@
 //!   work on a range not inside a live block (used after free, free-pending
 //!   included) or overlapping another stream's unordered use (one of the two
 //!   writing; a copy's source is only read); a host access to a range in use,
-//!   freed, or device memory.
+//!   freed, or device memory; work outside a graph, or a host access, on a
+//!   block reserved for a graph (see [Capture](#capture)).
 //! - **Copies run at enqueue time**: `copy_async` copies the bytes during the
-//!   call, so a host → device → host round trip is observable as soon as the
+//!   call (unless it is captured: see [Capture](#capture)), so a host → device → host round trip is observable as soon as the
 //!   calls return. Callers must still synchronize before the host reads the
 //!   result, as on a GPU; `host_access` flags a read that did not. A source
 //!   outside every mock block is foreign host memory (a caller's pageable
@@ -162,6 +165,115 @@
 //! assert_eq!(gpu.pending_free_bytes(MemoryKind::Device), 1024);
 //! gpu.complete_all(b).unwrap(); // b's kernel ends; a's wait resolves
 //! assert_eq!(gpu.live_bytes(MemoryKind::Device), 0);
+//! ```
+//!
+//! ## Capture
+//!
+//! The mock models CUDA's stream capture (`cuStreamBeginCapture` to
+//! `cuStreamEndCapture`), so that what the pools and the scratchpad do
+//! inside a capture is tested without a GPU.
+//!
+//! - **Begin and end.** [`begin_capture`](MockBackend::begin_capture) makes
+//!   a live created stream in no capture the *origin* of a new capture, of a
+//!   [`CaptureMode`], begun by the calling thread.
+//!   [`end_capture`](MockBackend::end_capture) on the origin takes every
+//!   stream out of the capture whatever the outcome, and returns its
+//!   [`MockGraph`], or fails: the capture was invalidated
+//!   ([`MockError::CaptureInvalidated`]), a stream's captured work is not
+//!   joined back into the origin ([`MockError::CaptureUnjoined`]), the stream
+//!   is not an origin ([`MockError::NotCaptureOrigin`]).
+//!   [`capture_status`](gpupool_core::StreamBackend::capture_status) (a call
+//!   of kind `CaptureStatus`, never refused) tells `Active`, `Invalidated` or
+//!   `NotCapturing`.
+//! - **Forks and joins.** An event recorded on a capturing stream is a
+//!   *captured event* of its capture. A stream that waits on one joins that
+//!   capture (a fork), its next items ordered after what the event captured.
+//!   The origin joins a stream back by waiting on an event recorded on it
+//!   after its last captured item (directly, or through other streams of the
+//!   capture). A wait across two captures, or by a capturing stream on an
+//!   event recorded outside any capture, is [`MockError::CaptureIsolation`].
+//!   Once the capture has ended its events are events never recorded.
+//! - **Captured, not queued.** Work issued on a capturing stream
+//!   ([`enqueue_work`](MockBackend::enqueue_work),
+//!   [`use_memory`](MockBackend::use_memory),
+//!   [`launch_map`](MockBackend::launch_map), `copy_async`, `allocate_async`,
+//!   `deallocate_async`) is an *item* of the capture: nothing runs (a copy
+//!   copies nothing, a kernel's function is not called), the stream's queue
+//!   does not change and no use is pending. Event records and waits are
+//!   orderings, not items. An item's uses are checked against the capture's
+//!   earlier items as work is against queued work (a use after the capture
+//!   freed the block, a use or a free unordered with another stream's use of
+//!   the capture), and again at each launch.
+//! - **Refused calls**, each an error and a [`Misuse`] that *invalidates* the
+//!   capture (it stays open, `Invalidated`, until its origin ends it):
+//!   querying, synchronizing or destroying a capturing stream, querying or
+//!   synchronizing a captured event ([`MockError::CaptureUnsupported`]); and
+//!   the *potentially unsafe* calls, wherever they are aimed
+//!   ([`MockError::CaptureProhibited`]): today the synchronous allocation
+//!   and free of device, pinned and managed memory and every query and
+//!   synchronization of a stream or an event (one function lists them, to
+//!   follow what the H200 measures). A [`Global`](CaptureMode::Global)
+//!   capture refuses those to every thread, and a refusal invalidates every
+//!   open `Global` capture; a [`ThreadLocal`](CaptureMode::ThreadLocal) one
+//!   only to the thread that began it (and a refusal invalidates it alone);
+//!   a [`Relaxed`](CaptureMode::Relaxed) one to nobody.
+//! - **Graphs.** [`launch_graph`](MockBackend::launch_graph) queues each item
+//!   of a [`MockGraph`] as one work item on the launch stream, with the
+//!   item's uses: [`complete_one`](MockBackend::complete_one) and the others
+//!   finish them, and the hazard detector sees the uses as the launch
+//!   stream's. A launch replays no data.
+//! - **Memory.** `allocate_async` on a capturing stream makes a *graph
+//!   allocation*: a real block, owned by the capture and then its graph.
+//!   `deallocate_async` of it on a stream of the same capture is the graph's
+//!   free: the block stays allocated, *reserved* for the graph's replays, and
+//!   is handed to nobody else. `deallocate_async` on a capturing stream of
+//!   device memory not allocated in that capture is
+//!   [`MockError::NotGraphAllocation`] (a graph can free only its own
+//!   allocations); of a pinned, managed or host block it is accepted, and the
+//!   block is reserved for the graph too. Dropping the graph (or
+//!   [`destroy_graph`](MockBackend::destroy_graph)) frees what it owns (its
+//!   graph allocations, freed by the graph or not, if nobody freed them, and
+//!   the blocks reserved for it), each once the work of the graph's launches
+//!   no longer uses it; a failed capture frees them when it ends. Work
+//!   outside the graph or the host touching a reserved block is a
+//!   [`HazardKind::HeldByGraph`] hazard; freeing it again a
+//!   [`MockError::DoubleFree`].
+//!
+//! ```
+//! use gpupool_core::{CaptureStatus, DeviceId, EventBackend, MemoryBackend, MemoryKind,
+//!                    StreamBackend};
+//! use gpupool_mock::{CaptureMode, MockBackend};
+//!
+//! let gpu = MockBackend::new(1);
+//! let d = DeviceId(0);
+//! let (origin, side) = (gpu.create_stream(d, Default::default()).unwrap(),
+//!                       gpu.create_stream(d, Default::default()).unwrap());
+//! let (fork, join) = (gpu.create_event(d, Default::default()).unwrap(),
+//!                     gpu.create_event(d, Default::default()).unwrap());
+//! gpu.begin_capture(origin, CaptureMode::Global).unwrap();
+//! // SAFETY: live handles of this mock, of device 0 (and the mock checks
+//! // every handle anyway); the block is freed once, in the capture.
+//! unsafe {
+//!     gpu.record_event(fork, origin, d).unwrap();
+//!     gpu.stream_wait_event(side, d, fork).unwrap(); // side joins the capture
+//!     let p = gpu.allocate_async(MemoryKind::Device, d, 256, 256, side).unwrap();
+//!     gpu.use_memory(side, p.as_ptr(), 256).unwrap(); // captured, not queued
+//!     gpu.deallocate_async(MemoryKind::Device, d, p, 256, 256, side).unwrap();
+//!     gpu.record_event(join, side, d).unwrap();
+//!     gpu.stream_wait_event(origin, d, join).unwrap(); // joined back
+//!     assert_eq!(gpu.capture_status(side, d), Ok(CaptureStatus::Active));
+//! }
+//! assert_eq!(gpu.pending_work(side), Ok(0));
+//!
+//! let graph = gpu.end_capture(origin).unwrap();
+//! assert_eq!(graph.node_count(), 3); // allocation, kernel, free
+//! assert_eq!(gpu.live_bytes(MemoryKind::Device), 256); // the graph's
+//! gpu.launch_graph(&graph, origin).unwrap();
+//! assert_eq!(gpu.pending_work(origin), Ok(3));
+//! gpu.complete_all(origin).unwrap();
+//! drop(graph);
+//! assert_eq!(gpu.live_bytes(MemoryKind::Device), 0);
+//! assert!(gpu.misuses().is_empty() && gpu.hazards().is_empty());
 //! ```
 //!
 //! [`Backend`]: gpupool_core::Backend
@@ -215,7 +327,9 @@
 //! ```
 
 mod backend;
+mod capture;
 mod error;
+mod graph;
 mod harness;
 mod heap;
 mod kernel;
@@ -232,7 +346,9 @@ use gpupool_core::{BackendId, DeviceId};
 #[cfg(doc)]
 use gpupool_core::{EventHandle, StreamHandle};
 
+pub use capture::{CaptureMode, HarnessCall};
 pub use error::{BlockLayout, Misuse, MockError};
+pub use graph::MockGraph;
 pub use memory::{Hazard, HazardKind};
 pub use queue::CompletionPolicy;
 
@@ -326,6 +442,7 @@ impl fmt::Debug for MockBackend {
             .field("live_events", &state.events.len())
             .field("live_blocks", &state.memory.live_blocks())
             .field("hazards", &state.memory.hazards.len())
+            .field("open_captures", &state.captures.open_count())
             .field("misuses", &state.misuses.len())
             .finish_non_exhaustive()
     }

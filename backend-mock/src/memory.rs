@@ -45,6 +45,11 @@ pub enum HazardKind {
     /// The host accessed [`MemoryKind::Device`] memory, which a real host
     /// cannot dereference.
     HostAccessToDevice,
+    /// Work outside a graph, or the host, used a block that a graph holds:
+    /// one freed inside a graph capture (a free node), which stays reserved
+    /// for the graph's replays until the graph is dropped (see
+    /// [Capture](crate#capture)). A replay may read or write it at any time.
+    HeldByGraph,
 }
 
 /// A stream-order hazard found by the mock: something a real GPU would turn
@@ -101,7 +106,45 @@ impl Use {
     }
 }
 
+/// Which graph capture, or graph, a block belongs to (see
+/// [Capture](crate#capture)). A capture and the graph it ends in share one
+/// id, never reused.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// An ordinary block: no graph has any claim on it.
+    Nobody,
+    /// Allocated in stream order inside capture `graph` (a graph
+    /// allocation). `freed`: a free node of that capture freed it, so it is
+    /// reserved for the graph's replays. Unfreed, it is usable by anyone and
+    /// may be freed like any block; the graph frees it when dropped if
+    /// nobody has.
+    Graph { graph: u64, freed: bool },
+    /// A host-visible block freed inside capture `graph` that it had not
+    /// allocated: reserved for the graph's replays.
+    Held(u64),
+}
+
+impl Holder {
+    /// The graph the block is reserved for (freed inside its capture), if
+    /// any: nothing else may use it, and it is freed when the graph drops.
+    pub(crate) fn reserved_for(self) -> Option<u64> {
+        match self {
+            Holder::Graph { graph, freed: true } | Holder::Held(graph) => Some(graph),
+            _ => None,
+        }
+    }
+
+    /// Whether the graph `id` owns the block (allocated or freed it in its
+    /// capture), so that the graph's end frees it.
+    pub(crate) fn owned_by(self, id: u64) -> bool {
+        matches!(self, Holder::Graph { graph, .. } | Holder::Held(graph) if graph == id)
+    }
+}
+
 /// One block of simulated memory.
+///
+/// Freed (not live) when `free_at` is set or `released` is: then no new use
+/// is allowed and the block awaits its reclaim.
 #[derive(Debug)]
 pub(crate) struct Block {
     pub(crate) memory: Allocation,
@@ -109,6 +152,12 @@ pub(crate) struct Block {
     pub(crate) device: DeviceId,
     /// `None` while live; the point of a stream-ordered free once freed.
     pub(crate) free_at: Option<Point>,
+    /// Released by the end of the graph that owned it, while work of the
+    /// graph's launches still used it: reclaimed once that work completes
+    /// (listed in [`Memory::after_uses`]).
+    pub(crate) released: bool,
+    /// Which capture or graph, if any, the block belongs to.
+    pub(crate) holder: Holder,
     /// Uses by queued work; may hold completed ones until [`Block::prune`].
     pub(crate) uses: Vec<Use>,
 }
@@ -129,6 +178,12 @@ impl Block {
 
     fn end(&self) -> usize {
         self.memory.addr() + self.size()
+    }
+
+    /// Whether the block was freed (in stream order, or by its graph's end)
+    /// and awaits its reclaim.
+    pub(crate) fn is_freed(&self) -> bool {
+        self.free_at.is_some() || self.released
     }
 
     /// Forgets the uses whose work has completed.
@@ -173,6 +228,10 @@ pub(crate) struct Memory {
     /// address) in the order of the frees, hence of their positions: a stream
     /// reaches them front to back.
     pub(crate) free_pending: BTreeMap<StreamKey, VecDeque<(u64, usize)>>,
+    /// Blocks released by the end of their graph while work of its launches
+    /// still used them (start addresses): each is reclaimed once none of its
+    /// uses is pending.
+    pub(crate) after_uses: Vec<usize>,
     /// Bytes not yet reclaimed, per kind (free-pending included).
     pub(crate) live: [usize; 4],
     /// Bytes free-pending, per kind.
@@ -202,7 +261,7 @@ impl Memory {
     /// Whether no block is free-pending, so that
     /// [`State::reclaim`](crate::state::State::reclaim) has nothing to do.
     pub(crate) fn nothing_to_reclaim(&self) -> bool {
-        self.free_pending.is_empty()
+        self.free_pending.is_empty() && self.after_uses.is_empty()
     }
 
     /// Where `[addr, addr + len)` lies; `None` if it wraps around. An empty
@@ -221,7 +280,7 @@ impl Memory {
             .map(|(_, b)| b);
         if let Some(block) = first {
             if end <= block.end() {
-                return Some(if block.free_at.is_none() {
+                return Some(if !block.is_freed() {
                     Place::Inside(block.memory.addr())
                 } else {
                     Place::Bad {
@@ -238,7 +297,7 @@ impl Memory {
         if touching.peek().is_none() {
             return Some(Place::Foreign);
         }
-        let touches_live = touching.any(|b| b.free_at.is_none());
+        let touches_live = touching.any(|b| !b.is_freed());
         Some(Place::Bad { touches_live })
     }
 
@@ -253,7 +312,8 @@ impl Memory {
             .blocks
             .get_mut(&addr)
             .ok_or(MockError::InvalidPointer(addr))?;
-        if block.free_at.is_some() {
+        // A block reserved for a graph was freed inside its capture.
+        if block.is_freed() || block.holder.reserved_for().is_some() {
             return Err(MockError::DoubleFree(addr));
         }
         let allocated = block.layout();
@@ -272,7 +332,7 @@ impl Memory {
         if let Some(block) = self.blocks.remove(&addr) {
             let kind = block.kind.index();
             self.live[kind] -= block.size();
-            if block.free_at.is_some() {
+            if block.is_freed() {
                 self.pending_free[kind] -= block.size();
             }
         }

@@ -7,11 +7,12 @@
 use core::alloc::Layout;
 use core::ptr::NonNull;
 
-use gpupool_core::{DeviceId, MemoryKind, StreamHandle};
+use gpupool_core::{BackendOp as CallKind, DeviceId, MemoryKind, StreamHandle};
 
+use crate::capture::{CaptureId, Node, NodeUse};
 use crate::error::{BlockLayout, MockError};
 use crate::heap::Allocation;
-use crate::memory::{hazard, Block, HazardKind, Place, Use};
+use crate::memory::{hazard, Block, HazardKind, Holder, Place, Use};
 use crate::queue::{Frontier, Point, StreamKey};
 use crate::state::State;
 
@@ -36,9 +37,28 @@ impl State {
             !frees.is_empty()
         });
         self.memory.free_pending = pending;
+        if !self.memory.after_uses.is_empty() {
+            let mut waiting = core::mem::take(&mut self.memory.after_uses);
+            waiting.retain(|&addr| {
+                let Some(block) = self.memory.blocks.get_mut(&addr) else {
+                    return false;
+                };
+                block.prune(&self.streams);
+                if block.uses.is_empty() {
+                    self.memory.reclaim(addr);
+                    false
+                } else {
+                    true
+                }
+            });
+            self.memory.after_uses = waiting;
+        }
     }
 
-    /// `allocate` and, with a stream, `allocate_async`.
+    /// `allocate` and, with a stream, `allocate_async`. Without a stream it
+    /// may be refused by an open capture (`State::refuse_in_capture`); on a
+    /// capturing stream the block is a graph allocation of the capture, and
+    /// the allocation one of its items.
     pub(crate) fn allocate(
         &mut self,
         kind: MemoryKind,
@@ -48,27 +68,53 @@ impl State {
         stream: Option<StreamHandle>,
     ) -> Result<NonNull<u8>, MockError> {
         self.check_device(device)?;
-        if let Some(stream) = stream {
-            self.stream_key(stream, device)?;
-        }
+        let key = match stream {
+            Some(stream) => Some(self.stream_key(stream, device)?),
+            None => None,
+        };
         let layout = Layout::from_size_align(size, align)
             .ok()
             .filter(|l| l.size() > 0)
             .ok_or(MockError::InvalidLayout { size, align })?;
+        let capture = key.and_then(|k| Some((self.captures.of_stream(k)?, k)));
+        if key.is_none() {
+            self.refuse_in_capture(CallKind::Allocate, Some(kind), None, None)?;
+        } else if capture.is_none() {
+            // Stream-ordered, on a stream that is not capturing: the H200
+            // refuses a device allocation there while a capture forbids
+            // this thread potentially unsafe calls.
+            self.refuse_in_capture(CallKind::AllocateAsync, Some(kind), None, None)?;
+        }
         let memory = Allocation::new(layout).ok_or(MockError::OutOfMemory { size, align })?;
         let ptr = memory.ptr();
+        let addr = ptr.as_ptr().addr();
+        let holder = match capture {
+            Some((id, _)) => Holder::Graph {
+                graph: id,
+                freed: false,
+            },
+            None => Holder::Nobody,
+        };
         let block = Block {
             memory,
             kind,
             device,
             free_at: None,
+            released: false,
+            holder,
             uses: Vec::new(),
         };
         let mem = &mut self.memory;
-        mem.blocks.insert(ptr.as_ptr().addr(), block);
+        mem.blocks.insert(addr, block);
         let k = kind.index();
         mem.live[k] += size;
         mem.peak[k] = mem.peak[k].max(mem.live[k]);
+        if let Some((id, key)) = capture {
+            if let Some(c) = self.captures.get_mut(id) {
+                c.blocks.push(addr);
+            }
+            self.capture_item(id, key, Vec::new());
+        }
         Ok(ptr)
     }
 
@@ -80,6 +126,8 @@ impl State {
         ptr: NonNull<u8>,
     ) -> Result<(), MockError> {
         self.check_device(given.device)?;
+        self.memory.block_to_free(given, ptr)?;
+        self.refuse_in_capture(CallKind::Deallocate, Some(given.kind), None, None)?;
         self.streams.settle(self.policy);
         let block = self.memory.block_to_free(given, ptr)?;
         block.prune(&self.streams);
@@ -99,7 +147,8 @@ impl State {
     }
 
     /// `deallocate_async`: the block becomes free-pending at `stream`'s
-    /// current position.
+    /// current position; on a capturing stream, a free item of the capture
+    /// (`State::capture_free`).
     pub(crate) fn deallocate_async(
         &mut self,
         given: BlockLayout,
@@ -107,6 +156,10 @@ impl State {
         stream: StreamHandle,
     ) -> Result<(), MockError> {
         let key = self.stream_key(stream, given.device)?;
+        if let Some(id) = self.captures.of_stream(key) {
+            self.memory.block_to_free(given, ptr)?;
+            return self.capture_free(id, key, ptr.as_ptr().addr());
+        }
         self.streams.settle(self.policy);
         let at = self.streams.head(key);
         let frontier = self.streams.frontier(at);
@@ -128,6 +181,8 @@ impl State {
 
     /// Records hazards for a work item about to be queued on `key` that
     /// uses `[addr, addr + len)`, and returns the live block it lies in.
+    /// `graph`: the graph the item replays, which may use the blocks
+    /// reserved for it (no other work may).
     fn check_work_use(
         &mut self,
         key: StreamKey,
@@ -135,6 +190,7 @@ impl State {
         addr: usize,
         len: usize,
         write: bool,
+        graph: Option<CaptureId>,
     ) -> Option<usize> {
         let place = self.memory.place(addr, len);
         let (kind, start, conflict) = match place {
@@ -142,9 +198,14 @@ impl State {
                 let streams = &self.streams;
                 let block = self.memory.blocks.get_mut(&start)?;
                 block.prune(streams);
-                match block.unordered_use(frontier, addr, len, write) {
-                    None => return Some(start),
-                    Some(other) => (HazardKind::ConcurrentUse, Some(start), Some(other)),
+                let reserved = block.holder.reserved_for();
+                if reserved.is_some() && reserved != graph {
+                    (HazardKind::HeldByGraph, Some(start), None)
+                } else {
+                    match block.unordered_use(frontier, addr, len, write) {
+                        None => return Some(start),
+                        Some(other) => (HazardKind::ConcurrentUse, Some(start), Some(other)),
+                    }
                 }
             }
             Some(Place::Bad { touches_live: true }) => (HazardKind::OutOfBounds, None, None),
@@ -177,17 +238,58 @@ impl State {
 
     /// [`MockBackend::use_memory`](crate::MockBackend::use_memory).
     pub(crate) fn use_memory(&mut self, key: StreamKey, addr: usize, len: usize) {
+        if let Some(id) = self.captures.of_stream(key) {
+            let uses = vec![NodeUse {
+                addr,
+                len,
+                write: true,
+            }];
+            self.capture_item(id, key, uses);
+            return;
+        }
         self.streams.settle(self.policy);
         let mut block = None;
         if len > 0 {
             let frontier = self.streams.frontier(self.streams.head(key));
-            block = self.check_work_use(key, &frontier, addr, len, true);
+            block = self.check_work_use(key, &frontier, addr, len, true, None);
         }
         self.push_use(key, &[(block, addr, len, true)]);
     }
 
+    /// [`MockBackend::enqueue_work`](crate::MockBackend::enqueue_work): one
+    /// work item on `key` (captured if `key` is capturing).
+    pub(crate) fn enqueue_work(&mut self, key: StreamKey) {
+        if let Some(id) = self.captures.of_stream(key) {
+            self.capture_item(id, key, Vec::new());
+            return;
+        }
+        self.streams.settle(self.policy);
+        self.streams.push_work(key, self.policy);
+    }
+
+    /// Queues graph `graph`'s items (`nodes`) on `key`, one work item each,
+    /// with the hazard checks of any work (the blocks reserved for the graph
+    /// are the graph's to use).
+    pub(crate) fn launch_nodes(&mut self, key: StreamKey, graph: CaptureId, nodes: &[Node]) {
+        self.streams.settle(self.policy);
+        for node in nodes {
+            let frontier = self.streams.frontier(self.streams.head(key));
+            let mut ranges = Vec::with_capacity(node.uses.len());
+            for u in &node.uses {
+                let block = if u.len > 0 {
+                    self.check_work_use(key, &frontier, u.addr, u.len, u.write, Some(graph))
+                } else {
+                    None
+                };
+                ranges.push((block, u.addr, u.len, u.write));
+            }
+            self.push_use(key, &ranges);
+        }
+    }
+
     /// `copy_async`'s checks and work item; the caller copies the bytes if
-    /// this returns `Ok`.
+    /// this returns `Ok(true)`. On a capturing stream the copy is an item of
+    /// the capture, and nothing is copied (`Ok(false)`).
     pub(crate) fn copy_async(
         &mut self,
         dst: usize,
@@ -195,12 +297,18 @@ impl State {
         size: usize,
         stream: StreamHandle,
         device: DeviceId,
-    ) -> Result<(), MockError> {
+    ) -> Result<bool, MockError> {
         let key = self.stream_key(stream, device)?;
-        self.streams.settle(self.policy);
+        let capture = self.captures.of_stream(key);
         if size == 0 {
-            self.push_use(key, &[]);
-            return Ok(());
+            match capture {
+                Some(id) => self.capture_item(id, key, Vec::new()),
+                None => {
+                    self.streams.settle(self.policy);
+                    self.push_use(key, &[]);
+                }
+            }
+            return Ok(capture.is_none());
         }
         let bad = |addr| MockError::InvalidRange { addr, len: size };
         match self.memory.place(dst, size) {
@@ -224,17 +332,35 @@ impl State {
                 len: size,
             });
         }
+        let src_tracked = matches!(self.memory.place(src, size), Some(Place::Inside(_)));
+        if let Some(id) = capture {
+            let mut uses = vec![NodeUse {
+                addr: dst,
+                len: size,
+                write: true,
+            }];
+            if src_tracked {
+                uses.push(NodeUse {
+                    addr: src,
+                    len: size,
+                    write: false,
+                });
+            }
+            self.capture_item(id, key, uses);
+            return Ok(false);
+        }
+        self.streams.settle(self.policy);
         let frontier = self.streams.frontier(self.streams.head(key));
-        let dst_block = self.check_work_use(key, &frontier, dst, size, true);
-        let src_block = match self.memory.place(src, size) {
-            Some(Place::Inside(_)) => self.check_work_use(key, &frontier, src, size, false),
-            _ => None,
+        let dst_block = self.check_work_use(key, &frontier, dst, size, true, None);
+        let src_block = match src_tracked {
+            true => self.check_work_use(key, &frontier, src, size, false, None),
+            false => None,
         };
         self.push_use(
             key,
             &[(dst_block, dst, size, true), (src_block, src, size, false)],
         );
-        Ok(())
+        Ok(true)
     }
 
     /// `Ok` if `[addr, addr + len)` lies inside one live block of device
@@ -265,14 +391,31 @@ impl State {
 
     /// A simulated kernel's work item on `key`: it reads `src` and writes
     /// `dst` (each `(addr, len)`, checked by `check_device_range`) until it
-    /// completes. Records hazards as `copy_async` does.
+    /// completes. Records hazards as `copy_async` does. On a capturing
+    /// stream, an item of the capture instead.
     pub(crate) fn kernel_use(&mut self, key: StreamKey, src: (usize, usize), dst: (usize, usize)) {
+        if let Some(id) = self.captures.of_stream(key) {
+            let uses = vec![
+                NodeUse {
+                    addr: dst.0,
+                    len: dst.1,
+                    write: true,
+                },
+                NodeUse {
+                    addr: src.0,
+                    len: src.1,
+                    write: false,
+                },
+            ];
+            self.capture_item(id, key, uses);
+            return;
+        }
         self.streams.settle(self.policy);
         let frontier = self.streams.frontier(self.streams.head(key));
         let mut ranges = [(None, dst.0, dst.1, true), (None, src.0, src.1, false)];
         for r in &mut ranges {
             if r.2 > 0 {
-                r.0 = self.check_work_use(key, &frontier, r.1, r.2, r.3);
+                r.0 = self.check_work_use(key, &frontier, r.1, r.2, r.3, None);
             }
         }
         self.push_use(key, &ranges);
@@ -293,6 +436,8 @@ impl State {
                 block.prune(streams);
                 if block.kind == MemoryKind::Device {
                     Some((HazardKind::HostAccessToDevice, None))
+                } else if block.holder.reserved_for().is_some() {
+                    Some((HazardKind::HeldByGraph, None))
                 } else {
                     block
                         .uses

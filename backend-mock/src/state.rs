@@ -8,8 +8,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use gpupool_core::BackendOp as CallKind;
-use gpupool_core::{Completion, DeviceId, EventFlags, EventHandle, StreamHandle};
+use gpupool_core::{CaptureStatus, Completion, DeviceId, EventFlags, EventHandle, StreamHandle};
 
+use crate::capture::Captures;
 use crate::error::{Misuse, MockError};
 use crate::memory::Memory;
 use crate::queue::{CompletionPolicy, Point, Stream, StreamKey, Streams};
@@ -32,6 +33,14 @@ pub(crate) struct Event {
     target: Option<Point>,
 }
 
+impl Event {
+    /// Makes the event one never recorded (complete): what an event last
+    /// recorded in a capture is once the capture has ended.
+    pub(crate) fn forget_target(&mut self) {
+        self.target = None;
+    }
+}
+
 /// Calls made, per kind, failed ones included.
 ///
 /// The read-only kinds that may be counted under the read lock
@@ -51,12 +60,13 @@ pub(crate) struct Calls {
 }
 
 /// The kinds counted in [`Calls`]'s atomics, in slot order.
-const SHARED_KINDS: [CallKind; 5] = [
+const SHARED_KINDS: [CallKind; 6] = [
     CallKind::DeviceCount,
     CallKind::CurrentDevice,
     CallKind::QueryStream,
     CallKind::StreamDevice,
     CallKind::QueryEvent,
+    CallKind::CaptureStatus,
 ];
 
 impl Calls {
@@ -134,6 +144,8 @@ pub(crate) struct State {
     /// Blocks, uses, byte counters and hazards. Dropping it returns every
     /// block still allocated to `std::alloc`.
     pub(crate) memory: Memory,
+    /// The open graph captures (see [Capture](crate#capture)).
+    pub(crate) captures: Captures,
     /// The next handle to hand out: monotonic, never reused.
     next_stream: usize,
     next_event: usize,
@@ -158,6 +170,7 @@ impl State {
             streams: Streams::default(),
             events: BTreeMap::new(),
             memory: Memory::default(),
+            captures: Captures::default(),
             next_stream: FIRST_STREAM,
             next_event: FIRST_EVENT,
             calls: Calls::new(),
@@ -320,7 +333,12 @@ impl State {
         if stream.is_special() {
             return Err(MockError::InvalidStream(stream));
         }
-        self.stream_key(stream, device)?;
+        let key = self.stream_key(stream, device)?;
+        if let Some(id) = self.captures.of_stream(key) {
+            // A capturing stream cannot go before its capture ends.
+            self.captures.invalidate(id);
+            return Err(MockError::CaptureUnsupported);
+        }
         self.streams.remove(stream.as_raw());
         Ok(())
     }
@@ -339,12 +357,35 @@ impl State {
         ))
     }
 
+    /// Whether `stream` is in a graph capture (never refused, never a
+    /// misuse for a live stream): it only reads.
+    pub(crate) fn capture_status(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<CaptureStatus, MockError> {
+        let key = self.stream_key(stream, device)?;
+        Ok(self.captures.status(key))
+    }
+
+    /// What an open capture refuses of `query_stream` (see
+    /// `State::refuse_in_capture`), once the handles are checked.
+    pub(crate) fn refuse_query_stream(
+        &mut self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        let key = self.stream_key(stream, device)?;
+        self.refuse_in_capture(CallKind::QueryStream, None, Some(key), None)
+    }
+
     pub(crate) fn synchronize_stream(
         &mut self,
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<(), MockError> {
         let key = self.stream_key(stream, device)?;
+        self.refuse_in_capture(CallKind::SynchronizeStream, None, Some(key), None)?;
         self.streams.drain_stream(key);
         Ok(())
     }
@@ -358,6 +399,31 @@ impl State {
         let key = self.stream_key(stream, device)?;
         // Waiting on another device's event is allowed, as in CUDA.
         let target = self.event(event, None)?.target;
+        let raw = event.as_raw();
+        match (self.captures.of_event(raw), self.captures.of_stream(key)) {
+            // A fork (the stream joins the capture) or a wait inside it: an
+            // ordering of the graph, nothing queued.
+            (Some(theirs), mine) if mine.is_none_or(|m| m == theirs) => {
+                self.captures.wait(theirs, key, raw);
+                return Ok(());
+            }
+            // A dependency across two captures.
+            (Some(theirs), Some(mine)) => {
+                self.captures.invalidate(theirs);
+                self.captures.invalidate(mine);
+                return Err(MockError::CaptureIsolation);
+            }
+            // A capturing stream may not wait for work outside its capture
+            // (an event never recorded waits for nothing).
+            (None, Some(mine)) => {
+                if target.is_none() {
+                    return Ok(());
+                }
+                self.captures.invalidate(mine);
+                return Err(MockError::CaptureIsolation);
+            }
+            (_, None) => {}
+        }
         self.streams.settle(self.policy);
         if let Some(point) = target {
             self.streams.push_wait(key, point);
@@ -402,6 +468,7 @@ impl State {
     ) -> Result<(), MockError> {
         self.event(event, Some(device))?;
         self.events.remove(&event.as_raw());
+        self.captures.forget_event(event.as_raw());
         Ok(())
     }
 
@@ -413,8 +480,18 @@ impl State {
     ) -> Result<(), MockError> {
         let key = self.stream_key(stream, device)?;
         self.event(event, Some(device))?;
+        let raw = event.as_raw();
+        if let Some(id) = self.captures.of_stream(key) {
+            // A captured event: what it captured is a position in the graph.
+            self.captures.record_event(id, key, raw);
+            if let Some(found) = self.events.get_mut(&raw) {
+                found.target = None;
+            }
+            return Ok(());
+        }
+        self.captures.forget_event(raw);
         let point = self.streams.head(key);
-        if let Some(found) = self.events.get_mut(&event.as_raw()) {
+        if let Some(found) = self.events.get_mut(&raw) {
             found.target = Some(point);
         }
         Ok(())
@@ -431,12 +508,26 @@ impl State {
         Ok(completion(target.is_none_or(|p| self.streams.reached(p))))
     }
 
+    /// What an open capture refuses of `query_event` (see
+    /// `State::refuse_in_capture`), once the handles are checked.
+    pub(crate) fn refuse_query_event(
+        &mut self,
+        event: EventHandle,
+        device: DeviceId,
+    ) -> Result<(), MockError> {
+        self.event(event, Some(device))?;
+        self.refuse_in_capture(CallKind::QueryEvent, None, None, Some(event.as_raw()))
+    }
+
     pub(crate) fn synchronize_event(
         &mut self,
         event: EventHandle,
         device: DeviceId,
     ) -> Result<(), MockError> {
-        if let Some(point) = self.event(event, Some(device))?.target {
+        let target = self.event(event, Some(device))?.target;
+        let raw = Some(event.as_raw());
+        self.refuse_in_capture(CallKind::SynchronizeEvent, None, None, raw)?;
+        if let Some(point) = target {
             self.streams.drain(point);
         }
         Ok(())

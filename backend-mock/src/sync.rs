@@ -19,6 +19,22 @@ pub(crate) use loom::sync::{atomic::AtomicU64, Arc, RwLock, RwLockReadGuard, RwL
 // loom re-exports std's `Ordering`.
 pub(crate) use std::sync::atomic::Ordering;
 
+#[cfg(not(loom))]
+pub(crate) use std::thread::ThreadId;
+
+#[cfg(loom)]
+pub(crate) use loom::thread::ThreadId;
+
+/// The calling thread's id (loom's model thread under loom, whose threads
+/// share one operating-system thread): what a thread-local capture mode
+/// compares.
+pub(crate) fn current_thread() -> ThreadId {
+    #[cfg(not(loom))]
+    return std::thread::current().id();
+    #[cfg(loom)]
+    return loom::thread::current().id();
+}
+
 /// Locks `lock` for writing, recovering the data if a thread panicked while
 /// holding it.
 ///

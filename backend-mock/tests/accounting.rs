@@ -199,7 +199,11 @@ fn misuse_is_detected_and_logged_in_order() {
     ];
     let expected: Vec<Misuse> = expected
         .into_iter()
-        .map(|(call, error)| Misuse { call, error })
+        .map(|(call, error)| Misuse {
+            call,
+            error,
+            harness: None,
+        })
         .collect();
     assert_eq!(mock.misuses(), expected);
     // Nothing was changed by the failed calls.

@@ -270,7 +270,8 @@ fn bad_frees_are_misuses_with_no_effect() {
         misuses[6],
         Misuse {
             call: CallKind::DeallocateAsync,
-            error: MockError::DoubleFree(a)
+            error: MockError::DoubleFree(a),
+            harness: None,
         }
     );
     assert!(mock.hazards().is_empty());

@@ -255,6 +255,33 @@ pub enum Completion {
     Pending,
 }
 
+/// Whether a stream is capturing work into a CUDA graph
+/// ([`StreamBackend::capture_status`]). Work issued on a capturing stream is
+/// recorded into the graph, not run; the driver refuses to query or
+/// synchronize such a stream (and, in its default capture mode, a refused call
+/// breaks the capture), so the pools ask this first wherever a stream may be
+/// capturing (see `docs/graph-capture.md`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CaptureStatus {
+    /// Not capturing: work issued on the stream runs.
+    NotCapturing,
+    /// Capturing: work issued on the stream goes into a graph.
+    Active,
+    /// A capture that a refused call broke and that nobody has ended yet: the
+    /// stream is still in it (its work still goes nowhere) until the capture's
+    /// origin stream ends it.
+    Invalidated,
+}
+
+impl CaptureStatus {
+    /// Whether the stream is in a capture (active or invalidated): work issued
+    /// on it does not run, and it may not be queried or synchronized.
+    #[inline]
+    pub const fn is_capturing(self) -> bool {
+        !matches!(self, CaptureStatus::NotCapturing)
+    }
+}
+
 /// Event creation flags. The bit values are CUDA's `CU_EVENT_*` flags, so a CUDA
 /// backend passes them through unchanged.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]

@@ -24,6 +24,8 @@ pub enum BackendOp {
     StreamWaitEvent,
     /// Asking which device a stream belongs to.
     StreamDevice,
+    /// Asking whether a stream is capturing a graph.
+    CaptureStatus,
     /// Creating an event.
     CreateEvent,
     /// Destroying an event.
@@ -106,6 +108,12 @@ pub enum Error<E> {
     /// (another mock machine; a mock handle offered to CUDA) was offered: its
     /// [`BackendId`](crate::BackendId) is not the receiver's.
     ForeignHandle,
+    /// The call would have to synchronize with, query or free host-visible
+    /// memory in the order of a stream that is capturing a CUDA graph, which
+    /// the driver refuses (and a refused call can break the capture). Nothing
+    /// was called that could break it, and nothing was changed. See
+    /// `docs/graph-capture.md` for what works inside a capture.
+    StreamCapturing,
     /// Two lengths that must be equal are not: a host buffer for a copy from
     /// device memory ([`Scratchpad::copy_to_host`](crate::Scratchpad::copy_to_host))
     /// has another length than the device slice. Nothing was copied.
@@ -193,6 +201,10 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::ForeignHandle => {
                 f.write_str("the handle, order or memory was made by another backend than this one")
             }
+            Error::StreamCapturing => f.write_str(
+                "the stream is capturing a graph: it cannot be waited for, queried, \
+                 or release host-visible memory",
+            ),
             Error::LengthMismatch { expected, actual } => {
                 write!(
                     f,

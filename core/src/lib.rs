@@ -81,8 +81,8 @@ mod thread_cache;
 mod thread_cache;
 
 pub use backend::{
-    Backend, BackendId, Completion, DeviceId, DeviceSelector, EventBackend, EventFlags,
-    EventHandle, MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
+    Backend, BackendId, CaptureStatus, Completion, DeviceId, DeviceSelector, EventBackend,
+    EventFlags, EventHandle, MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
     MAX_DEVICES,
 };
 pub use error::{BackendOp, Error, Rejected};

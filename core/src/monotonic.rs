@@ -13,7 +13,7 @@ use alloc::vec::Vec;
 use core::cell::{Cell, RefCell};
 use core::ptr::NonNull;
 
-use crate::backend::{DeviceId, MemoryBackend, MemoryKind};
+use crate::backend::{DeviceId, MemoryBackend, MemoryKind, StreamBackend};
 use crate::error::{BackendOp, Error};
 use crate::order::AccessOrder;
 
@@ -348,7 +348,7 @@ pub(crate) struct FixedOrder<'b, B> {
     pub(crate) release: AccessOrder<'b>,
 }
 
-impl<B: MemoryBackend> Upstream for FixedOrder<'_, B> {
+impl<B: MemoryBackend + StreamBackend> Upstream for FixedOrder<'_, B> {
     type Error = B::Error;
 
     fn allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, Error<B::Error>> {
@@ -375,6 +375,31 @@ impl<B: MemoryBackend> Upstream for FixedOrder<'_, B> {
                     .deallocate(self.kind, self.device, block.ptr, block.size, block.align)
                     .map_err(Error::backend(BackendOp::Deallocate))
             },
+            // Host-visible memory released in the order of a capturing stream
+            // may be read or written by every replay of the graph, whenever
+            // it runs: the backend keeps it from reuse. Asked only where the
+            // stream may be capturing (`AccessOrder::may_capture`).
+            Some(stream)
+                if self.kind.is_host_accessible()
+                    && self.release.may_capture()
+                    // SAFETY: as below.
+                    && unsafe { self.backend.capture_status(stream, self.device) }
+                        .map_err(Error::backend(BackendOp::CaptureStatus))?
+                        .is_capturing() =>
+            {
+                // SAFETY: as below; `stream` is capturing (just asked).
+                unsafe {
+                    self.backend.keep_for_graph(
+                        self.kind,
+                        self.device,
+                        block.ptr,
+                        block.size,
+                        block.align,
+                        stream,
+                    )
+                }
+                .map_err(Error::backend(BackendOp::DeallocateAsync))
+            }
             // SAFETY: as above, in the order of `stream`, a usable stream of
             // `device` (the struct's invariant), the device the block was
             // allocated for.

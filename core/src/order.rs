@@ -5,7 +5,9 @@
 //! A stream lease's and an owned stream's `order()` are written here, so that
 //! the pools below need nothing from this module.
 
+use core::hash::{Hash, Hasher};
 use core::marker::PhantomData;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::{Backend, BackendId, DeviceId, EventBackend, StreamBackend, StreamHandle};
 use crate::error::{BackendOp, Error};
@@ -46,11 +48,80 @@ use static_assertions::assert_impl_all;
 /// // Equality compares the stream *and* the device.
 /// assert_ne!(AccessOrder::null_stream(DeviceId(0)), AccessOrder::null_stream(DeviceId(1)));
 /// ```
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug)]
 pub struct AccessOrder<'s> {
     order: Order,
+    /// What is known of the stream's graph captures (see [`Captures`]).
+    note: Captures<'s>,
     /// The stream (its lease or owner) this order borrows.
     _stream: PhantomData<&'s ()>,
+}
+
+/// Two orders are equal when they name the same host or the same stream of
+/// the same device and backend.
+impl PartialEq for AccessOrder<'_> {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.order == other.order
+    }
+}
+
+impl Eq for AccessOrder<'_> {}
+
+impl Hash for AccessOrder<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.order.hash(state);
+    }
+}
+
+/// What an order knows of its stream's graph captures.
+#[derive(Copy, Clone, Debug)]
+enum Captures<'s> {
+    /// The lease's note (a wait issued in this order sets it).
+    Lease(&'s CaptureNote),
+    /// Nothing: a special stream, an owned stream, or
+    /// [`AccessOrder::from_raw_capturable`]; asked wherever it matters.
+    Unknown,
+    /// None while the order is in use ([`AccessOrder::from_raw`]'s contract),
+    /// or host order.
+    Excluded,
+}
+
+/// A stream lease's note that its stream may have joined a graph capture.
+///
+/// A stream joins a capture when it waits on an event recorded on a capturing
+/// stream. The only waits gpupool issues are those of
+/// [`AccessOrder::wait`] and [`AccessOrder::wait_event`], and each sets the
+/// note of the lease its waiting order came from; so does
+/// [`StreamLease::note_capture`] for waits (or captures) made through the raw
+/// handle or cudarc. A lease whose note is set asks the backend's
+/// [`capture_status`](StreamBackend::capture_status) when it ends, before
+/// anything that the driver refuses on a capturing stream; one whose note is
+/// not set cannot be capturing and skips the question.
+#[derive(Debug, Default)]
+pub(crate) struct CaptureNote(AtomicBool);
+
+impl CaptureNote {
+    pub(crate) const fn new() -> Self {
+        CaptureNote(AtomicBool::new(false))
+    }
+
+    /// Notes that the stream may have joined a capture.
+    #[inline]
+    pub(crate) fn set(&self) {
+        // Relaxed: read only when the lease ends, by the thread that ends it;
+        // every order borrowing the lease is gone by then, and a thread that
+        // used one through a shared borrow was joined (or its scope ended)
+        // before, which orders its store before that read.
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the note was set.
+    #[inline]
+    pub(crate) fn is_set(&self) -> bool {
+        // Relaxed: see `set`.
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -70,6 +141,7 @@ impl AccessOrder<'static> {
     pub const fn host() -> Self {
         AccessOrder {
             order: Order::Host,
+            note: Captures::Excluded,
             _stream: PhantomData,
         }
     }
@@ -97,23 +169,60 @@ impl AccessOrder<'static> {
                 device,
                 owner: None,
             },
+            note: Captures::Unknown,
             _stream: PhantomData,
         }
     }
 }
 
 impl<'s> AccessOrder<'s> {
-    /// Stream order on a raw `stream` of `device`, made by `backend`.
+    /// Stream order on a raw `stream` of `device`, made by `backend`, for a
+    /// stream that captures no graph while the order is in use.
     ///
     /// # Safety
-    /// For all of `'s`: `stream` is a usable stream of `device` for `backend`
-    /// (see [`Backend`]'s handle contracts): created by a backend with
-    /// `backend`'s [`id`](Backend::id), on `device`, and not destroyed. A
-    /// special handle (0, 1, 2) is always fine.
+    /// For all of `'s`:
+    /// 1. `stream` is a usable stream of `device` for `backend` (see
+    ///    [`Backend`]'s handle contracts): created by a backend with
+    ///    `backend`'s [`id`](Backend::id), on `device`, and not destroyed. A
+    ///    special handle (0, 1, 2) is always fine;
+    /// 2. `stream` neither begins nor joins a graph capture (gpupool does not
+    ///    ask, and would hand out again host-visible scratch memory released
+    ///    in its order while a replay of the graph may still use it). For a
+    ///    stream that may capture, use
+    ///    [`from_raw_capturable`](Self::from_raw_capturable).
     pub unsafe fn from_raw<B: Backend + ?Sized>(
         backend: &B,
         stream: StreamHandle,
         device: DeviceId,
+    ) -> Self {
+        // SAFETY: the caller's contract, 2. included.
+        unsafe { Self::raw(backend, stream, device, Captures::Excluded) }
+    }
+
+    /// [`from_raw`](Self::from_raw) for a stream that may capture a graph
+    /// while the order is in use: gpupool asks the backend whether it is
+    /// capturing before it would query or synchronize it, or release
+    /// host-visible scratch memory in its order (one
+    /// [`capture_status`](StreamBackend::capture_status) call each time).
+    ///
+    /// # Safety
+    /// 1. of [`from_raw`](Self::from_raw).
+    pub unsafe fn from_raw_capturable<B: Backend + ?Sized>(
+        backend: &B,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Self {
+        // SAFETY: the caller's contract.
+        unsafe { Self::raw(backend, stream, device, Captures::Unknown) }
+    }
+
+    /// # Safety
+    /// 1. of [`from_raw`](Self::from_raw), and 2. where `note` is `Excluded`.
+    unsafe fn raw<B: Backend + ?Sized>(
+        backend: &B,
+        stream: StreamHandle,
+        device: DeviceId,
+        note: Captures<'s>,
     ) -> Self {
         let owner = if stream.is_special() {
             None
@@ -126,19 +235,31 @@ impl<'s> AccessOrder<'s> {
                 device,
                 owner,
             },
+            note,
             _stream: PhantomData,
         }
     }
 
     /// The order of a stream the caller holds for `'s` (a lease, an owned
-    /// stream) and knows to be `owner`'s, on `device`.
-    pub(crate) const fn of_held(stream: StreamHandle, device: DeviceId, owner: BackendId) -> Self {
+    /// stream) and knows to be `owner`'s, on `device`; `note`: the lease's
+    /// capture note, if it is a lease.
+    pub(crate) const fn of_held(
+        stream: StreamHandle,
+        device: DeviceId,
+        owner: BackendId,
+        note: Option<&'s CaptureNote>,
+    ) -> Self {
+        let note = match note {
+            Some(n) => Captures::Lease(n),
+            None => Captures::Unknown,
+        };
         AccessOrder {
             order: Order::Stream {
                 stream,
                 device,
                 owner: Some(owner),
             },
+            note,
             _stream: PhantomData,
         }
     }
@@ -178,6 +299,21 @@ impl<'s> AccessOrder<'s> {
         self.check_backend::<B, ()>(backend).is_ok()
     }
 
+    /// Whether this order's stream may be capturing a graph: a lease's whose
+    /// capture note is set, or a stream whose captures gpupool cannot see
+    /// (special, owned, [`from_raw_capturable`](Self::from_raw_capturable)).
+    /// A lease's order whose note is not set cannot be (see `CaptureNote`),
+    /// nor can a [`from_raw`](Self::from_raw) order (its contract) or host
+    /// order.
+    #[inline]
+    pub(crate) fn may_capture(&self) -> bool {
+        match self.note {
+            Captures::Lease(n) => n.is_set(),
+            Captures::Unknown => true,
+            Captures::Excluded => false,
+        }
+    }
+
     /// The stream and its device, for a stream order.
     pub(crate) const fn stream_and_device(&self) -> Option<(StreamHandle, DeviceId)> {
         match self.order {
@@ -207,15 +343,24 @@ impl<'s> AccessOrder<'s> {
     /// issued in `other` so far.
     ///
     /// - `self == other`, or `other` is host order: nothing to do.
-    /// - `self` is host order: synchronizes `other`'s stream.
+    /// - `self` is host order: synchronizes `other`'s stream, unless it is
+    ///   capturing a graph ([`Error::StreamCapturing`]: the host cannot wait
+    ///   for work that is recorded, not run; the capture is left intact).
     /// - both are streams: records a pooled event of `other`'s device on
     ///   `other`'s stream and makes `self`'s stream wait on it; the event goes
-    ///   back to the pool (a failed call destroys it instead).
+    ///   back to the pool (a failed call destroys it instead). Inside a graph
+    ///   capture this is a dependency of the graph: a wait on a capturing
+    ///   stream makes `self`'s stream join the capture (the fork of a
+    ///   fork/join), and a capturing stream's wait on a joined one is the
+    ///   join. A lease whose order waited asks whether its stream is still
+    ///   capturing when it is returned, and is not leased again until that
+    ///   capture has ended.
     ///
     /// Transitive: if `b.wait(a)` then `c.wait(b)`, `c` is ordered after `a`.
     ///
     /// Errors: [`Error::ForeignHandle`] when either order's stream is not of
-    /// `events`' backend (nothing is called); a backend failure.
+    /// `events`' backend (nothing is called); [`Error::StreamCapturing`] (see
+    /// above); a backend failure.
     #[cfg(feature = "std")]
     pub fn wait<B>(
         &self,
@@ -268,6 +413,12 @@ impl<'s> AccessOrder<'s> {
                 // borrows the lease or owned stream it came from (or is a
                 // special stream, or came from `from_raw`, whose caller
                 // vouched for it), and its owner is `backend`'s id (checked).
+                let status = unsafe { backend.capture_status(other_stream, other_device) }
+                    .map_err(Error::backend(BackendOp::CaptureStatus))?;
+                if status.is_capturing() {
+                    return Err(Error::StreamCapturing);
+                }
+                // SAFETY: as above.
                 return unsafe { backend.synchronize_stream(other_stream, other_device) }
                     .map_err(Error::backend(BackendOp::SynchronizeStream));
             }
@@ -289,7 +440,17 @@ impl<'s> AccessOrder<'s> {
             }
             return Err(Error::Backend { op, source });
         }
+        self.note_wait();
         Ok(())
+    }
+
+    /// Notes, on the lease this order came from (if any), that its stream
+    /// waited on an event and so may have joined a graph capture.
+    #[inline]
+    fn note_wait(&self) {
+        if let Captures::Lease(note) = self.note {
+            note.set();
+        }
     }
 
     /// Makes `self` wait for the work `event` has captured: a stream waits on
@@ -312,7 +473,9 @@ impl<'s> AccessOrder<'s> {
                 // SAFETY: the event as above; the stream is usable for
                 // `backend` (borrowed by this order, owner checked).
                 unsafe { backend.stream_wait_event(stream, device, event.handle()) }
-                    .map_err(Error::backend(BackendOp::StreamWaitEvent))
+                    .map_err(Error::backend(BackendOp::StreamWaitEvent))?;
+                self.note_wait();
+                Ok(())
             }
         }
     }
@@ -322,7 +485,7 @@ impl OwnedStream {
     /// The stream as an access order, borrowing it (so the stream cannot be
     /// put back or destroyed while the order is in use).
     pub fn order(&self) -> AccessOrder<'_> {
-        AccessOrder::of_held(self.handle(), self.device(), self.backend_id())
+        AccessOrder::of_held(self.handle(), self.device(), self.backend_id(), None)
     }
 }
 
@@ -331,7 +494,12 @@ impl<B: StreamBackend> StreamLease<'_, B> {
     /// be used after the lease ends.
     #[inline]
     pub fn order(&self) -> AccessOrder<'_> {
-        AccessOrder::of_held(self.handle(), self.device(), self.backend_id())
+        AccessOrder::of_held(
+            self.handle(),
+            self.device(),
+            self.backend_id(),
+            Some(self.capture_note()),
+        )
     }
 }
 

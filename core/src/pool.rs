@@ -64,6 +64,11 @@ pub(crate) trait BusyList<H> {
     fn new() -> Self;
     /// Takes every handle out.
     fn take_all(&self) -> Chain<H>;
+
+    /// Takes out the handles a purge destroys: by default all of them.
+    fn take_for_purge(&self) -> Chain<H> {
+        self.take_all()
+    }
 }
 
 impl<H> BusyList<H> for () {
@@ -256,12 +261,17 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
     fn destroy_pooled(
         &self,
         guard: &Guard,
+        purge: bool,
         mut failed: impl FnMut(&SlotOf<B, K>, K::Handle, Error<B::Error>),
     ) -> usize {
         let mut destroyed = 0;
         for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
             let device = DeviceId(i as u32);
-            let mut busy = slot.busy.take_all();
+            let mut busy = if purge {
+                slot.busy.take_for_purge()
+            } else {
+                slot.busy.take_all()
+            };
             let mut quarantined = slot.quarantine.take_all();
             let doomed = slot
                 .ready
@@ -302,7 +312,7 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
         }
         self.flush_caches();
         let mut first_error = None;
-        let destroyed = self.destroy_pooled(guard, |slot, h, e| {
+        let destroyed = self.destroy_pooled(guard, true, |slot, h, e| {
             // Not destroyed: set aside (never leased again) for the next
             // purge or the pool's drop.
             slot.quarantine.push(h);
@@ -333,7 +343,7 @@ impl<B: Backend, K: PoolKind<B>> Drop for Pool<B, K> {
         // SAFETY: `&mut self` excludes every concurrent reader of the stacks,
         // so their nodes may be freed at once, which the unprotected guard does.
         let guard = unsafe { epoch::unprotected() };
-        self.destroy_pooled(guard, |_, _, e| lost::report(&e));
+        self.destroy_pooled(guard, false, |_, _, e| lost::report(&e));
     }
 }
 

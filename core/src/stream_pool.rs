@@ -33,8 +33,9 @@ use core::mem::ManuallyDrop;
 use crate::backend::{BackendId, Completion, DeviceId, StreamBackend, StreamHandle, StreamOptions};
 use crate::epoch::Pinning;
 use crate::error::{BackendOp, Error, Rejected};
+use crate::order::CaptureNote;
 pub use crate::owned::OwnedStream;
-use crate::pool::{fmt_lease, shared_pool_methods, Pool, PoolKind, Slot};
+use crate::pool::{fmt_lease, shared_pool_methods, BusyList, Pool, PoolKind, Slot};
 use crate::stack::{Bag, Chain};
 use crate::stats::Counters;
 use crate::sync::epoch::{Collector, Guard};
@@ -84,7 +85,7 @@ pub(crate) struct Streams;
 
 impl<B: StreamBackend> PoolKind<B> for Streams {
     type Handle = StreamHandle;
-    type Busy = Bag<StreamHandle>;
+    type Busy = BusyStreams;
     type Config = StreamPoolConfig;
     const CREATE: BackendOp = BackendOp::CreateStream;
     const DESTROY: BackendOp = BackendOp::DestroyStream;
@@ -117,8 +118,67 @@ impl<B: StreamBackend> PoolKind<B> for Streams {
     }
 }
 
-/// One device's lists: ready, busy, quarantine.
-type StreamSlot = Slot<StreamHandle, Bag<StreamHandle>>;
+/// One device's lists: ready, busy (with the streams held for a capture),
+/// quarantine.
+type StreamSlot = Slot<StreamHandle, BusyStreams>;
+
+/// The stream kind's other lists: streams returned with work pending, which
+/// `get` scans (queries) for a finished one, and streams returned while they
+/// were capturing a graph, held unqueried until their capture has ended
+/// (a query would break the capture, and work issued on them would go into
+/// its graph).
+pub(crate) struct BusyStreams {
+    pending: Bag<StreamHandle>,
+    capturing: Bag<StreamHandle>,
+}
+
+impl BusyStreams {
+    /// Adds a stream returned with work pending.
+    #[inline]
+    fn push(&self, stream: StreamHandle) {
+        self.pending.push(stream);
+    }
+
+    /// Adds a stream returned while capturing.
+    fn hold_for_capture(&self, stream: StreamHandle) {
+        self.capturing.push(stream);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    fn take_all(&self) -> Chain<StreamHandle> {
+        self.pending.take_all()
+    }
+
+    fn put_back(&self, chain: Chain<StreamHandle>) {
+        self.pending.put_back(chain);
+    }
+}
+
+impl BusyList<StreamHandle> for BusyStreams {
+    fn new() -> Self {
+        BusyStreams {
+            pending: Bag::new(),
+            capturing: Bag::new(),
+        }
+    }
+
+    /// Everything, held streams included (the pool's drop).
+    fn take_all(&self) -> Chain<StreamHandle> {
+        self.pending.put_back(self.capturing.take_all());
+        self.pending.take_all()
+    }
+
+    /// The pending streams: a purge leaves the streams held for a capture
+    /// (destroying one would break the capture it is in), as it leaves
+    /// leases that are out; the next purge after the capture has ended and
+    /// a `get` has found it ended takes them.
+    fn take_for_purge(&self) -> Chain<StreamHandle> {
+        self.pending.take_all()
+    }
+}
 
 /// Per-device pools of streams. See the [module documentation](self).
 ///
@@ -179,7 +239,9 @@ impl<B: StreamBackend> StreamPool<B> {
         get: [], get_slow: [#[inline]];
         /// Destroys every stream in the pool, ready or busy (CUDA lets pending work
         /// finish). Leases that are out are untouched and come back normally later;
-        /// so does a stream another thread's `get` is scanning at this moment.
+        /// so does a stream another thread's `get` is scanning at this moment,
+        /// and so do streams held because they were returned while capturing a
+        /// graph (destroying one would break its capture).
         ///
         /// Returns how many streams were destroyed. A failed destroy does not stop
         /// the purge: that stream stays in the pool (so it is not lost and the next
@@ -238,6 +300,7 @@ impl<B: StreamBackend> StreamPool<B> {
             stream,
             device,
             origin,
+            capture: CaptureNote::new(),
         }
     }
 
@@ -280,12 +343,14 @@ impl<B: StreamBackend> StreamPool<B> {
     }
 
     /// Takes a stream into the pool. `device` names the device it belongs to, or
-    /// `None` for the stream's own. The stream is queried once: idle goes to the
-    /// ready list, pending to the busy list.
+    /// `None` for the stream's own. The stream is asked whether it is
+    /// capturing a graph, then queried once: idle goes to the ready list,
+    /// pending to the busy list.
     ///
     /// On a stream of another backend ([`Error::ForeignHandle`]), a wrong or
-    /// out-of-range device or a failed query the stream comes back in the
-    /// error, still the caller's, and the pool is unchanged.
+    /// out-of-range device, a stream in a graph capture
+    /// ([`Error::StreamCapturing`]) or a failed call the stream comes back in
+    /// the error, still the caller's, and the pool is unchanged.
     pub fn put(
         &self,
         stream: OwnedStream,
@@ -302,6 +367,29 @@ impl<B: StreamBackend> StreamPool<B> {
         };
         // SAFETY: `stream` owns a live stream of this backend (id checked) on
         // its device, and the pool has not taken it yet.
+        match unsafe {
+            self.inner
+                .backend
+                .capture_status(stream.handle, stream.device)
+        } {
+            Ok(status) if !status.is_capturing() => {}
+            Ok(_) => {
+                return Err(Rejected {
+                    value: stream,
+                    error: Error::StreamCapturing,
+                })
+            }
+            Err(source) => {
+                return Err(Rejected {
+                    value: stream,
+                    error: Error::Backend {
+                        op: BackendOp::CaptureStatus,
+                        source,
+                    },
+                })
+            }
+        }
+        // SAFETY: as above.
         let completion = unsafe {
             self.inner
                 .backend
@@ -345,6 +433,7 @@ impl<B: StreamBackend> StreamPool<B> {
     /// fails is quarantined and the error parked; the scan goes on, so one
     /// broken stream cannot stop `get` from serving the device.
     fn scan_busy(&self, device: DeviceId, slot: &StreamSlot) -> Option<StreamHandle> {
+        self.release_ended_captures(device, slot);
         if slot.busy.is_empty() {
             return None;
         }
@@ -405,6 +494,44 @@ impl<B: StreamBackend> StreamPool<B> {
         found
     }
 
+    /// Moves the streams held for a capture whose capture has ended to the
+    /// pending list, where the scan queries them; the others stay held. A
+    /// stream whose status cannot be asked is quarantined and the error
+    /// parked.
+    fn release_ended_captures(&self, device: DeviceId, slot: &StreamSlot) {
+        if slot.busy.capturing.is_empty() {
+            return;
+        }
+        let mut held = slot.busy.capturing.take_all();
+        let mut still = Chain::empty();
+        while let Some(&s) = held.first() {
+            // SAFETY: a stream of the held list: created by this pool's
+            // backend on `device`, owned by the pool, taken out of the list by
+            // this call (so no purge can destroy it meanwhile).
+            match unsafe { self.inner.backend.capture_status(s, device) } {
+                Ok(status) if status.is_capturing() => {
+                    held.move_first_to(&mut still);
+                }
+                Ok(_) => {
+                    if let Some(s) = held.pop_first() {
+                        slot.busy.push(s);
+                    }
+                }
+                Err(e) => {
+                    if let Some(s) = held.pop_first() {
+                        slot.quarantine.push(s);
+                        Counters::bump(&slot.counters.quarantined);
+                    }
+                    self.inner.parked.park(Error::Backend {
+                        op: BackendOp::CaptureStatus,
+                        source: e,
+                    });
+                }
+            }
+        }
+        slot.busy.capturing.put_back(still);
+    }
+
     /// Moves the first stream of `chain` to the quarantine and parks `e`.
     fn quarantine_first(&self, chain: &mut Chain<StreamHandle>, slot: &StreamSlot, e: B::Error) {
         if let Some(s) = chain.pop_first() {
@@ -422,12 +549,15 @@ impl<B: StreamBackend> StreamPool<B> {
     /// the owner mark of the cell of the thread that took the lease
     /// (`same_thread_reuse`), or 0.
     /// On a failed query the stream is quarantined (kept for purge, never
-    /// leased again) and the error returned.
+    /// leased again) and the error returned. `noted`: the lease's capture
+    /// note is set, so the stream may be capturing: asked first, and a
+    /// capturing stream is set aside (`held_by_capture`) unqueried.
     fn give_back(
         &self,
         stream: StreamHandle,
         device: DeviceId,
         origin: usize,
+        noted: bool,
     ) -> Result<(), Error<B::Error>> {
         let Some(slot) = self.inner.devices.slot_of(device) else {
             // A lease exists only after its slot was found, and the table lives
@@ -435,6 +565,27 @@ impl<B: StreamBackend> StreamPool<B> {
             // in a lease's drop, which never panics; the error is parked.)
             return Err(Error::NoDevice);
         };
+        if noted {
+            // SAFETY: the lease owned this stream of the pool's backend on
+            // `device` until now; it is in no list yet.
+            match unsafe { self.inner.backend.capture_status(stream, device) } {
+                Ok(status) if !status.is_capturing() => {}
+                Ok(_) => {
+                    Counters::bump(&slot.counters.returned);
+                    slot.busy.hold_for_capture(stream);
+                    return Ok(());
+                }
+                Err(e) => {
+                    Counters::bump(&slot.counters.returned);
+                    slot.quarantine.push(stream);
+                    Counters::bump(&slot.counters.quarantined);
+                    return Err(Error::Backend {
+                        op: BackendOp::CaptureStatus,
+                        source: e,
+                    });
+                }
+            }
+        }
         // Kept unqueried only for the thread that took the lease: a lease
         // moved to another thread ends there like a default return (queried),
         // so that thread is never served the first thread's pending work.
@@ -499,6 +650,9 @@ pub struct StreamLease<'p, B: StreamBackend> {
     /// gets a new one, so a match at the end proves the lease ends on the
     /// thread that took it); 0 otherwise.
     origin: usize,
+    /// Set when the stream may have joined a graph capture (see
+    /// [`note_capture`](Self::note_capture)): the return asks first.
+    capture: CaptureNote,
 }
 
 impl<B: StreamBackend> StreamLease<'_, B> {
@@ -552,13 +706,39 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
     /// not lost, destroyed by the next purge, never leased again.
     pub fn return_to_pool(self) -> Result<(), Error<B::Error>> {
         let this = ManuallyDrop::new(self);
-        this.pool.give_back(this.stream, this.device, this.origin)
+        this.pool
+            .give_back(this.stream, this.device, this.origin, this.capture.is_set())
+    }
+
+    /// Tells the pool that the stream may be in a graph capture when the lease
+    /// ends: it waited on an event, or a capture was begun on it, through
+    /// calls gpupool did not make (the raw [`handle`](Self::handle), cudarc).
+    /// The return then asks the backend whether the stream is still capturing
+    /// before it queries it (which would break the capture), and keeps a
+    /// capturing stream from every `get` until its capture has ended. Waits
+    /// made through [`AccessOrder::wait`](crate::AccessOrder::wait) and
+    /// [`wait_event`](crate::AccessOrder::wait_event) on this lease's
+    /// order note it themselves. Costs one backend call at the return
+    /// (`cuStreamIsCapturing` on CUDA).
+    #[inline]
+    pub fn note_capture(&self) {
+        self.capture.set();
+    }
+
+    /// The lease's capture note, for its orders.
+    #[inline]
+    pub(crate) fn capture_note(&self) -> &CaptureNote {
+        &self.capture
     }
 }
 
 impl<B: StreamBackend> Drop for StreamLease<'_, B> {
     fn drop(&mut self) {
-        if let Err(e) = self.pool.give_back(self.stream, self.device, self.origin) {
+        let noted = self.capture.is_set();
+        if let Err(e) = self
+            .pool
+            .give_back(self.stream, self.device, self.origin, noted)
+        {
             self.pool.inner.parked.park(e);
         }
     }

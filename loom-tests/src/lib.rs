@@ -1,7 +1,7 @@
 //! loom models of every shared (`Sync`) type in gpupool.
 //!
 //! The models live in `tests/models.rs` (with `tests/models/mock_backend.rs`,
-//! `tests/models/block_pool.rs`, `tests/models/shards.rs`, `tests/models/thread_exit.rs`,
+//! `tests/models/block_pool.rs`, `tests/models/shards.rs`, `tests/models/capture.rs`, `tests/models/thread_exit.rs`,
 //! `tests/models/in_place.rs` and their ledger, `tests/models/ledger.rs`) and compile only with `--cfg loom` (which also
 //! switches gpupool-core, gpupool-mock and the block pools of gpupool-cuda to
 //! loom's primitives) and `--cfg crossbeam_loom` (which makes crossbeam-epoch
@@ -29,7 +29,7 @@
 //! | `ParkedError<E>` (core, private) | error slot (CAS / swap), dropped-error tally | `parked_error_two_drops` |
 //! | `Counters` (core, private) | relaxed tallies | checked after the joins in `stream_pool_two_threads_one_device`, `event_pool_two_threads_get_put`, `stream_put_to_busy_races_scan`, and exactly (`pooled`, `live_leases`, `leases`) in every thread-cache model |
 //! | `ThreadCache` / `Cell`: per-thread cells, the pools' fast path (core, private) | cell slots (the owner's `take`/`give`/`keep`/`lease` vs drains' CASes, and the one plain store that ends an in-place lease on any thread), the registry `Mutex`, the `owned` flag (thread exit vs adoption), orphan list and flag, owner-only tallies; the thread-local memo and list of cells, and their destructor (a thread's exit) | all through the pools' public API, so the code that ships: `thread_cache_owner_races_a_drain` (stream pool: `put`, `get` from the cell, return into it, racing a purge), `thread_cache_registration_races_a_drain` (stream pool with `same_thread_reuse`: a first `get` registers the thread's cell racing a purge), `thread_exit::adopter_keeps_the_handles_racing_a_drain` (event pool: a thread exits, the next one's registration adopts its cell and events; tallies continued), `thread_exit::one_adopter_per_orphaned_cell` (two registrations after an exit: one adopts the cell, exact tallies), `thread_exit::adopter_is_not_served_the_orphans` (stream pool with `same_thread_reuse`: the exited thread's pending stream never served), `in_place::lease_ends_on_another_thread_racing_a_drain`, `in_place::vacate_races_give_and_drain`, `in_place::lease_ends_after_its_owner_exits` (the event pool's in-place leases ended by drop or detach on another thread, racing purges, gets and puts, and the owner's exit); each keeps a ledger of where its handles are (`tests/models/ledger.rs`) |
-//! | `StreamPool<B>`, `StreamLease` (core) | the above, per device | `stream_pool_two_threads_one_device`, `stream_get_races_purge`, `stream_put_to_busy_races_scan`, `lazy_device_table_two_threads`, `parked_error_two_drops` |
+//! | `StreamPool<B>`, `StreamLease` (core) | the above, per device; the list of streams held for a graph capture | `stream_pool_two_threads_one_device`, `stream_get_races_purge`, `stream_put_to_busy_races_scan`, `lazy_device_table_two_threads`, `parked_error_two_drops`, `capture::side_stream_return_races_a_get_during_a_capture` |
 //! | `EventPool<B>`, `EventLease` (core) | the above, per device | `event_pool_two_threads_get_put`, `shared_event_last_two_clones` |
 //! | `SharedEvent` (core) | `Arc` count of one lease | `shared_event_last_two_clones` |
 //! | `Pinning` (core, private) | a crossbeam-epoch `Collector` | every stack and pool model (crossbeam-epoch's own loom mode) |
@@ -104,6 +104,7 @@ pub const MODELS: &[&str] = &[
     "shards::trim_races_an_owner",
     "shards::forget_races_an_owner",
     "shards::retire_races_an_orphans_reader",
+    "capture::side_stream_return_races_a_get_during_a_capture",
 ];
 
 /// Preemption bound for the models (loom explores every interleaving with at

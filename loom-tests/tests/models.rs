@@ -18,6 +18,8 @@
 // their own.
 #[path = "models/block_pool.rs"]
 mod block_pool;
+#[path = "models/capture.rs"]
+mod capture;
 #[path = "models/in_place.rs"]
 mod in_place;
 #[path = "models/ledger.rs"]
@@ -302,7 +304,12 @@ fn parked_error_two_drops() {
 /// destroyed once.
 #[test]
 fn thread_cache_owner_races_a_drain() {
-    loom::model(|| {
+    // Its longest executions (four puts, two gets and returns, a purge that
+    // also takes the streams held for graph captures, and the collector's
+    // teardown) pass loom's default of 1,000 branches.
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 4_000;
+    builder.check(|| {
         let mock = idle_mock(1);
         let pool = stream_pool(&mock, StreamPoolConfig::default());
         let streams: [_; 4] = detached_streams(&pool);

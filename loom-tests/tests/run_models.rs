@@ -85,6 +85,9 @@ models! {
         forget_races_an_owner,
         retire_races_an_orphans_reader
     }
+    capture {
+        side_stream_return_races_a_get_during_a_capture
+    }
 }
 
 /// The models' test binary, built once for every test of this binary (the

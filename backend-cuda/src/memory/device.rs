@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use cudarc::driver::result;
 use cudarc::driver::sys;
-use gpupool_core::{DeviceId, StreamBackend, StreamHandle, StreamOptions};
+use gpupool_core::{DeviceId, MemoryKind, StreamBackend, StreamHandle, StreamOptions};
 
 use super::state::{state, DeviceMemory};
 use crate::backend::CudaBackend;
@@ -185,6 +185,14 @@ impl DeviceMemory {
             }
             other => other?,
         };
+        if let (false, Some(s)) = (cached, stream) {
+            // A driver allocation on a capturing stream is an allocation node
+            // of the graph: only a free in the same capture may name it.
+            // SAFETY: `s` is the caller's stream (this function's contract).
+            if unsafe { Self::capturing(drv, s, device) }? {
+                self.note_graph_allocation(addr);
+            }
+        }
         if !cached {
             // Relaxed: statistics. (A cache hit is counted by the calling
             // thread's shard of the cache, off the shared lines:
@@ -248,12 +256,30 @@ impl DeviceMemory {
         let frees = &self.device.upstream_frees;
         teardown_ok(
             drv.with_context(device, |_| {
-                // SAFETY: the caller's contract (a stream-ordered free on `s`).
-                if stream.is_some() && unsafe { self.cache.put(s, addr, size, frees) } {
+                // A graph's allocation (made on a capturing stream) never
+                // goes to the cache: its address is valid only while the
+                // graph's work runs.
+                let graph_allocation = self.forget_graph_allocation(addr);
+                if stream.is_some() && !graph_allocation {
+                    // SAFETY: the caller's contract (a stream-ordered free on `s`).
+                    if unsafe { self.cache.put(s, addr, size, frees) } {
+                        return Ok(false);
+                    }
+                }
+                // SAFETY: the caller's contract: `s` is usable on `device`.
+                let capturing = stream.is_some() && unsafe { Self::capturing(drv, s, device) }?;
+                if capturing != graph_allocation {
+                    // Inside a capture the driver frees only the graph's own
+                    // allocations (a free node): a block allocated outside it
+                    // may be used by the graph's replays whenever they run.
+                    // Outside a capture, a graph's allocation belongs to the
+                    // graph's launches, which gpupool cannot see. Kept.
+                    self.keep_for_graphs(MemoryKind::Device, addr, size);
                     return Ok(false);
                 }
                 // SAFETY: the caller's contract; `s` is a live stream of `device`
-                // or a special stream of the context just made current.
+                // or a special stream of the context just made current. Inside
+                // a capture, a free node of the graph's own allocation.
                 check(unsafe { sys::cuMemFreeAsync(addr as sys::CUdeviceptr, raw_stream(s)) })?;
                 Ok(true)
             })

@@ -4,7 +4,7 @@
 //! them, made on the first memory call. The parent module's calls and its
 //! other children work on this state.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Mutex, OnceLock};
 
@@ -41,6 +41,24 @@ pub(super) struct DeviceMemory {
     pub(super) overaligned: Mutex<HashMap<usize, usize>>,
     /// `overaligned.len()`, readable without the lock (written under it).
     pub(super) overaligned_len: AtomicUsize,
+    /// What graph captures did with this device's memory (`capture.rs`).
+    pub(super) graphs: GraphMemory,
+}
+
+/// Memory that graph captures own or use, per device: the device blocks
+/// allocated on a capturing stream (the graph's allocation nodes, which a
+/// free inside a capture must name), and the blocks freed in the order of a
+/// capturing stream that a replay of the graph may still use (kept for the
+/// life of the process, never handed out again).
+#[derive(Debug, Default)]
+pub(super) struct GraphMemory {
+    /// Addresses of device blocks allocated on a capturing stream and not
+    /// freed yet.
+    pub(super) allocations: Mutex<HashSet<usize>>,
+    /// `allocations.len()`, readable without the lock (written under it).
+    pub(super) allocations_len: AtomicUsize,
+    /// Blocks kept for graphs: (kind, address, bytes).
+    pub(super) kept: Mutex<Vec<(MemoryKind, usize, usize)>>,
 }
 
 /// The memory state of every device, by ordinal; created on the first memory
@@ -84,6 +102,7 @@ impl DeviceMemory {
             cache: DeviceCache::new(index),
             overaligned: Mutex::new(HashMap::new()),
             overaligned_len: AtomicUsize::new(0),
+            graphs: GraphMemory::default(),
         }
     }
 

@@ -64,6 +64,14 @@ pub struct MemoryStats {
     /// Device blocks the cache gave to the driver to stay within its bound:
     /// older blocks of the freeing stream, or the freed block itself.
     pub device_cache_evictions: u64,
+    /// Blocks freed in the order of a stream that was capturing a graph
+    /// (and, for device memory, not allocated in that capture), per kind:
+    /// the graph's replays may use them whenever they run, so they are kept
+    /// for the life of the process and never handed out again (see
+    /// `docs/graph-capture.md`).
+    pub kept_for_graphs: [usize; 4],
+    /// The bytes of those blocks.
+    pub kept_for_graphs_bytes: [usize; 4],
 }
 
 impl MemoryStats {
@@ -108,6 +116,7 @@ impl CudaBackend {
         s.reuses[i] += cache.hits;
         s.device_cache_misses = cache.misses;
         s.device_cache_evictions = cache.evictions;
+        (s.kept_for_graphs, s.kept_for_graphs_bytes) = mem.kept_for_graphs();
         Ok(s)
     }
 

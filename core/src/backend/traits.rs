@@ -5,7 +5,8 @@
 use core::ptr::NonNull;
 
 use super::{
-    BackendId, Completion, DeviceId, EventFlags, EventHandle, StreamHandle, StreamOptions,
+    BackendId, CaptureStatus, Completion, DeviceId, EventFlags, EventHandle, StreamHandle,
+    StreamOptions,
 };
 
 /// The device part of a backend: its identity, its error type and how devices
@@ -123,6 +124,28 @@ pub trait StreamBackend: Backend {
     /// `stream` was created by a backend with this one's [`id`](Backend::id)
     /// and is not destroyed before the call returns.
     unsafe fn stream_device(&self, stream: StreamHandle) -> Result<DeviceId, Self::Error>;
+
+    /// Whether `stream` is capturing work into a graph. The pools ask this
+    /// before they query or synchronize a stream that may be in a capture (a
+    /// returned lease whose order waited on another stream, a stream put into
+    /// a pool, a stream the host waits for), because the driver refuses those
+    /// calls on a capturing stream and the refusal can break the capture.
+    ///
+    /// It must be allowed on a capturing stream in every capture mode and must
+    /// not break any capture (CUDA's `cuStreamIsCapturing` is and does not).
+    /// Default: [`CaptureStatus::NotCapturing`], for a backend without graph
+    /// capture.
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]).
+    unsafe fn capture_status(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<CaptureStatus, Self::Error> {
+        let _ = (stream, device);
+        Ok(CaptureStatus::NotCapturing)
+    }
 }
 
 /// Event operations.
@@ -307,6 +330,34 @@ pub trait MemoryBackend: Backend {
         device: DeviceId,
     ) -> Result<(), Self::Error>;
 
+    /// Takes back a host-visible block (pinned or managed) whose release
+    /// falls in the order of `stream` while `stream` is capturing a graph:
+    /// every replay of the graph may read or write it, whenever it runs, so
+    /// it must not be handed out again while the graph can still run (nor can
+    /// the stream be asked when the graph is done with it). Called by
+    /// [`Scratchpad`](crate::Scratchpad) instead of
+    /// [`deallocate_async`](Self::deallocate_async) in that case.
+    ///
+    /// Default: nothing, so the block is never handed out again (a backend
+    /// that cannot tell when graphs end keeps it for the life of the
+    /// process). A backend that can tell (the mock) frees it then.
+    ///
+    /// # Safety
+    /// 1. and 2. of [`deallocate_async`](Self::deallocate_async); `stream` is
+    ///    capturing.
+    unsafe fn keep_for_graph(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+        stream: StreamHandle,
+    ) -> Result<(), Self::Error> {
+        let _ = (kind, device, ptr, size, align, stream);
+        Ok(())
+    }
+
     /// Whether a stream-ordered free of host-visible memory
     /// ([`deallocate_async`](Self::deallocate_async) of pinned or managed
     /// memory) followed by an [`allocate`](Self::allocate) of the same size
@@ -359,6 +410,10 @@ macro_rules! forward_backend {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).stream_device(s) }
             }
+            unsafe fn capture_status(&self, s: StreamHandle, d: DeviceId) -> Result<CaptureStatus, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).capture_status(s, d) }
+            }
         }
         impl<B: EventBackend + ?Sized> EventBackend for $ptr {
             fn create_event(&self, d: DeviceId, f: EventFlags) -> Result<EventHandle, Self::Error> {
@@ -407,6 +462,10 @@ macro_rules! forward_memory {
             unsafe fn copy_async(&self, dst: NonNull<u8>, src: NonNull<u8>, size: usize, s: StreamHandle, d: DeviceId) -> Result<(), Self::Error> {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).copy_async(dst, src, size, s, d) }
+            }
+            unsafe fn keep_for_graph(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize, s: StreamHandle) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).keep_for_graph(k, d, p, size, align, s) }
             }
             fn batches_host_reuse(&self) -> bool {
                 (**self).batches_host_reuse()

@@ -301,8 +301,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// Errors, with `dst` untouched: [`Error::LengthMismatch`] when `dst` is
     /// not as long as `src`; [`Error::ForeignHandle`] for a slice of another
     /// backend, [`Error::WrongDevice`] for one of another device than the
-    /// scratchpad's; a backend failure (the copy, the wait, the staging
-    /// block). An empty slice makes no backend call.
+    /// scratchpad's; [`Error::StreamCapturing`] when the device order's
+    /// stream is capturing a graph (the host cannot wait for a copy that
+    /// runs at each replay); a backend failure (the copy, the wait, the
+    /// staging block). An empty slice makes no backend call.
     pub fn copy_to_host<T: AnyBitPattern>(
         &self,
         src: &DeviceSlice<'_, T>,
@@ -326,6 +328,21 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 given: device,
                 actual: src.device,
             });
+        }
+        // The host waits for the copy: not possible on a capturing stream
+        // (the copy would run at each replay, and the driver refuses the
+        // wait, breaking the capture).
+        if self.device_order.may_capture() {
+            if let Some((stream, device)) = self.device_order.stream_and_device() {
+                // SAFETY: the device order's stream is usable for the backend
+                // for the scratchpad's life (checked at construction; the
+                // order borrows it).
+                let status = unsafe { self.backend.capture_status(stream, device) }
+                    .map_err(Error::backend(BackendOp::CaptureStatus))?;
+                if status.is_capturing() {
+                    return Err(Error::StreamCapturing);
+                }
+            }
         }
         self.download(src, |staged| {
             // SAFETY: `staged` holds the bytes of `src`, aligned for

@@ -7,6 +7,7 @@
 //! `soundness` needs only the mock and runs in every build.
 
 mod bad_input;
+mod capture;
 mod compile_fail;
 mod event_pool;
 mod faults;

@@ -247,7 +247,12 @@ fn put_queries_once_and_a_stream_put_busy_waits_in_the_busy_list() {
         unsafe { gpu.make_busy(s, D0) };
         let calls = gpu.backend_calls();
         pool.put(owned, None).unwrap();
-        assert_calls(&gpu, calls, 1, "put queries once");
+        assert_calls(
+            &gpu,
+            calls,
+            2,
+            "put asks whether the stream is capturing, then queries once",
+        );
         let fresh = pool.get(0).unwrap();
         assert_ne!(fresh.handle(), s, "a pending stream is not handed out");
         // SAFETY: the pool holds this live stream of device 0 in its busy list

@@ -1,0 +1,399 @@
+//! Mock-only: the pools and the scratchpad inside a CUDA graph capture, as
+//! the mock models it (`gpupool_mock`'s crate documentation, "Capture"): a
+//! capturing stream records work instead of running it, and a call the
+//! driver refuses there (a query, a synchronization, a potentially unsafe
+//! call in the capture's mode) is a misuse that invalidates the capture.
+//! Only safe code: the captures are begun and ended through the mock's
+//! harness on a lease's handle.
+//!
+//! The mock refuses in a capture what the H200 refused
+//! (`docs/graph-capture.md`); the limits that come from the driver itself
+//! (a Global capture forbids every thread's queries) are shown with the mode
+//! that avoids them.
+#![cfg(not(feature = "cuda"))]
+#![forbid(unsafe_code)]
+
+use gpupool_core::{
+    AccessOrder, BackendOp, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad,
+};
+use gpupool_mock::{CaptureMode, MockBackend};
+use gpupool_tests::mock_pools;
+
+const D0: DeviceId = DeviceId(0);
+
+#[track_caller]
+fn assert_clean(gpu: &MockBackend) {
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+}
+
+/// The fork/join pattern inside a capture: the origin forks a side lease
+/// (`side.order().wait(origin)`), the side works, the origin joins it back,
+/// and the side lease is returned while the capture is still open. Nothing
+/// breaks the capture; the side stream is held while the capture is open
+/// (no `get`, on this thread or another, is given it) and leased again once
+/// the capture has ended.
+#[test]
+fn fork_join_inside_a_capture_returns_the_side_stream_after_the_end() {
+    let (gpu, streams, events) = mock_pools(1);
+    let origin = streams.get(0).unwrap();
+    gpu.begin_capture(origin.handle(), CaptureMode::Global)
+        .unwrap();
+
+    let side = streams.get(0).unwrap();
+    let side_stream = side.handle();
+    side.order().wait(&origin.order(), &events).unwrap();
+    assert_eq!(
+        gpu.capture_status_of(side_stream),
+        Ok(CaptureStatus::Active)
+    );
+    gpu.enqueue_work(side_stream).unwrap(); // the side's kernel: captured
+    origin.order().wait(&side.order(), &events).unwrap();
+    drop(side); // inside the capture
+    assert_clean(&gpu);
+    assert_eq!(
+        gpu.capture_status_of(origin.handle()),
+        Ok(CaptureStatus::Active)
+    );
+
+    // While the capture is open nobody gets the side stream. (The leases are
+    // kept until the capture has ended: returning one that never waited
+    // queries its stream, which a Global capture refuses, see
+    // `a_lease_returned_during_a_global_capture_leaves_it_valid`.)
+    let here = streams.get(0).unwrap();
+    assert_ne!(here.handle(), side_stream);
+    let there =
+        std::thread::scope(|s| s.spawn(|| streams.get(0).unwrap().detach()).join().unwrap());
+    assert_ne!(there.handle(), side_stream);
+    assert_clean(&gpu);
+
+    let graph = gpu.end_capture(origin.handle()).unwrap();
+    assert_eq!(graph.node_count(), 1);
+    assert_eq!(
+        gpu.capture_status_of(side_stream),
+        Ok(CaptureStatus::NotCapturing)
+    );
+
+    // Found again once the capture has ended.
+    let again = streams.get(0).unwrap();
+    assert_eq!(again.handle(), side_stream, "the side stream is reused");
+    assert_eq!(streams.stats(D0).unwrap().busy_hits, 1);
+
+    gpu.launch_graph(&graph, again.handle()).unwrap();
+    gpu.complete_everything();
+    drop((again, here, origin));
+    streams.put(there, None).unwrap();
+    drop(graph);
+    assert!(streams.take_error().is_none());
+    assert_clean(&gpu);
+}
+
+/// The host cannot wait for a capturing stream: a typed error, asked with
+/// `capture_status` first, and the capture is left intact.
+#[test]
+fn a_host_wait_on_a_capturing_stream_is_a_typed_error() {
+    let (gpu, streams, events) = mock_pools(1);
+    let origin = streams.get(0).unwrap();
+    gpu.begin_capture(origin.handle(), CaptureMode::Global)
+        .unwrap();
+    let waited = AccessOrder::host().wait(&origin.order(), &events);
+    assert!(matches!(waited, Err(Error::StreamCapturing)), "{waited:?}");
+    assert_eq!(
+        gpu.capture_status_of(origin.handle()),
+        Ok(CaptureStatus::Active)
+    );
+    assert_eq!(gpu.calls(BackendOp::SynchronizeStream), 0);
+    gpu.end_capture(origin.handle()).unwrap();
+    assert_clean(&gpu);
+}
+
+/// Only a lease whose order waited asks `capture_status` at its return (a
+/// lease that never waited cannot have joined a capture).
+#[test]
+fn only_a_lease_that_waited_asks_its_capture_status() {
+    let (gpu, streams, events) = mock_pools(1);
+    let plain = streams.get(0).unwrap();
+    drop(plain);
+    assert_eq!(gpu.calls(BackendOp::CaptureStatus), 0);
+    assert_eq!(gpu.calls(BackendOp::QueryStream), 1);
+
+    let a = streams.get(0).unwrap();
+    let b = streams.get(0).unwrap();
+    a.order().wait(&b.order(), &events).unwrap();
+    drop(b); // never waited
+    assert_eq!(gpu.calls(BackendOp::CaptureStatus), 0);
+    drop(a); // waited
+    assert_eq!(gpu.calls(BackendOp::CaptureStatus), 1);
+
+    let c = streams.get(0).unwrap();
+    c.note_capture();
+    drop(c);
+    assert_eq!(gpu.calls(BackendOp::CaptureStatus), 2);
+    assert_clean(&gpu);
+}
+
+/// A detached stream in a capture cannot be put into a pool: it comes back
+/// with `Error::StreamCapturing`, and nothing queried it.
+#[test]
+fn putting_a_capturing_stream_is_rejected() {
+    let (gpu, streams, _events) = mock_pools(1);
+    let owned = streams.get(0).unwrap().detach();
+    gpu.begin_capture(owned.handle(), CaptureMode::Global)
+        .unwrap();
+    let queries = gpu.calls(BackendOp::QueryStream);
+    let rejected = streams.put(owned, None).unwrap_err();
+    assert!(matches!(rejected.error, Error::StreamCapturing));
+    let owned = rejected.value;
+    assert_eq!(gpu.calls(BackendOp::QueryStream), queries);
+    assert_eq!(
+        gpu.capture_status_of(owned.handle()),
+        Ok(CaptureStatus::Active)
+    );
+    gpu.end_capture(owned.handle()).unwrap();
+    streams.put(owned, None).unwrap();
+    assert_clean(&gpu);
+}
+
+/// A device scratchpad made and dropped inside a capture on the origin: its
+/// block is a graph allocation, its drop the graph's free; the graph is
+/// launched twice with no hazard, and its memory goes when it is dropped.
+#[test]
+fn a_device_scratchpad_inside_a_capture_becomes_memory_nodes() {
+    let (gpu, streams, _events) = mock_pools(1);
+    let origin = streams.get(0).unwrap();
+    gpu.begin_capture(origin.handle(), CaptureMode::Global)
+        .unwrap();
+    {
+        let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
+        let x = scratch.device::<u32>(256).unwrap();
+        let y = scratch.device::<f32>(256).unwrap();
+        gpu.launch_map(&origin.order(), &x, &y, |v| v as f32)
+            .unwrap();
+        gpu.launch_map(&origin.order(), &y, &x, |v| v as u32)
+            .unwrap();
+    } // dropped inside the capture
+    assert_clean(&gpu);
+    let graph = gpu.end_capture(origin.handle()).unwrap();
+    // One block: allocated, two kernels, freed.
+    assert_eq!(graph.node_count(), 4);
+    let reserved = gpu.live_bytes(MemoryKind::Device);
+    assert!(reserved > 0, "kept for the graph");
+
+    let replay = streams.get(0).unwrap();
+    gpu.launch_graph(&graph, replay.handle()).unwrap();
+    gpu.launch_graph(&graph, replay.handle()).unwrap();
+    assert_eq!(gpu.pending_work(replay.handle()), Ok(8));
+    gpu.complete_everything();
+    assert_clean(&gpu);
+    drop(graph);
+    assert_eq!(gpu.live_bytes(MemoryKind::Device), 0);
+    drop((replay, origin));
+    assert_clean(&gpu);
+}
+
+/// A pinned scratchpad released in the order of a capturing stream (the mock
+/// does not batch host reuse, so a reset outside a capture would ask the
+/// stream): its reset inside the capture asks nothing the capture refuses,
+/// and its block is handed to nobody while the graph lives. (The capture is
+/// begun through the lease's raw handle, so the lease is told:
+/// `note_capture`.)
+#[test]
+fn a_pinned_scratchpad_reset_inside_a_capture_keeps_its_block_for_the_graph() {
+    let (gpu, streams, _events) = mock_pools(1);
+    let origin = streams.get(0).unwrap();
+    let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
+    scratch.pinned::<u8>(100).unwrap(); // before the capture
+    let [(old, size)] = scratch.blocks(MemoryKind::Pinned)[..] else {
+        panic!("one pinned block")
+    };
+    gpu.begin_capture(origin.handle(), CaptureMode::Global)
+        .unwrap();
+    origin.note_capture();
+    let queries = gpu.calls(BackendOp::QueryStream) + gpu.calls(BackendOp::QueryEvent);
+    scratch.reset().unwrap();
+    assert_eq!(
+        gpu.calls(BackendOp::QueryStream) + gpu.calls(BackendOp::QueryEvent),
+        queries,
+        "{:?}",
+        gpu.misuses()
+    );
+    assert_clean(&gpu);
+    assert_eq!(
+        gpu.capture_status_of(origin.handle()),
+        Ok(CaptureStatus::Active)
+    );
+    let graph = gpu.end_capture(origin.handle()).unwrap();
+
+    // The next round (outside the capture) gets another block; the old one
+    // is still allocated.
+    scratch.pinned::<u8>(100).unwrap();
+    let [(new, _)] = scratch.blocks(MemoryKind::Pinned)[..] else {
+        panic!("one pinned block")
+    };
+    assert_ne!(new, old, "the graph's block is not handed out again");
+    let held = gpu.live_bytes(MemoryKind::Pinned) - scratch.stats().reserved[1];
+    assert_eq!(held, size, "the graph's block is still allocated");
+    gpu.launch_graph(&graph, origin.handle()).unwrap();
+    gpu.complete_everything();
+    drop(graph);
+    drop(scratch);
+    assert_clean(&gpu);
+}
+
+// ---- the driver's limits, and the modes that avoid them --------------------
+
+/// A lease that never waited, returned on another thread while a capture is
+/// open, queries its stream. A Global capture forbids every thread that
+/// query (the driver's rule, measured on the H200); a ThreadLocal capture
+/// forbids it only to its own thread, so the capture stays valid.
+#[test]
+fn a_lease_returned_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
+    let (gpu, streams, _events) = mock_pools(1);
+    let origin = streams.get(0).unwrap();
+    gpu.begin_capture(origin.handle(), CaptureMode::ThreadLocal)
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| drop(streams.get(0).unwrap()));
+    });
+    assert_eq!(
+        gpu.capture_status_of(origin.handle()),
+        Ok(CaptureStatus::Active),
+        "{:?}",
+        gpu.misuses()
+    );
+    gpu.end_capture(origin.handle()).unwrap();
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+}
+
+/// The same return during a Global capture: the driver refuses the query
+/// and the capture is invalidated (what CUDA does; the rule the
+/// documentation gives is to capture in ThreadLocal or Relaxed mode when
+/// other threads use streams meanwhile).
+#[test]
+fn a_lease_returned_on_another_thread_during_a_global_capture_breaks_it_as_cuda_does() {
+    let (gpu, streams, _events) = mock_pools(1);
+    let origin = streams.get(0).unwrap();
+    gpu.begin_capture(origin.handle(), CaptureMode::Global)
+        .unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| drop(streams.get(0).unwrap()));
+    });
+    assert_eq!(
+        gpu.capture_status_of(origin.handle()),
+        Ok(CaptureStatus::Invalidated)
+    );
+    assert!(gpu.end_capture(origin.handle()).is_err());
+    assert_eq!(
+        streams.take_error().and_then(|e| e.backend_op()),
+        Some(BackendOp::QueryStream)
+    );
+}
+
+/// `get` with a pending stream in its busy list queries it; on another
+/// thread than a ThreadLocal capture's, that leaves the capture valid.
+#[test]
+fn a_get_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
+    let (gpu, streams, _events) = mock_pools(1);
+    let busy = streams.get(0).unwrap();
+    gpu.enqueue_work(busy.handle()).unwrap();
+    drop(busy); // pending: the busy list
+    let origin = streams.get(0).unwrap(); // a new stream
+    gpu.begin_capture(origin.handle(), CaptureMode::ThreadLocal)
+        .unwrap();
+    let other =
+        std::thread::scope(|s| s.spawn(|| streams.get(0).unwrap().detach()).join().unwrap());
+    assert_eq!(
+        gpu.capture_status_of(origin.handle()),
+        Ok(CaptureStatus::Active),
+        "{:?}",
+        gpu.misuses()
+    );
+    gpu.end_capture(origin.handle()).unwrap();
+    streams.put(other, None).unwrap();
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+}
+
+/// A purge while a capture is open leaves the streams the pool holds for
+/// that capture (a returned side stream): destroying one would break it.
+#[test]
+fn a_purge_during_a_capture_keeps_the_streams_held_for_it() {
+    let (gpu, streams, events) = mock_pools(1);
+    let origin = streams.get(0).unwrap();
+    gpu.begin_capture(origin.handle(), CaptureMode::Relaxed)
+        .unwrap();
+    let side = streams.get(0).unwrap();
+    let side_handle = side.handle();
+    side.order().wait(&origin.order(), &events).unwrap();
+    origin.order().wait(&side.order(), &events).unwrap();
+    drop(side);
+    let purged = streams.purge();
+    assert!(gpu.misuses().is_empty(), "{:?} {purged:?}", gpu.misuses());
+    gpu.end_capture(origin.handle()).unwrap();
+    // Once the capture has ended, the pool leases the side stream again.
+    let again = streams.get(0).unwrap();
+    assert_eq!(again.handle(), side_handle);
+}
+
+/// `Scratchpad::to_host` in the order of a capturing stream is refused with
+/// a typed error (the host cannot wait for a copy that runs at each
+/// replay), and the capture stays intact.
+#[test]
+fn a_read_back_inside_a_capture_is_a_typed_error() {
+    let (gpu, streams, _events) = mock_pools(1);
+    let origin = streams.get(0).unwrap();
+    gpu.begin_capture(origin.handle(), CaptureMode::Relaxed)
+        .unwrap();
+    // A capture begun through the handle: the lease is told.
+    origin.note_capture();
+    let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
+    let x = scratch.device::<u32>(4).unwrap();
+    let read = scratch.to_host(&x);
+    assert!(matches!(read, Err(Error::StreamCapturing)), "{read:?}");
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+}
+
+/// A pinned block released in the order of a capturing stream (a reset
+/// inside the capture) goes to the backend's `keep_for_graph`: the mock
+/// holds it for the graph and frees it when the graph is dropped.
+#[test]
+fn a_pinned_block_released_inside_a_capture_is_freed_with_its_graph() {
+    let (gpu, streams, _events) = mock_pools(1);
+    let origin = streams.get(0).unwrap();
+    let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
+    scratch.pinned::<u8>(100).unwrap();
+    gpu.begin_capture(origin.handle(), CaptureMode::Global)
+        .unwrap();
+    origin.note_capture();
+    scratch.reset().unwrap();
+    let graph = gpu.end_capture(origin.handle()).unwrap();
+    drop(scratch);
+    drop(graph);
+    assert_eq!(gpu.live_bytes(MemoryKind::Pinned), 0, "leaked");
+}
+
+/// The same upload in a Relaxed capture works: the staging block is freed in
+/// the capture's order and held for the graph, which replays the copy from
+/// it.
+#[test]
+fn a_staged_upload_inside_a_relaxed_capture_holds_its_staging_for_the_graph() {
+    let (gpu, streams, _events) = mock_pools(1);
+    let origin = streams.get(0).unwrap();
+    gpu.begin_capture(origin.handle(), CaptureMode::Relaxed)
+        .unwrap();
+    let graph = {
+        let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
+        let x = scratch.to_device(&[1u32, 2, 3]).unwrap();
+        gpu.launch_map(&origin.order(), &x, &x, |v| v * 2).unwrap();
+        drop(scratch);
+        gpu.end_capture(origin.handle()).unwrap()
+    };
+    // The device block is reserved for the graph, the staging block held.
+    assert!(gpu.live_bytes(MemoryKind::Device) > 0);
+    assert_eq!(gpu.live_bytes(MemoryKind::Pinned), 12);
+    gpu.launch_graph(&graph, origin.handle()).unwrap();
+    gpu.complete_everything();
+    drop(graph);
+    assert_eq!(gpu.live_blocks(), 0);
+    drop(origin);
+    assert_clean(&gpu);
+}
