@@ -439,15 +439,21 @@ impl<'a> Env<'a> {
                 *self.mem_before.borrow_mut() = GPU.memory_stats(D0).ok();
             }
             (self.begin_fn)();
+            // A capture begun through the raw handle: the lease is told
+            // (docs/graph-capture.md, rule 3).
+            if let Some(lease) = self.origin.borrow().as_ref() {
+                lease.note_capture();
+            }
         }
     }
 
-    /// The order of `origin_raw`.
+    /// The order of `origin_raw`, a stream that captures.
     fn order(&self) -> AccessOrder<'static> {
         // SAFETY: `origin_raw` is a stream of a pool that is leaked for the
         // cell and purged only after everything the operation made (the
-        // keep list included) is dropped.
-        unsafe { AccessOrder::from_raw(&GPU, self.origin_raw, D0) }
+        // keep list included) is dropped (`from_raw_capturable` asks for
+        // nothing about captures).
+        unsafe { AccessOrder::from_raw_capturable(&GPU, self.origin_raw, D0) }
     }
 
     fn keep<T: 'static>(&self, v: T) {
