@@ -132,6 +132,15 @@ main() {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "host: $(hostname)"
   echo "kernel: $(uname -r)"
+  # The CPU: whether the cores are hyperthreads matters to every many-thread
+  # figure (16 threads on 8 cores with two threads each halve a thread's
+  # share of a core).
+  if command -v lscpu >/dev/null; then
+    lscpu | grep -E '^(Model name|CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\)|Hypervisor vendor)' || true
+  else
+    grep -m1 'model name' /proc/cpuinfo || true
+    echo "siblings/cores: $(grep -m1 siblings /proc/cpuinfo | cut -d: -f2) /$(grep -m1 'cpu cores' /proc/cpuinfo | cut -d: -f2)"
+  fi
   if [[ -r /proc/driver/nvidia/version ]]; then
     cat /proc/driver/nvidia/version
   fi
