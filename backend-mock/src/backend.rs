@@ -388,14 +388,16 @@ impl MemoryBackend for MockBackend {
             align,
         };
         self.call(CallKind::DeallocateAsync, |st| {
-            st.deallocate_async(given, ptr, stream)
+            st.deallocate_async(given, ptr, stream, false)
         })
     }
 
     /// A stream-ordered free on the capturing stream (counted as a
     /// `DeallocateAsync` call): the block is held for the graph and freed
     /// when the graph is dropped (or when a failed capture ends). On a stream
-    /// that is not capturing, an ordinary stream-ordered free.
+    /// that is not capturing, an ordinary stream-ordered free. (A pinned or
+    /// managed block given to `deallocate_async` on a capturing stream is
+    /// refused instead, as on CUDA: see the crate documentation, "Capture".)
     unsafe fn keep_for_graph(
         &self,
         kind: MemoryKind,
@@ -405,8 +407,15 @@ impl MemoryBackend for MockBackend {
         align: usize,
         stream: StreamHandle,
     ) -> Result<(), MockError> {
-        // SAFETY: the mock checks every handle and address it is given.
-        unsafe { self.deallocate_async(kind, device, ptr, size, align, stream) }
+        let given = BlockLayout {
+            kind,
+            device,
+            size,
+            align,
+        };
+        self.call(CallKind::DeallocateAsync, |st| {
+            st.deallocate_async(given, ptr, stream, true)
+        })
     }
 
     /// Copies the bytes **at once** (so a round trip is observable as soon as

@@ -229,8 +229,12 @@
 //!   is handed to nobody else. `deallocate_async` on a capturing stream of
 //!   device memory not allocated in that capture is
 //!   [`MockError::NotGraphAllocation`] (a graph can free only its own
-//!   allocations); of a pinned, managed or host block it is accepted, and the
-//!   block is reserved for the graph too. Dropping the graph (or
+//!   allocations); of a host block it is accepted, and the block is reserved
+//!   for the graph too; of a pinned or managed block it is refused and breaks
+//!   the capture ([`MockError::CaptureUnsupported`]: on the H200 the CUDA
+//!   backend's stream-ordered reuse of such blocks asks the stream), and
+//!   [`keep_for_graph`](gpupool_core::MemoryBackend::keep_for_graph) is the
+//!   call that reserves it for the graph. Dropping the graph (or
 //!   [`destroy_graph`](MockBackend::destroy_graph)) frees what it owns (its
 //!   graph allocations, freed by the graph or not, if nobody freed them, and
 //!   the blocks reserved for it), each once the work of the graph's launches

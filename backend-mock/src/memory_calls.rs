@@ -149,15 +149,26 @@ impl State {
     /// `deallocate_async`: the block becomes free-pending at `stream`'s
     /// current position; on a capturing stream, a free item of the capture
     /// (`State::capture_free`).
+    ///
+    /// `for_graph`: the call is `keep_for_graph`. A pinned or managed block
+    /// freed by `deallocate_async` on a capturing stream is refused
+    /// ([`MockError::CaptureUnsupported`], the capture invalidated), as the
+    /// CUDA backend's stream-ordered reuse of such blocks breaks the capture
+    /// on the H200 (it asks the stream); `keep_for_graph` is the call for it.
     pub(crate) fn deallocate_async(
         &mut self,
         given: BlockLayout,
         ptr: NonNull<u8>,
         stream: StreamHandle,
+        for_graph: bool,
     ) -> Result<(), MockError> {
         let key = self.stream_key(stream, given.device)?;
         if let Some(id) = self.captures.of_stream(key) {
             self.memory.block_to_free(given, ptr)?;
+            if !for_graph && matches!(given.kind, MemoryKind::Pinned | MemoryKind::Managed) {
+                self.captures.invalidate(id);
+                return Err(MockError::CaptureUnsupported);
+            }
             return self.capture_free(id, key, ptr.as_ptr().addr());
         }
         self.streams.settle(self.policy);

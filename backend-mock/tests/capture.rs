@@ -762,9 +762,14 @@ fn host_visible_blocks_freed_in_a_capture_are_held_for_the_graph() {
         let p = mock.allocate(kind, D0, 128, 64).unwrap();
         mock.begin_capture(s, CaptureMode::Global).unwrap();
         mock.use_memory(s, p.as_ptr(), 128).unwrap();
-        // SAFETY: allocated with this layout; the free is ordered after the
-        // captured use on the same stream.
-        unsafe { mock.deallocate_async(kind, D0, p, 128, 64, s) }.unwrap();
+        if kind == MemoryKind::Host {
+            // SAFETY: allocated with this layout; the free is ordered after
+            // the captured use on the same stream.
+            unsafe { mock.deallocate_async(kind, D0, p, 128, 64, s) }.unwrap();
+        } else {
+            // SAFETY: as above; the stream is capturing.
+            unsafe { mock.keep_for_graph(kind, D0, p, 128, 64, s) }.unwrap();
+        }
         let graph = mock.end_capture(s).unwrap();
         assert_eq!(mock.live_bytes(kind), 128, "{kind:?}: held for the graph");
         // The host may not touch it: a replay may read it.
@@ -796,7 +801,7 @@ fn a_failed_capture_frees_what_it_held_at_its_end() {
     unsafe {
         mock.allocate_async(MemoryKind::Device, D0, 64, 64, s)
             .unwrap();
-        mock.deallocate_async(MemoryKind::Pinned, D0, pinned, 64, 64, s)
+        mock.keep_for_graph(MemoryKind::Pinned, D0, pinned, 64, 64, s)
             .unwrap();
     }
     fork(&mock, s, b);
@@ -855,4 +860,25 @@ fn destroying_a_captured_event_is_allowed() {
     join(&mock, a, b);
     mock.end_capture(a).unwrap();
     assert!(mock.misuses().is_empty());
+}
+
+#[test]
+fn a_pinned_or_managed_block_freed_in_stream_order_on_a_capturing_stream_is_refused() {
+    for kind in [MemoryKind::Pinned, MemoryKind::Managed] {
+        let (mock, s) = mock_with_stream(1);
+        let p = mock.allocate(kind, D0, 128, 64).unwrap();
+        mock.begin_capture(s, CaptureMode::Relaxed).unwrap();
+        // SAFETY: allocated with this layout, unused.
+        let freed = unsafe { mock.deallocate_async(kind, D0, p, 128, 64, s) };
+        assert_eq!(freed, Err(MockError::CaptureUnsupported), "{kind:?}");
+        assert_eq!(mock.capture_status_of(s), Ok(CaptureStatus::Invalidated));
+        assert_eq!(mock.misuses().len(), 1, "{kind:?}");
+        assert_eq!(
+            mock.end_capture(s).unwrap_err(),
+            MockError::CaptureInvalidated
+        );
+        assert_eq!(mock.live_bytes(kind), 128, "{kind:?}: not freed");
+        // SAFETY: still allocated, with this layout, unused.
+        unsafe { mock.deallocate(kind, D0, p, 128, 64) }.unwrap();
+    }
 }

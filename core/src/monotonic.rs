@@ -13,7 +13,7 @@ use alloc::vec::Vec;
 use core::cell::{Cell, RefCell};
 use core::ptr::NonNull;
 
-use crate::backend::{DeviceId, MemoryBackend, MemoryKind, StreamBackend};
+use crate::backend::{DeviceId, MemoryBackend, MemoryKind, StreamBackend, StreamHandle};
 use crate::error::{BackendOp, Error};
 use crate::order::AccessOrder;
 
@@ -375,46 +375,54 @@ impl<B: MemoryBackend + StreamBackend> Upstream for FixedOrder<'_, B> {
                     .deallocate(self.kind, self.device, block.ptr, block.size, block.align)
                     .map_err(Error::backend(BackendOp::Deallocate))
             },
-            // Host-visible memory released in the order of a capturing stream
-            // may be read or written by every replay of the graph, whenever
-            // it runs: the backend keeps it from reuse. Asked only where the
-            // stream may be capturing (`AccessOrder::may_capture`).
-            Some(stream)
-                if self.kind.is_host_accessible()
-                    && self.release.may_capture()
-                    // SAFETY: as below.
-                    && unsafe { self.backend.capture_status(stream, self.device) }
-                        .map_err(Error::backend(BackendOp::CaptureStatus))?
-                        .is_capturing() =>
-            {
-                // SAFETY: as below; `stream` is capturing (just asked).
-                unsafe {
-                    self.backend.keep_for_graph(
-                        self.kind,
-                        self.device,
-                        block.ptr,
-                        block.size,
-                        block.align,
-                        stream,
-                    )
-                }
-                .map_err(Error::backend(BackendOp::DeallocateAsync))
-            }
             // SAFETY: as above, in the order of `stream`, a usable stream of
-            // `device` (the struct's invariant), the device the block was
-            // allocated for.
+            // `device` (the struct's invariant, which `self.release` names),
+            // the device the block was allocated for.
             Some(stream) => unsafe {
-                self.backend
-                    .deallocate_async(
-                        self.kind,
-                        self.device,
-                        block.ptr,
-                        block.size,
-                        block.align,
-                        stream,
-                    )
-                    .map_err(Error::backend(BackendOp::DeallocateAsync))
+                release_in_order(
+                    self.backend,
+                    &self.release,
+                    self.kind,
+                    self.device,
+                    block,
+                    stream,
+                )
             },
         }
     }
+}
+
+/// Frees a block in the order of `stream`, the stream of `order`:
+/// `deallocate_async`; but a host-visible block whose stream is capturing a
+/// graph may be read or written by every replay of the graph, whenever it
+/// runs, so it goes to the backend's `keep_for_graph` instead (never reused).
+/// The capture status is asked only where the stream may be capturing
+/// ([`AccessOrder::may_capture`]).
+///
+/// # Safety
+/// The contract of [`MemoryBackend::deallocate_async`] for `block` (allocated
+/// with its size and alignment, `kind` and `device`) on `stream`.
+pub(crate) unsafe fn release_in_order<B: MemoryBackend + StreamBackend>(
+    backend: &B,
+    order: &AccessOrder<'_>,
+    kind: MemoryKind,
+    device: DeviceId,
+    block: Block,
+    stream: StreamHandle,
+) -> Result<(), Error<B::Error>> {
+    if kind.is_host_accessible() && order.may_capture() {
+        // SAFETY: the caller's contract: a usable stream of `device`.
+        let status = unsafe { backend.capture_status(stream, device) }
+            .map_err(Error::backend(BackendOp::CaptureStatus))?;
+        if status.is_capturing() {
+            // SAFETY: the caller's contract; `stream` is capturing.
+            return unsafe {
+                backend.keep_for_graph(kind, device, block.ptr, block.size, block.align, stream)
+            }
+            .map_err(Error::backend(BackendOp::DeallocateAsync));
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { backend.deallocate_async(kind, device, block.ptr, block.size, block.align, stream) }
+        .map_err(Error::backend(BackendOp::DeallocateAsync))
 }

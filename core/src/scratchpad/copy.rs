@@ -20,6 +20,7 @@ use bytemuck::{AnyBitPattern, NoUninit};
 
 use crate::backend::{DeviceId, MemoryKind, StreamHandle};
 use crate::error::{BackendOp, Error};
+use crate::monotonic::{release_in_order, Block};
 use crate::order::AccessOrder;
 
 use super::{DeviceSlice, FirstError, ScratchBackend, Scratchpad};
@@ -438,15 +439,19 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             device,
         } = staging;
         let kind = MemoryKind::Pinned;
+        let block = Block {
+            ptr,
+            size: bytes,
+            align,
+        };
         // SAFETY: the block came from `allocate` with these arguments (1.);
-        // the stream is usable, and nothing uses the block after this free
-        // takes effect (2., 3.).
+        // the stream is usable (the device order's, `copy_stream`), and
+        // nothing uses the block after this free takes effect (2., 3.).
         unsafe {
             match stream {
-                Some(s) => self
-                    .backend
-                    .deallocate_async(kind, device, ptr, bytes, align, s)
-                    .map_err(Error::backend(BackendOp::DeallocateAsync)),
+                Some(s) => {
+                    release_in_order(self.backend, &self.device_order, kind, device, block, s)
+                }
                 None => self
                     .backend
                     .deallocate(kind, device, ptr, bytes, align)

@@ -199,7 +199,20 @@ fn a_device_scratchpad_inside_a_capture_becomes_memory_nodes() {
 /// `note_capture`.)
 #[test]
 fn a_pinned_scratchpad_reset_inside_a_capture_keeps_its_block_for_the_graph() {
+    pinned_reset_inside_a_capture(false);
+}
+
+/// The same with a backend that batches host reuse (as CUDA's does): the
+/// reset gives the block back in stream order, which for a capturing stream
+/// is the backend's `keep_for_graph`.
+#[test]
+fn a_batching_backend_keeps_a_pinned_block_reset_inside_a_capture_for_the_graph() {
+    pinned_reset_inside_a_capture(true);
+}
+
+fn pinned_reset_inside_a_capture(batched: bool) {
     let (gpu, streams, _events) = mock_pools(1);
+    gpu.set_batches_host_reuse(batched);
     let origin = streams.get(0).unwrap();
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     scratch.pinned::<u8>(100).unwrap(); // before the capture
@@ -380,6 +393,9 @@ fn a_staged_upload_inside_a_relaxed_capture_holds_its_staging_for_the_graph() {
     let origin = streams.get(0).unwrap();
     gpu.begin_capture(origin.handle(), CaptureMode::Relaxed)
         .unwrap();
+    // A capture begun through the handle: the lease is told (without it the
+    // staging block would be freed in stream order, which a capture refuses).
+    origin.note_capture();
     let graph = {
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
         let x = scratch.to_device(&[1u32, 2, 3]).unwrap();
