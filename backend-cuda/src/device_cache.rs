@@ -252,12 +252,9 @@ pub(crate) unsafe fn id_of(stream: StreamHandle) -> Option<u64> {
 /// # Safety
 /// The driver is loaded, and `stream` is a live created stream of it.
 unsafe fn capturing(stream: StreamHandle) -> bool {
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: a live created stream (this function's contract); `status` is a
-    // valid place for the answer.
-    let r = unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) };
-    r != sys::CUresult::CUDA_SUCCESS
-        || status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    // SAFETY: a live created stream (this function's contract), which
+    // carries its context.
+    unsafe { CudaBackend::raw_capture_status(stream) }.map_or(true, |s| s.is_capturing())
 }
 
 /// `cuMemFreeAsync(addr, stream)`.

@@ -35,6 +35,20 @@ use crate::MockBackend;
 type Refusal<'a> = dyn Fn(&mut State) -> Result<(), MockError> + 'a;
 
 impl MockBackend {
+    /// `deallocate_async` (`for_graph`: `keep_for_graph`), counted as a
+    /// `DeallocateAsync` call.
+    fn free_in_order(
+        &self,
+        given: BlockLayout,
+        ptr: NonNull<u8>,
+        stream: StreamHandle,
+        for_graph: bool,
+    ) -> Result<(), MockError> {
+        self.call(CallKind::DeallocateAsync, |st| {
+            st.deallocate_async(given, ptr, stream, for_graph)
+        })
+    }
+
     /// Runs one backend call of `kind` under the lock: count, faults, `op`.
     fn call<T>(
         &self,
@@ -387,9 +401,7 @@ impl MemoryBackend for MockBackend {
             size,
             align,
         };
-        self.call(CallKind::DeallocateAsync, |st| {
-            st.deallocate_async(given, ptr, stream, false)
-        })
+        self.free_in_order(given, ptr, stream, false)
     }
 
     /// A stream-ordered free on the capturing stream (counted as a
@@ -413,9 +425,7 @@ impl MemoryBackend for MockBackend {
             size,
             align,
         };
-        self.call(CallKind::DeallocateAsync, |st| {
-            st.deallocate_async(given, ptr, stream, true)
-        })
+        self.free_in_order(given, ptr, stream, true)
     }
 
     /// Copies the bytes **at once** (so a round trip is observable as soon as

@@ -397,11 +397,12 @@ impl<B: MemoryBackend + StreamBackend> Upstream for FixedOrder<'_, B> {
 /// graph may be read or written by every replay of the graph, whenever it
 /// runs, so it goes to the backend's `keep_for_graph` instead (never reused).
 /// The capture status is asked only where the stream may be capturing
-/// ([`AccessOrder::may_capture`]).
+/// ([`AccessOrder::capturing`]).
 ///
 /// # Safety
 /// The contract of [`MemoryBackend::deallocate_async`] for `block` (allocated
-/// with its size and alignment, `kind` and `device`) on `stream`.
+/// with its size and alignment, `kind` and `device`) on `stream`, which is
+/// `order`'s stream, of `device`; `backend` may be handed `order`'s stream.
 pub(crate) unsafe fn release_in_order<B: MemoryBackend + StreamBackend>(
     backend: &B,
     order: &AccessOrder<'_>,
@@ -410,17 +411,13 @@ pub(crate) unsafe fn release_in_order<B: MemoryBackend + StreamBackend>(
     block: Block,
     stream: StreamHandle,
 ) -> Result<(), Error<B::Error>> {
-    if kind.is_host_accessible() && order.may_capture() {
-        // SAFETY: the caller's contract: a usable stream of `device`.
-        let status = unsafe { backend.capture_status(stream, device) }
-            .map_err(Error::backend(BackendOp::CaptureStatus))?;
-        if status.is_capturing() {
-            // SAFETY: the caller's contract; `stream` is capturing.
-            return unsafe {
-                backend.keep_for_graph(kind, device, block.ptr, block.size, block.align, stream)
-            }
-            .map_err(Error::backend(BackendOp::DeallocateAsync));
+    // SAFETY: the caller's contract: `backend` may be handed `order`'s stream.
+    if kind.is_host_accessible() && unsafe { order.capturing(backend) }? {
+        // SAFETY: the caller's contract; `stream` is capturing.
+        return unsafe {
+            backend.keep_for_graph(kind, device, block.ptr, block.size, block.align, stream)
         }
+        .map_err(Error::backend(BackendOp::DeallocateAsync));
     }
     // SAFETY: the caller's contract.
     unsafe { backend.deallocate_async(kind, device, block.ptr, block.size, block.align, stream) }

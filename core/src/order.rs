@@ -52,7 +52,7 @@ use static_assertions::assert_impl_all;
 pub struct AccessOrder<'s> {
     order: Order,
     /// What is known of the stream's graph captures (see [`Captures`]).
-    note: Captures<'s>,
+    captures: Captures<'s>,
     /// The stream (its lease or owner) this order borrows.
     _stream: PhantomData<&'s ()>,
 }
@@ -141,7 +141,7 @@ impl AccessOrder<'static> {
     pub const fn host() -> Self {
         AccessOrder {
             order: Order::Host,
-            note: Captures::Excluded,
+            captures: Captures::Excluded,
             _stream: PhantomData,
         }
     }
@@ -169,7 +169,7 @@ impl AccessOrder<'static> {
                 device,
                 owner: None,
             },
-            note: Captures::Unknown,
+            captures: Captures::Unknown,
             _stream: PhantomData,
         }
     }
@@ -217,12 +217,12 @@ impl<'s> AccessOrder<'s> {
     }
 
     /// # Safety
-    /// 1. of [`from_raw`](Self::from_raw), and 2. where `note` is `Excluded`.
+    /// 1. of [`from_raw`](Self::from_raw), and 2. where `captures` is `Excluded`.
     unsafe fn raw<B: Backend + ?Sized>(
         backend: &B,
         stream: StreamHandle,
         device: DeviceId,
-        note: Captures<'s>,
+        captures: Captures<'s>,
     ) -> Self {
         let owner = if stream.is_special() {
             None
@@ -235,7 +235,7 @@ impl<'s> AccessOrder<'s> {
                 device,
                 owner,
             },
-            note,
+            captures,
             _stream: PhantomData,
         }
     }
@@ -249,7 +249,7 @@ impl<'s> AccessOrder<'s> {
         owner: BackendId,
         note: Option<&'s CaptureNote>,
     ) -> Self {
-        let note = match note {
+        let captures = match note {
             Some(n) => Captures::Lease(n),
             None => Captures::Unknown,
         };
@@ -259,7 +259,7 @@ impl<'s> AccessOrder<'s> {
                 device,
                 owner: Some(owner),
             },
-            note,
+            captures,
             _stream: PhantomData,
         }
     }
@@ -307,11 +307,37 @@ impl<'s> AccessOrder<'s> {
     /// order.
     #[inline]
     pub(crate) fn may_capture(&self) -> bool {
-        match self.note {
+        match self.captures {
             Captures::Lease(n) => n.is_set(),
             Captures::Unknown => true,
             Captures::Excluded => false,
         }
+    }
+
+    /// Whether this order's stream is capturing a graph now: asked of
+    /// `backend` only where it may be ([`may_capture`](Self::may_capture));
+    /// `false` for host order.
+    ///
+    /// # Safety
+    /// `backend` may be handed this order's stream: its id was checked
+    /// against the order's owner ([`check_backend`](Self::check_backend)),
+    /// and the order is in use (it borrows its stream, or `from_raw`'s caller
+    /// vouched for it).
+    pub(crate) unsafe fn capturing<B: StreamBackend + ?Sized>(
+        &self,
+        backend: &B,
+    ) -> Result<bool, Error<B::Error>> {
+        let Some((stream, device)) = self.stream_and_device() else {
+            return Ok(false);
+        };
+        if !self.may_capture() {
+            return Ok(false);
+        }
+        // SAFETY: the caller's contract: a usable stream of `device` for
+        // `backend`.
+        unsafe { backend.capture_status(stream, device) }
+            .map(|status| status.is_capturing())
+            .map_err(Error::backend(BackendOp::CaptureStatus))
     }
 
     /// The stream and its device, for a stream order.
@@ -448,7 +474,7 @@ impl<'s> AccessOrder<'s> {
     /// waited on an event and so may have joined a graph capture.
     #[inline]
     fn note_wait(&self) {
-        if let Captures::Lease(note) = self.note {
+        if let Captures::Lease(note) = self.captures {
             note.set();
         }
     }

@@ -144,15 +144,18 @@ impl BusyStreams {
         self.capturing.push(stream);
     }
 
-    fn is_empty(&self) -> bool {
+    /// Whether no stream with pending work looked present (a hint).
+    fn no_pending(&self) -> bool {
         self.pending.is_empty()
     }
 
-    fn take_all(&self) -> Chain<StreamHandle> {
+    /// Takes the streams with pending work (not the held ones).
+    fn take_pending(&self) -> Chain<StreamHandle> {
         self.pending.take_all()
     }
 
-    fn put_back(&self, chain: Chain<StreamHandle>) {
+    /// Puts streams back among those with pending work.
+    fn put_back_pending(&self, chain: Chain<StreamHandle>) {
         self.pending.put_back(chain);
     }
 }
@@ -176,7 +179,7 @@ impl BusyList<StreamHandle> for BusyStreams {
     /// leases that are out; the next purge after the capture has ended and
     /// a `get` has found it ended takes them.
     fn take_for_purge(&self) -> Chain<StreamHandle> {
-        self.pending.take_all()
+        self.take_pending()
     }
 }
 
@@ -434,10 +437,10 @@ impl<B: StreamBackend> StreamPool<B> {
     /// broken stream cannot stop `get` from serving the device.
     fn scan_busy(&self, device: DeviceId, slot: &StreamSlot) -> Option<StreamHandle> {
         self.release_ended_captures(device, slot);
-        if slot.busy.is_empty() {
+        if slot.busy.no_pending() {
             return None;
         }
-        let mut rest = slot.busy.take_all();
+        let mut rest = slot.busy.take_pending();
         rest.reverse(); // oldest first
         let mut pending = Chain::empty();
         let mut found = None;
@@ -458,7 +461,7 @@ impl<B: StreamBackend> StreamPool<B> {
                 Ok(Completion::Pending) => {
                     rest.move_first_to(&mut pending);
                 }
-                Err(e) => self.quarantine_first(&mut rest, slot, e),
+                Err(e) => self.quarantine_first(&mut rest, slot, BackendOp::QueryStream, e),
             }
         }
         if found.is_some() {
@@ -477,7 +480,7 @@ impl<B: StreamBackend> StreamPool<B> {
                     }
                     Err(e) => {
                         // The lease is served; the error is reported later.
-                        self.quarantine_first(&mut rest, slot, e);
+                        self.quarantine_first(&mut rest, slot, BackendOp::QueryStream, e);
                         break;
                     }
                 }
@@ -489,8 +492,8 @@ impl<B: StreamBackend> StreamPool<B> {
         // threads returned meanwhile end up below both and are scanned first
         // next time, although they are the newest: a bag only grows on top.
         rest.reverse();
-        slot.busy.put_back(rest);
-        slot.busy.put_back(pending);
+        slot.busy.put_back_pending(rest);
+        slot.busy.put_back_pending(pending);
         found
     }
 
@@ -517,31 +520,41 @@ impl<B: StreamBackend> StreamPool<B> {
                         slot.busy.push(s);
                     }
                 }
-                Err(e) => {
-                    if let Some(s) = held.pop_first() {
-                        slot.quarantine.push(s);
-                        Counters::bump(&slot.counters.quarantined);
-                    }
-                    self.inner.parked.park(Error::Backend {
-                        op: BackendOp::CaptureStatus,
-                        source: e,
-                    });
-                }
+                Err(e) => self.quarantine_first(&mut held, slot, BackendOp::CaptureStatus, e),
             }
         }
         slot.busy.capturing.put_back(still);
     }
 
-    /// Moves the first stream of `chain` to the quarantine and parks `e`.
-    fn quarantine_first(&self, chain: &mut Chain<StreamHandle>, slot: &StreamSlot, e: B::Error) {
+    /// Moves the first stream of `chain` to the quarantine and parks the
+    /// failure `e` of `op` on it.
+    fn quarantine_first(
+        &self,
+        chain: &mut Chain<StreamHandle>,
+        slot: &StreamSlot,
+        op: BackendOp,
+        e: B::Error,
+    ) {
         if let Some(s) = chain.pop_first() {
             slot.quarantine.push(s);
             Counters::bump(&slot.counters.quarantined);
         }
-        self.inner.parked.park(Error::Backend {
-            op: BackendOp::QueryStream,
-            source: e,
-        });
+        self.inner.parked.park(Error::Backend { op, source: e });
+    }
+
+    /// Quarantines a returned stream whose `op` failed with `e` (counted as
+    /// returned, never leased again) and gives the error back.
+    fn quarantine_returned(
+        &self,
+        slot: &StreamSlot,
+        stream: StreamHandle,
+        op: BackendOp,
+        e: B::Error,
+    ) -> Error<B::Error> {
+        Counters::bump(&slot.counters.returned);
+        slot.quarantine.push(stream);
+        Counters::bump(&slot.counters.quarantined);
+        Error::Backend { op, source: e }
     }
 
     /// Returns a leased stream (lease `Drop` and `return_to_pool`). The
@@ -576,13 +589,7 @@ impl<B: StreamBackend> StreamPool<B> {
                     return Ok(());
                 }
                 Err(e) => {
-                    Counters::bump(&slot.counters.returned);
-                    slot.quarantine.push(stream);
-                    Counters::bump(&slot.counters.quarantined);
-                    return Err(Error::Backend {
-                        op: BackendOp::CaptureStatus,
-                        source: e,
-                    });
+                    return Err(self.quarantine_returned(slot, stream, BackendOp::CaptureStatus, e))
                 }
             }
         }
@@ -620,15 +627,7 @@ impl<B: StreamBackend> StreamPool<B> {
                 slot.busy.push(stream);
                 Ok(())
             }
-            Err(e) => {
-                Counters::bump(&slot.counters.returned);
-                slot.quarantine.push(stream);
-                Counters::bump(&slot.counters.quarantined);
-                Err(Error::Backend {
-                    op: BackendOp::QueryStream,
-                    source: e,
-                })
-            }
+            Err(e) => Err(self.quarantine_returned(slot, stream, BackendOp::QueryStream, e)),
         }
     }
 }

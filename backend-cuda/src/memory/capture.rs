@@ -27,7 +27,9 @@ impl DeviceMemory {
     ) -> Result<bool, CudaError> {
         drv.on_stream(stream, device, || {
             // SAFETY: the caller's contract; `on_stream` made the right
-            // context current for a special stream.
+            // context current for a special stream (as `capture_status` of
+            // the backend does, which checks the device first: done by the
+            // callers here).
             unsafe { CudaBackend::raw_capture_status(stream) }.map(|s| s.is_capturing())
         })
     }

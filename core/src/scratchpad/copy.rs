@@ -333,17 +333,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // The host waits for the copy: not possible on a capturing stream
         // (the copy would run at each replay, and the driver refuses the
         // wait, breaking the capture).
-        if self.device_order.may_capture() {
-            if let Some((stream, device)) = self.device_order.stream_and_device() {
-                // SAFETY: the device order's stream is usable for the backend
-                // for the scratchpad's life (checked at construction; the
-                // order borrows it).
-                let status = unsafe { self.backend.capture_status(stream, device) }
-                    .map_err(Error::backend(BackendOp::CaptureStatus))?;
-                if status.is_capturing() {
-                    return Err(Error::StreamCapturing);
-                }
-            }
+        // SAFETY: the device order's stream is usable for the backend for the
+        // scratchpad's life (checked at construction; the order borrows it).
+        if unsafe { self.device_order.capturing(self.backend) }? {
+            return Err(Error::StreamCapturing);
         }
         self.download(src, |staged| {
             // SAFETY: `staged` holds the bytes of `src`, aligned for

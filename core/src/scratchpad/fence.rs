@@ -101,11 +101,19 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let batched = release_stream.is_some() && self.backend.batches_host_reuse();
         // A release stream capturing a graph can be neither asked nor fenced
         // (the driver refuses both, and a refusal can break the capture): the
-        // block is released, which keeps it for the graph (`FixedOrder`'s
-        // `release`: never reused, since a replay may use it at any time).
+        // block is released, which keeps it for the graph
+        // (`release_in_order`: never reused, since a replay may use it at any
+        // time). One that cannot be asked counts as capturing (the error
+        // goes to `errors`), so that it is not queried either.
         let capturing = !batched
-            && self.release_order(kind).may_capture()
-            && self.release_stream_capturing(release_stream, errors);
+            && release_stream.is_some()
+            // SAFETY: the release order's stream is usable for the backend
+            // for the scratchpad's whole life (checked at construction; the
+            // order borrows its stream).
+            && unsafe { self.release_order(kind).capturing(self.backend) }.unwrap_or_else(|e| {
+                errors.push(e);
+                true
+            });
         if n > 1 || armed || batched || capturing {
             // Release everything; next time one block that holds the largest
             // round (not the sum of the blocks: their unused tails and the
@@ -148,32 +156,6 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             st.skip_probes.set(skip - 1);
         }
         self.fence_kept(kind, device, stream, release_device, errors);
-    }
-
-    /// Whether `release` (a host-visible kind's release stream, if any) is
-    /// capturing a graph; one that cannot be asked counts as capturing (the
-    /// error goes to `errors`), so that it is not queried either.
-    fn release_stream_capturing(
-        &self,
-        release: Option<(StreamHandle, DeviceId)>,
-        errors: &mut FirstError<B::Error>,
-    ) -> bool {
-        let Some((stream, device)) = release else {
-            return false;
-        };
-        // SAFETY: the release order's stream is usable for the backend for
-        // the scratchpad's whole life (checked at construction; the order
-        // borrows its stream).
-        match unsafe { self.backend.capture_status(stream, device) } {
-            Ok(status) => status.is_capturing(),
-            Err(source) => {
-                errors.push(Error::Backend {
-                    op: BackendOp::CaptureStatus,
-                    source,
-                });
-                true
-            }
-        }
     }
 
     /// Fences the kept block of a host-visible kind with an event recorded on
