@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Runs two builds of the side-by-side benchmark alternately on the GPU machine
-# (old, new, old, new, ...), so a change is measured against the code before it
-# on the same machine in the same session. Builds nothing: build each binary on
+# (old, new, new, old, old, new, ...: each build runs first as often as
+# second, so a drift within the session favours neither), so a change is
+# measured against the code before it on the same machine in the same session. Builds nothing: build each binary on
 # a build machine first (`cargo build --release -p gpupool-tests --features cuda
 # --example side-by-side` at each commit) and bring both along.
 #
 #   OUT=dir scripts/gpu-before-after.sh OLD_BIN NEW_BIN [PAIRS]
 #
 # Each run writes $OUT/{old,new}-N/side-by-side.json and stdout.txt; compare
-# them with scripts/compare-side-by-side.py. Pinned to 16 cores where the
-# machine has more (as scripts/gpu-check.sh does).
+# them with scripts/compare-side-by-side.py. The same for two builds of
+# backend-cuda's example 08-one-thread-rows (gpupool's own one-thread rows,
+# ~5 s a run: many more pairs in the same time; rows.json, compared by
+# scripts/compare-rows.py). Pinned to 16 cores where the machine has more
+# (as scripts/gpu-check.sh does).
 set -uo pipefail
 old=$1
 new=$2
@@ -21,7 +25,9 @@ if command -v taskset >/dev/null && (($(nproc) > 16)); then
 fi
 failed=0
 for i in $(seq 1 "$pairs"); do
-  for which in old new; do
+  order=(old new)
+  ((i % 2 == 0)) && order=(new old)
+  for which in "${order[@]}"; do
     bin=$old
     [[ $which == new ]] && bin=$new
     dir="$out/$which-$i"

@@ -406,14 +406,14 @@ impl DeviceMemory {
     ) -> Result<(), CudaError> {
         if kind == MemoryKind::Host {
             if let Some(s) = stream {
+                // No capture question here (it would cost every host free
+                // `cuStreamIsCapturing`, 10 % of a host scratch round): a
+                // release in a capturing stream's order goes to
+                // `keep_for_graph` (the scratchpad asks where the stream may
+                // capture). On a capturing stream the synchronization fails
+                // with the driver's error and the block stays allocated.
                 // SAFETY: a usable stream of `device` (the contract of
                 // `deallocate_async`).
-                if unsafe { Self::capturing(drv, s, device) }? {
-                    // Cannot wait for a capture; its replays may read it.
-                    self.keep_for_graphs(kind, ptr.as_ptr() as usize, size);
-                    return Ok(());
-                }
-                // SAFETY: as above.
                 unsafe { CudaBackend::new().synchronize_stream(s, device) }?;
             }
             // SAFETY: the caller's contract; work issued on `stream` before
@@ -532,12 +532,13 @@ impl MemoryBackend for CudaBackend {
     ///
     /// On a stream capturing a graph: a device block allocated in that
     /// capture is freed by a free node of the graph; one allocated outside
-    /// it, and a host block, are kept for the life of the process
+    /// it is kept for the life of the process
     /// ([`MemoryStats::kept_for_graphs`]), since the graph's replays may use
-    /// them whenever they run. A pinned or managed block must not be freed
-    /// on a capturing stream (the stream cannot be asked when the graph is
-    /// done with it): [`Scratchpad`](gpupool_core::Scratchpad) keeps such
-    /// blocks itself.
+    /// it whenever they run. A host, pinned or managed block must not be
+    /// freed on a capturing stream (the stream cannot be synchronized or asked
+    /// when the graph is done with it; a host free fails with the driver's
+    /// error and the capture breaks): [`Scratchpad`](gpupool_core::Scratchpad)
+    /// gives such blocks to [`keep_for_graph`](MemoryBackend::keep_for_graph).
     ///
     /// # Safety
     /// The contract of [`MemoryBackend::deallocate_async`] (see the impl's

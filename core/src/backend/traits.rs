@@ -290,6 +290,11 @@ pub trait MemoryBackend: Backend {
 
     /// Frees a block in stream order on `stream` (of `device`).
     ///
+    /// A host-visible block (host, pinned, managed) released while `stream`
+    /// is capturing a graph goes to [`keep_for_graph`](Self::keep_for_graph)
+    /// instead: a backend need not ask, and may fail here (CUDA cannot
+    /// synchronize or query a capturing stream, and the capture breaks).
+    ///
     /// # Safety
     /// 1. as 1. of [`deallocate`](Self::deallocate);
     /// 2. `stream` is a usable stream of `device` (see [`Backend`]);
@@ -330,7 +335,7 @@ pub trait MemoryBackend: Backend {
         device: DeviceId,
     ) -> Result<(), Self::Error>;
 
-    /// Takes back a host-visible block (pinned or managed) whose release
+    /// Takes back a host-visible block (host, pinned or managed) whose release
     /// falls in the order of `stream` while `stream` is capturing a graph:
     /// every replay of the graph may read or write it, whenever it runs, so
     /// it must not be handed out again while the graph can still run (nor can

@@ -225,8 +225,9 @@ pub(crate) struct Results {
     pub(crate) throughput: Vec<Throughput>,
     pub(crate) latency: Vec<Latency>,
     pub(crate) rounds: Vec<Round>,
-    /// Scratch rounds on many threads, each on its own stream.
-    pub(crate) thread_rounds: Vec<crate::threads::ThreadRound>,
+    /// Scratch rounds on many threads, each on its own stream, and the
+    /// control measured beside them.
+    pub(crate) thread_rounds: crate::threads::ThreadRounds,
 }
 
 impl Results {

@@ -103,6 +103,7 @@ pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) 
     let _ = writeln!(o, "  \"scratch\": [\n{}\n  ],", rows.join(",\n"));
     let rows: Vec<String> = r
         .thread_rounds
+        .rows
         .iter()
         .map(|x| {
             format!(
@@ -117,6 +118,22 @@ pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) 
         })
         .collect();
     let _ = writeln!(o, "  \"scratch_threads\": [\n{}\n  ],", rows.join(",\n"));
+    let rows: Vec<String> = r
+        .thread_rounds
+        .control
+        .iter()
+        .map(|&(threads, ns)| {
+            format!(
+                "    {{\"threads\": {threads}, \"ns_per_round\": {}}}",
+                json_num(Some(ns))
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        o,
+        "  \"scratch_threads_control\": [\n{}\n  ],",
+        rows.join(",\n")
+    );
     let rows: Vec<String> = targets
         .iter()
         .map(|t| {

@@ -152,97 +152,191 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Measures every variant of every kind at each thread count of `s`.
-/// `plain` as for the one-thread rounds (the DALI-style rounds run over the
-/// plain backend); `driver_allocations(kind)` reads the backend's count of
-/// driver allocation calls of `kind`, where it has one.
+/// Measures `counts` thread counts: calibrates each (rounds per thread for
+/// about the target time), then runs every count in turn within each repeat
+/// (1, 2, 4, .., 16, 1, 2, ..), so a drift of the machine's speed during the
+/// measurement reaches every count alike instead of one (the GPU machine's
+/// one-thread round time moved twofold between runs of one binary, H200,
+/// 2026-12-01/02). `timed(i, n, repeat)` runs count `i` for `n` rounds per
+/// thread (`repeat`: a measured repeat, not a calibration) and returns each
+/// thread's time per round. Returns per count the median over the repeats of
+/// the median thread's time, and the rounds per thread.
+fn interleaved(
+    s: &Settings,
+    counts: usize,
+    mut timed: impl FnMut(usize, usize, bool) -> Vec<f64>,
+) -> Vec<(f64, usize)> {
+    let n: Vec<usize> = (0..counts)
+        .map(|i| {
+            let mut n = 4usize;
+            loop {
+                let per = median(timed(i, n, false));
+                let t = Duration::from_nanos((per * n as f64) as u64);
+                if t >= s.target / 10 || n >= 1 << 24 {
+                    break ((s.target.as_nanos() as f64 / per.max(1.0)) as usize).clamp(4, 1 << 24);
+                }
+                n *= 4;
+            }
+        })
+        .collect();
+    let mut ns = vec![Vec::with_capacity(s.repeats); counts];
+    for _ in 0..s.repeats {
+        for (i, ns) in ns.iter_mut().enumerate() {
+            ns.push(median(timed(i, n[i], true)));
+        }
+    }
+    ns.into_iter().zip(n).map(|(v, n)| (median(v), n)).collect()
+}
+
+/// A fixed piece of arithmetic that touches no memory (a dependent
+/// multiply-xor chain): the control row. Its time per thread at many threads
+/// against one thread is the machine's own scaling (clock speed with many
+/// cores busy, cores shared with other machines' work), the floor for code
+/// that shares nothing.
+fn control_round(x: u64) -> u64 {
+    let mut x = x;
+    for _ in 0..256 {
+        x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (x >> 29);
+    }
+    x
+}
+
+/// The control on `threads` threads: each runs `n` control rounds after a
+/// barrier; their times per round.
+fn run_control(threads: usize, n: usize) -> Vec<f64> {
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|i| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    let mut x = black_box(0x2545_F491_4F6C_DD1D ^ i as u64);
+                    for _ in 0..WARM_ROUNDS {
+                        x = control_round(x);
+                    }
+                    barrier.wait();
+                    let t = Instant::now();
+                    for _ in 0..n {
+                        x = black_box(control_round(x));
+                    }
+                    black_box(x);
+                    t.elapsed().as_nanos() as f64 / n as f64
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a control thread panicked"))
+            .collect()
+    })
+}
+
+/// The many-thread rounds and the control measured beside them.
+#[derive(Default)]
+pub(crate) struct ThreadRounds {
+    pub(crate) rows: Vec<ThreadRound>,
+    /// The control round (no memory, no gpupool) per thread count: time per
+    /// round of the median thread, median over the repeats.
+    pub(crate) control: Vec<(usize, f64)>,
+}
+
+/// Measures every variant of every kind at each thread count of `s`, the
+/// thread counts interleaved (see [`interleaved`]), and the control the same
+/// way. `plain` as for the one-thread rounds (the DALI-style rounds run over
+/// the plain backend); `driver_allocations(kind)` reads the backend's count
+/// of driver allocation calls of `kind`, where it has one.
 pub(crate) fn measure_scratch_threads<B: Machine>(
     backend: &B,
     s: &Settings,
     plain: &dyn Fn(bool),
     driver_allocations: &dyn Fn(MemoryKind) -> Option<u64>,
-) -> Vec<ThreadRound> {
+) -> ThreadRounds {
     let d = DeviceId(0);
-    let mut out = Vec::new();
-    for &threads in &s.threads {
-        let streams: Vec<_> = (0..threads)
-            .map(|_| {
-                backend
-                    .create_stream(d, StreamOptions::default())
-                    .expect("a stream per scratch thread")
-            })
-            .collect();
-        for kind in KINDS {
-            for variant in VARIANTS {
-                let dali = variant == SCRATCH_DALI;
-                plain(dali);
-                // Calibrate: rounds per thread for about the target time.
-                let mut n = 4usize;
-                loop {
-                    let per = median(run_threads(
-                        backend,
-                        &streams,
-                        variant,
-                        kind,
-                        WARM_ROUNDS,
-                        n,
-                        &|| {},
-                    ));
-                    let t = Duration::from_nanos((per * n as f64) as u64);
-                    if t >= s.target / 10 || n >= 1 << 24 {
-                        n = ((s.target.as_nanos() as f64 / per.max(1.0)) as usize)
-                            .clamp(4, 1 << 24);
-                        break;
-                    }
-                    n *= 4;
-                }
-                let mut ns = Vec::with_capacity(s.repeats);
-                let mut calls = Some(0u64);
-                for _ in 0..s.repeats {
-                    let before = std::cell::Cell::new(None);
-                    let per =
-                        run_threads(backend, &streams, variant, kind, WARM_ROUNDS, n, &|| {
-                            before.set(driver_allocations(kind));
-                        });
-                    calls = match (calls, before.get(), driver_allocations(kind)) {
+    let most = s.threads.iter().copied().max().unwrap_or(1);
+    // One stream per thread, created once: the first `t` of them for `t`
+    // threads (a thread taking over a stream from an ended thread of an
+    // earlier run adopts the blocks left on it, within its warm-up rounds).
+    let streams: Vec<_> = (0..most)
+        .map(|_| {
+            backend
+                .create_stream(d, StreamOptions::default())
+                .expect("a stream per scratch thread")
+        })
+        .collect();
+    let counts = s.threads.len();
+    let mut out = ThreadRounds {
+        control: s
+            .threads
+            .iter()
+            .zip(interleaved(s, counts, |i, n, _| {
+                run_control(s.threads[i], n)
+            }))
+            .map(|(&t, (ns, _))| (t, ns))
+            .collect(),
+        ..ThreadRounds::default()
+    };
+    eprintln!(
+        "  control round on {} threads: {:.0} ns per round",
+        most,
+        out.control.last().map_or(0.0, |c| c.1)
+    );
+    for kind in KINDS {
+        for variant in VARIANTS {
+            let dali = variant == SCRATCH_DALI;
+            plain(dali);
+            // Driver allocation calls over the timed rounds of each count's
+            // repeats (read between the warm-up and the timed rounds).
+            let mut calls: Vec<Option<u64>> = vec![Some(0); counts];
+            let measured = interleaved(s, counts, |i, n, repeat| {
+                let before = std::cell::Cell::new(None);
+                let streams = &streams[..s.threads[i]];
+                let per = run_threads(backend, streams, variant, kind, WARM_ROUNDS, n, &|| {
+                    before.set(driver_allocations(kind));
+                });
+                if repeat {
+                    calls[i] = match (calls[i], before.get(), driver_allocations(kind)) {
                         (Some(c), Some(b), Some(a)) => Some(c + a.saturating_sub(b)),
                         _ => None,
                     };
-                    ns.push(median(per));
                 }
-                plain(false);
+                per
+            });
+            plain(false);
+            for (i, (ns, n)) in measured.into_iter().enumerate() {
+                let threads = s.threads[i];
                 let total_rounds = (n * threads * s.repeats) as f64;
-                out.push(ThreadRound {
+                out.rows.push(ThreadRound {
                     kind,
                     variant,
                     threads,
-                    ns_per_round: median(ns),
-                    driver_allocations_per_round: calls.map(|c| c as f64 / total_rounds),
+                    ns_per_round: ns,
+                    driver_allocations_per_round: calls[i].map(|c| c as f64 / total_rounds),
                     rounds: n,
                 });
-                eprintln!(
-                    "  scratch {} {variant} on {threads} threads: {:.0} ns per round",
-                    kind_name(kind),
-                    out.last().map_or(0.0, |r| r.ns_per_round)
-                );
             }
+            eprintln!(
+                "  scratch {} {variant} on {most} threads: {:.0} ns per round",
+                kind_name(kind),
+                out.rows.last().map_or(0.0, |r| r.ns_per_round)
+            );
         }
-        for stream in streams {
-            // SAFETY: every thread that used the stream has ended, and every
-            // scratchpad on it was dropped; nothing else holds it.
-            unsafe { backend.destroy_stream(stream, d) }.expect("destroying a scratch stream");
-        }
+    }
+    for stream in streams {
+        // SAFETY: every thread that used the stream has ended, and every
+        // scratchpad on it was dropped; nothing else holds it.
+        unsafe { backend.destroy_stream(stream, d) }.expect("destroying a scratch stream");
     }
     out
 }
 
 /// The markdown section of the many-thread rounds (empty if none ran).
-pub(crate) fn report(rows: &[ThreadRound]) -> String {
+pub(crate) fn report(measured: &ThreadRounds) -> String {
     use std::fmt::Write as _;
 
     use crate::report::{fmt_ns, fmt_ratio, ratio};
 
     let mut o = String::new();
+    let rows = &measured.rows;
     if rows.is_empty() {
         return o;
     }
@@ -253,7 +347,26 @@ pub(crate) fn report(rows: &[ThreadRound]) -> String {
     let _ = writeln!(
         o,
         "## Scratch on many threads, each its own stream: time per round of the median thread \
-         (× its one-thread time), driver allocation calls per round once warm"
+         (× its one-thread time), driver allocation calls per round once warm; the thread \
+         counts measured in turn within each repeat"
+    );
+    let one = measured.control.iter().find(|c| c.0 == 1).map(|c| c.1);
+    let control: Vec<String> = measured
+        .control
+        .iter()
+        .map(|&(t, ns)| {
+            format!(
+                "{t} thr {} ({})",
+                fmt_ns(ns),
+                fmt_ratio(ratio(Some(ns), one))
+            )
+        })
+        .collect();
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "Control (arithmetic only, no memory, no gpupool: the machine's own scaling): {}",
+        control.join(", ")
     );
     for kind in KINDS {
         let _ = writeln!(o);
@@ -262,6 +375,7 @@ pub(crate) fn report(rows: &[ThreadRound]) -> String {
         let _ = writeln!(o, "| threads | {} |", VARIANTS.join(" | "));
         let _ = writeln!(o, "|---|{}", "---|".repeat(VARIANTS.len()));
         let mut counts: Vec<usize> = rows.iter().map(|r| r.threads).collect();
+        counts.sort_unstable();
         counts.dedup();
         for threads in counts {
             let cells: Vec<String> = VARIANTS
