@@ -175,6 +175,7 @@ use crate::block_pool::ThreadBlocks;
 use crate::driver::{driver, raw_stream, Driver};
 use crate::error::{check, invalid_value, out_of_memory, CudaError};
 use crate::shards::LocalShards;
+use capture::GiveBack;
 use state::{state, DeviceMemory};
 
 thread_local! {
@@ -532,9 +533,10 @@ impl MemoryBackend for CudaBackend {
     ///
     /// On a stream capturing a graph: a device block allocated in that
     /// capture is freed by a free node of the graph; one allocated outside
-    /// it is kept for the life of the process
-    /// ([`MemoryStats::kept_for_graphs`]), since the graph's replays may use
-    /// it whenever they run. A host, pinned or managed block must not be
+    /// it is kept while the graph can use it ([`MemoryStats::kept_for_graphs`]:
+    /// the graph holds a user object for it, and
+    /// [`trim_memory`](CudaBackend::trim_memory) gives it back once the graph
+    /// is gone), since the graph's replays may use it whenever they run. A host, pinned or managed block must not be
     /// freed on a capturing stream (the stream cannot be synchronized or asked
     /// when the graph is done with it; a host free fails with the driver's
     /// error and the capture breaks): [`Scratchpad`](gpupool_core::Scratchpad)
@@ -595,8 +597,12 @@ impl MemoryBackend for CudaBackend {
     }
 
     /// Counts the block in [`MemoryStats::kept_for_graphs`] and never hands
-    /// it out again (the driver cannot say when a graph's last replay is
-    /// done with it).
+    /// it out while the graph being captured on `stream` can use it: the
+    /// graph holds a CUDA user object for it, and once that graph, every
+    /// executable graph made from it and their launches are gone,
+    /// [`trim_memory`](CudaBackend::trim_memory) gives the block back. Where
+    /// the graph cannot be told (see [`MemoryStats::kept_for_graphs`]), the
+    /// block is kept for the life of the process.
     ///
     /// # Safety
     /// The contract of [`MemoryBackend::keep_for_graph`].
@@ -606,12 +612,20 @@ impl MemoryBackend for CudaBackend {
         device: DeviceId,
         ptr: NonNull<u8>,
         size: usize,
-        _align: usize,
-        _stream: StreamHandle,
+        align: usize,
+        stream: StreamHandle,
     ) -> Result<(), CudaError> {
-        let (_, mem) = state(device)?;
-        mem.keep_for_graphs(kind, ptr.as_ptr() as usize, size);
-        Ok(())
+        let (drv, mem) = state(device)?;
+        drv.on_stream(stream, device, || {
+            let how = GiveBack::Block { align };
+            // SAFETY: the caller's contract: `stream` is a usable, capturing
+            // stream of `device` (its context made current by `on_stream`
+            // if it is special), and the block is the caller's to give up.
+            unsafe {
+                mem.keep_for_graphs(device, kind, ptr.as_ptr() as usize, size, how, Some(stream));
+            }
+            Ok(())
+        })
     }
 
     /// True while the idle probe is on ([`CudaBackend::set_idle_probe`]):

@@ -431,3 +431,128 @@ fn the_host_cannot_wait_for_a_capturing_stream_and_the_capture_survives() {
     drop(scratch);
     assert!(streams.take_error().is_none() && events.take_error().is_none());
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn blocks_kept_for_a_graph_come_back_once_the_graph_is_gone() {
+    kept_blocks_come_back(
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        true,
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_device_block_kept_in_a_global_capture_comes_back_once_the_graph_is_gone() {
+    // The global mode refuses a new pinned block (`cuMemHostAlloc`): device
+    // only. The user object's two calls must keep the capture valid.
+    kept_blocks_come_back(
+        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        false,
+    );
+}
+
+/// Captures, in `mode`, the drop of a device scratchpad made before the
+/// capture and (`pinned`) pinned scratch written and released inside; checks
+/// that the blocks are kept while the graph or its executable graph exists,
+/// and given back by `trim_memory` once both are gone.
+fn kept_blocks_come_back(mode: sys::CUstreamCaptureMode, pinned: bool) {
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    let origin = streams.get(0).expect("origin");
+    let o = origin.handle().as_raw() as sys::CUstream;
+    {
+        // A free pinned block, and gpupool's device memory pool made.
+        let warm = Scratchpad::new(&gpu, origin.order()).unwrap();
+        warm.pinned::<u32>(1000).unwrap();
+        warm.device::<u32>(1000).unwrap();
+    }
+    // SAFETY: the lease holds this live stream of device 0.
+    check(
+        unsafe { sys::cuStreamSynchronize(o) },
+        "cuStreamSynchronize",
+    );
+    let (pi, di) = (MemoryKind::Pinned.index(), MemoryKind::Device.index());
+    let before = gpu.memory_stats(D0).unwrap();
+
+    // A device scratchpad made before the capture and dropped inside it (its
+    // block, allocated outside, cannot be freed inside: kept), and pinned
+    // scratch written and released inside (kept: replays read it).
+    let made_before = Scratchpad::new(&gpu, origin.order()).unwrap();
+    made_before.device::<u32>(1000).unwrap();
+    // SAFETY: the lease holds this live stream of device 0.
+    check(
+        unsafe { sys::cuStreamBeginCapture_v2(o, mode) },
+        "cuStreamBeginCapture",
+    );
+    origin.note_capture();
+    if pinned {
+        let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
+        let p = scratch.pinned::<u32>(1000).unwrap();
+        p.fill(std::mem::MaybeUninit::new(7));
+    }
+    drop(made_before);
+    assert_eq!(capture_status(&origin), CaptureStatus::Active);
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: the origin of the capture begun above.
+    check(
+        unsafe { sys::cuStreamEndCapture(o, &mut graph) },
+        "cuStreamEndCapture",
+    );
+    let kept = |s: &gpupool_cuda::MemoryStats| (s.kept_for_graphs[pi], s.kept_for_graphs[di]);
+    let (kp, kd) = kept(&before);
+    let np = usize::from(pinned);
+    assert_eq!(kept(&gpu.memory_stats(D0).unwrap()), (kp + np, kd + 1));
+
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: `graph` was just captured; `exec` is a valid place.
+    check(
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
+        "cuGraphInstantiate",
+    );
+    // SAFETY: `exec` instantiated above; `o` is a live stream of device 0.
+    unsafe {
+        check(sys::cuGraphLaunch(exec, o), "cuGraphLaunch");
+        check(sys::cuStreamSynchronize(o), "cuStreamSynchronize");
+        // The graph gone, its executable graph still holds the blocks.
+        check(sys::cuGraphDestroy(graph), "cuGraphDestroy");
+    }
+    gpu.trim_memory(D0).unwrap();
+    assert_eq!(
+        kept(&gpu.memory_stats(D0).unwrap()),
+        (kp + np, kd + 1),
+        "the executable graph still holds its blocks"
+    );
+    let mid = gpu.memory_stats(D0).unwrap();
+    // SAFETY: the launch has completed; the instance is this test's alone.
+    check(
+        unsafe { sys::cuGraphExecDestroy(exec) },
+        "cuGraphExecDestroy",
+    );
+    // CUDA runs the user objects' destructors on a thread of its own, soon
+    // after the last holder is gone: wait for it (a bound, not a timing).
+    let mut back = false;
+    for _ in 0..10_000 {
+        gpu.trim_memory(D0).unwrap();
+        if kept(&gpu.memory_stats(D0).unwrap()) == (kp, kd) {
+            back = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(
+        back,
+        "the blocks kept for the graph came back once it was gone"
+    );
+    // Given back where they came from: the device block to the driver's
+    // pool (the device cache was empty: trimmed above), the pinned block to
+    // the pinned pool, from which the same trim freed it.
+    let after = gpu.memory_stats(D0).unwrap();
+    assert_eq!(after.upstream_frees[di], mid.upstream_frees[di] + 1);
+    if pinned {
+        assert!(after.upstream_frees[pi] > mid.upstream_frees[pi]);
+    }
+    assert!(streams.take_error().is_none());
+}

@@ -1,18 +1,20 @@
 //! Memory and graph captures: which device blocks a capture allocated (the
 //! graph's allocation nodes), and the blocks freed in the order of a
-//! capturing stream that a replay of the graph may still use. The rules are
-//! in the parent module's documentation ("Graph capture") and in
-//! `docs/graph-capture.md`.
+//! capturing stream that a replay of the graph may still use, held by the
+//! graph through a CUDA user object until it is gone. The rules are in
+//! `docs/graph-capture.md` and in the documentation of
+//! `MemoryStats::kept_for_graphs`.
 
 use std::sync::atomic::Ordering;
-use std::sync::MutexGuard;
+use std::sync::{Mutex, MutexGuard};
 
+use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryKind, StreamHandle};
 
-use super::state::DeviceMemory;
+use super::state::{DeviceMemory, KeptForGraphs};
 use crate::backend::CudaBackend;
 use crate::driver::Driver;
-use crate::error::CudaError;
+use crate::error::{check, CudaError};
 
 impl DeviceMemory {
     /// Whether `stream` is capturing a graph (`cuStreamIsCapturing`, which
@@ -72,26 +74,363 @@ impl DeviceMemory {
         found
     }
 
-    /// Keeps a block that was freed in the order of a capturing stream: the
-    /// graph's replays may use it whenever they run, for as long as the
-    /// graph exists, which gpupool cannot see; so it is never handed out
-    /// again nor given back (counted in `MemoryStats::kept_for_graphs`).
-    pub(super) fn keep_for_graphs(&self, kind: MemoryKind, addr: usize, size: usize) {
-        self.graphs
-            .kept
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((kind, addr, size));
+    /// Keeps a block that was freed in the order of `stream` while `stream`
+    /// was capturing a graph (or, `stream` `None`, a graph's allocation freed
+    /// outside its capture): the graph's replays may use it whenever they run,
+    /// so it is never handed out again while the graph can run. Where the
+    /// graph being captured can be told (`cuStreamGetCaptureInfo`), it is
+    /// given a reference to a CUDA user object for the block, whose
+    /// destructor (run by CUDA once that graph, every executable graph made
+    /// from it and their launches are done) marks the block for
+    /// [`give_back_graphs_blocks`](Self::give_back_graphs_blocks); otherwise
+    /// the block is kept for the life of the process. Counted in
+    /// `MemoryStats::kept_for_graphs` until given back.
+    ///
+    /// `how` says how the block is given back: at the level it was freed at.
+    ///
+    /// # Safety
+    /// `stream`, if any, is a usable stream of `device` that is capturing,
+    /// with `device`'s primary context current if it is a special stream;
+    /// the block is not used by gpupool again, and only the graph's work uses
+    /// it.
+    pub(super) unsafe fn keep_for_graphs(
+        &'static self,
+        device: DeviceId,
+        kind: MemoryKind,
+        addr: usize,
+        size: usize,
+        how: GiveBack,
+        stream: Option<StreamHandle>,
+    ) {
+        {
+            let mut kept = self.kept();
+            kept.blocks[kind.index()] += 1;
+            kept.bytes[kind.index()] += size;
+        }
+        let held = GraphHeld {
+            mem: self,
+            device,
+            kind,
+            addr,
+            size,
+            how,
+        };
+        let held = match stream {
+            // SAFETY: the caller's contract.
+            Some(s) => match unsafe { hold_in_graph(s, held) } {
+                Ok(()) => return,
+                Err(held) => held,
+            },
+            None => held,
+        };
+        self.kept().forever.push((held.kind, held.addr, held.size));
+    }
+
+    fn kept(&self) -> MutexGuard<'_, KeptForGraphs> {
+        // A panic while the lock was held left the lists whole (each change
+        // is one push or one take): go on with them.
+        self.graphs.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Gives back the blocks whose graphs are gone (see
+    /// [`keep_for_graphs`](Self::keep_for_graphs)): when there are any,
+    /// synchronizes the device's primary context (work issued before a
+    /// capture may still use a block), then frees each the way it would have
+    /// been without the capture, in host order. Returns the host and device
+    /// bytes given back (pinned and managed blocks go to their pools). A
+    /// block whose free fails is kept for a later call, and the first error
+    /// returned.
+    pub(super) fn give_back_graphs_blocks(&'static self, drv: &Driver) -> Result<usize, CudaError> {
+        let released = std::mem::take(&mut self.kept().released);
+        let Some(device) = released.first().map(|h| h.device) else {
+            return Ok(0);
+        };
+        // The graphs are done with the blocks, but work issued on their
+        // streams before the captures began (which the graphs do not wait
+        // for) may still use them: wait for all of the device's work first.
+        // SAFETY: no arguments; waits for the work of the current context,
+        // `device`'s primary one.
+        let synced = drv.with_context(device, |_| check(unsafe { sys::cuCtxSynchronize() }));
+        if let Err(e) = synced {
+            self.kept().released.extend(released);
+            return Err(e);
+        }
+        let mut freed = 0;
+        let mut first_error = None;
+        for held in released {
+            let done = match (held.how, std::ptr::NonNull::new(held.addr as *mut u8)) {
+                // SAFETY: the block was freed at this level by the caller of
+                // `keep_for_graphs` and never handed out since; the graphs
+                // that used it are destroyed and their work done, and the
+                // device's other work has finished (synchronized above).
+                (GiveBack::Block { align }, Some(ptr)) => unsafe {
+                    self.deallocate(drv, held.kind, held.device, ptr, held.size, align, None)
+                },
+                // (A block handed out at this level is never at address 0.)
+                (GiveBack::Block { .. }, None) => Ok(()),
+                // SAFETY: as above, at the device memory's own level.
+                (GiveBack::DeviceBlock, _) => unsafe {
+                    self.device_free(drv, held.device, held.addr, held.size, None)
+                },
+            };
+            match done {
+                Ok(()) => {
+                    // Pinned and managed blocks go to their pools, whose trim
+                    // counts what it frees.
+                    if matches!(held.kind, MemoryKind::Host | MemoryKind::Device) {
+                        freed += held.size;
+                    }
+                    let mut kept = self.kept();
+                    kept.blocks[held.kind.index()] -= 1;
+                    kept.bytes[held.kind.index()] -= held.size;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    self.kept().released.push(held);
+                }
+            }
+        }
+        first_error.map_or(Ok(freed), Err)
     }
 
     /// How many blocks of each kind are kept for graphs, and their bytes.
     pub(super) fn kept_for_graphs(&self) -> ([usize; 4], [usize; 4]) {
-        let kept = self.graphs.kept.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut blocks, mut bytes) = ([0; 4], [0; 4]);
-        for &(kind, _, size) in kept.iter() {
-            blocks[kind.index()] += 1;
-            bytes[kind.index()] += size;
-        }
-        (blocks, bytes)
+        let kept = self.kept();
+        (kept.blocks, kept.bytes)
     }
+}
+
+/// How a block kept for a graph is given back once the graph is gone.
+#[derive(Copy, Clone, Debug)]
+pub(super) enum GiveBack {
+    /// As `MemoryBackend::deallocate` would (the address, size and alignment
+    /// the block was handed out with).
+    Block { align: usize },
+    /// As a device block the driver allocated (the device cache's level).
+    DeviceBlock,
+}
+
+/// A block a graph holds (through a CUDA user object), to be given back
+/// when the graph is gone.
+#[derive(Debug)]
+pub(super) struct GraphHeld {
+    mem: &'static DeviceMemory,
+    device: DeviceId,
+    kind: MemoryKind,
+    addr: usize,
+    size: usize,
+    how: GiveBack,
+}
+
+/// Gives the graph being captured on `stream` a reference to a user object
+/// for `held`; `Err(held)` if the graph cannot be told or the driver refuses.
+///
+/// # Safety
+/// `stream` is a usable stream that is capturing, with its context current
+/// if it is a special stream.
+unsafe fn hold_in_graph(stream: StreamHandle, held: GraphHeld) -> Result<(), GraphHeld> {
+    // SAFETY: the caller's contract.
+    let Some(graph) = (unsafe { capture_graph(stream) }) else {
+        return Err(held);
+    };
+    let held = Box::into_raw(Box::new(held));
+    let mut object: sys::CUuserObject = std::ptr::null_mut();
+    // SAFETY: `object` is a valid place for the handle; `held` is a live
+    // allocation that the destructor takes back (once: the object's one
+    // destructor call). The flag is the one the driver requires.
+    let made = check(unsafe {
+        sys::cuUserObjectCreate(
+            &mut object,
+            held.cast(),
+            Some(graph_done),
+            1,
+            sys::CUuserObject_flags_enum::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32,
+        )
+    });
+    if made.is_err() {
+        // SAFETY: made by `Box::into_raw` above; no object took it.
+        return Err(*unsafe { Box::from_raw(held) });
+    }
+    // CUDA does not synchronize calls on one graph: two threads whose streams
+    // are joined in one capture may free into it at once. (Not the `kept`
+    // lock, which the destructor takes.)
+    static RETAIN: Mutex<()> = Mutex::new(());
+    let moved = {
+        let _one_at_a_time = RETAIN.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `graph` is the graph being captured on `stream`, live
+        // while the capture is (the caller's contract: `stream` is capturing
+        // for the whole call; a capture ended by another thread meanwhile
+        // would be the caller's race); no other gpupool call on it runs now
+        // (`RETAIN`); the move gives it the one reference this call owns.
+        check(unsafe {
+            sys::cuGraphRetainUserObject(
+                graph,
+                object,
+                1,
+                sys::CUuserObjectRetain_flags_enum::CU_GRAPH_USER_OBJECT_MOVE as u32,
+            )
+        })
+    };
+    if moved.is_err() {
+        // Taken to be still this call's reference (CUDA documents no partial
+        // move on failure). Releasing it would run the destructor, which
+        // gives the block back while the graph may use it: the reference is
+        // never released, and the block stays kept for the life of the
+        // process (`GraphHeld` is leaked with it; a copy of its fields goes
+        // to the caller).
+        // SAFETY: `held` is live (no destructor can run: the reference is
+        // never released).
+        let h = unsafe { &*held };
+        return Err(GraphHeld { ..*h });
+    }
+    Ok(())
+}
+
+/// The destructor of a kept block's user object: CUDA calls it once, on one
+/// of its own threads, when the last graph or executable graph holding the
+/// object is gone and its launches are done. It may make no CUDA call: it
+/// moves the block to the released list, for `trim_memory`.
+unsafe extern "C" fn graph_done(held: *mut std::ffi::c_void) {
+    // SAFETY: `held` is the pointer `hold_in_graph` gave the user object,
+    // made by `Box::into_raw` and taken back only here, once (CUDA calls a
+    // user object's destructor once).
+    let held = unsafe { Box::from_raw(held.cast::<GraphHeld>()) };
+    let mem = held.mem;
+    mem.kept().released.push(*held);
+}
+
+/// The graph being captured on `stream`, or `None` where the driver does
+/// not say (or this build's CUDA version cannot be told).
+///
+/// # Safety
+/// `stream` is a usable stream, with its context current if it is a special
+/// stream.
+unsafe fn capture_graph(stream: StreamHandle) -> Option<sys::CUgraph> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: the caller's contract; `status` and `graph` are valid places
+    // for the answers.
+    let r = unsafe { capture_info(stream, &mut status, &mut graph) };
+    let active = status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    (r == sys::CUresult::CUDA_SUCCESS && active && !graph.is_null()).then_some(graph)
+}
+
+/// `cuStreamGetCaptureInfo` (the `_v3` signature, CUDA 12.3 and later):
+/// the capture status and the graph being captured.
+///
+/// # Safety
+/// As [`capture_graph`]; `status` and `graph` are valid places.
+#[cfg(any(
+    feature = "cuda-12030",
+    feature = "cuda-12040",
+    feature = "cuda-12050",
+    feature = "cuda-12060",
+    feature = "cuda-12080",
+    feature = "cuda-12090",
+    feature = "cuda-13000",
+    feature = "cuda-13010",
+    feature = "cuda-13020",
+    feature = "cuda-13030",
+    feature = "cuda-13040"
+))]
+unsafe fn capture_info(
+    stream: StreamHandle,
+    status: &mut sys::CUstreamCaptureStatus,
+    graph: &mut sys::CUgraph,
+) -> sys::CUresult {
+    // SAFETY: the caller's contract; the outputs not asked for are null,
+    // which the driver allows.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            crate::driver::raw_stream(stream),
+            status,
+            std::ptr::null_mut(),
+            graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// `cuStreamGetCaptureInfo_v2` (CUDA 11.3 to 12.2).
+///
+/// # Safety
+/// As [`capture_graph`]; `status` and `graph` are valid places.
+#[cfg(all(
+    any(
+        feature = "cuda-11040",
+        feature = "cuda-11050",
+        feature = "cuda-11060",
+        feature = "cuda-11070",
+        feature = "cuda-11080",
+        feature = "cuda-12000",
+        feature = "cuda-12010",
+        feature = "cuda-12020"
+    ),
+    not(any(
+        feature = "cuda-12030",
+        feature = "cuda-12040",
+        feature = "cuda-12050",
+        feature = "cuda-12060",
+        feature = "cuda-12080",
+        feature = "cuda-12090",
+        feature = "cuda-13000",
+        feature = "cuda-13010",
+        feature = "cuda-13020",
+        feature = "cuda-13030",
+        feature = "cuda-13040"
+    ))
+))]
+unsafe fn capture_info(
+    stream: StreamHandle,
+    status: &mut sys::CUstreamCaptureStatus,
+    graph: &mut sys::CUgraph,
+) -> sys::CUresult {
+    // SAFETY: as for the `_v3` variant.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v2(
+            crate::driver::raw_stream(stream),
+            status,
+            std::ptr::null_mut(),
+            graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// No version feature of this crate on (the CUDA version chosen by
+/// cudarc's build-system detection): the graph cannot be asked for with a
+/// known signature, so blocks are kept for the life of the process.
+///
+/// # Safety
+/// None needed (no call).
+#[cfg(not(any(
+    feature = "cuda-11040",
+    feature = "cuda-11050",
+    feature = "cuda-11060",
+    feature = "cuda-11070",
+    feature = "cuda-11080",
+    feature = "cuda-12000",
+    feature = "cuda-12010",
+    feature = "cuda-12020",
+    feature = "cuda-12030",
+    feature = "cuda-12040",
+    feature = "cuda-12050",
+    feature = "cuda-12060",
+    feature = "cuda-12080",
+    feature = "cuda-12090",
+    feature = "cuda-13000",
+    feature = "cuda-13010",
+    feature = "cuda-13020",
+    feature = "cuda-13030",
+    feature = "cuda-13040"
+)))]
+unsafe fn capture_info(
+    _stream: StreamHandle,
+    _status: &mut sys::CUstreamCaptureStatus,
+    _graph: &mut sys::CUgraph,
+) -> sys::CUresult {
+    sys::CUresult::CUDA_ERROR_NOT_SUPPORTED
 }

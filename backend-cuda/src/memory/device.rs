@@ -11,6 +11,7 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryKind, StreamBackend, StreamHandle, StreamOptions};
 
+use super::capture::GiveBack;
 use super::state::{state, DeviceMemory};
 use crate::backend::CudaBackend;
 use crate::driver::{raw_stream, Driver};
@@ -274,7 +275,19 @@ impl DeviceMemory {
                     // may be used by the graph's replays whenever they run.
                     // Outside a capture, a graph's allocation belongs to the
                     // graph's launches, which gpupool cannot see. Kept.
-                    self.keep_for_graphs(MemoryKind::Device, addr, size);
+                    // SAFETY: `s` is usable (the caller's contract) and, when
+                    // passed, capturing; `device`'s context is current; the
+                    // block is not used by gpupool again.
+                    unsafe {
+                        self.keep_for_graphs(
+                            device,
+                            MemoryKind::Device,
+                            addr,
+                            size,
+                            GiveBack::DeviceBlock,
+                            capturing.then_some(s),
+                        );
+                    }
                     return Ok(false);
                 }
                 // SAFETY: the caller's contract; `s` is a live stream of `device`

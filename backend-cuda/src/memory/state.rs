@@ -48,8 +48,8 @@ pub(super) struct DeviceMemory {
 /// Memory that graph captures own or use, per device: the device blocks
 /// allocated on a capturing stream (the graph's allocation nodes, which a
 /// free inside a capture must name), and the blocks freed in the order of a
-/// capturing stream that a replay of the graph may still use (kept for the
-/// life of the process, never handed out again).
+/// capturing stream that a replay of the graph may still use (never handed
+/// out again while a graph can use them; see `capture.rs`).
 #[derive(Debug, Default)]
 pub(super) struct GraphMemory {
     /// Addresses of device blocks allocated on a capturing stream and not
@@ -57,8 +57,25 @@ pub(super) struct GraphMemory {
     pub(super) allocations: Mutex<HashSet<usize>>,
     /// `allocations.len()`, readable without the lock (written under it).
     pub(super) allocations_len: AtomicUsize,
-    /// Blocks kept for graphs: (kind, address, bytes).
-    pub(super) kept: Mutex<Vec<(MemoryKind, usize, usize)>>,
+    /// Blocks kept for graphs.
+    pub(super) kept: Mutex<KeptForGraphs>,
+}
+
+/// The blocks kept for graphs, per device.
+#[derive(Debug, Default)]
+pub(super) struct KeptForGraphs {
+    /// Blocks and bytes of each kind kept and not given back yet (every
+    /// block below, and those the graphs still hold).
+    pub(super) blocks: [usize; 4],
+    pub(super) bytes: [usize; 4],
+    /// Blocks no graph holds a reference for (the capture's graph could not
+    /// be told, or the block was freed outside a capture): kept for the life
+    /// of the process. (kind, address, bytes).
+    pub(super) forever: Vec<(MemoryKind, usize, usize)>,
+    /// Blocks whose graphs are gone (every graph and executable graph that
+    /// held them destroyed and their launches done): to be given back by
+    /// `trim_memory`.
+    pub(super) released: Vec<super::capture::GraphHeld>,
 }
 
 /// The memory state of every device, by ordinal; created on the first memory

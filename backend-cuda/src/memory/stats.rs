@@ -65,10 +65,15 @@ pub struct MemoryStats {
     /// older blocks of the freeing stream, or the freed block itself.
     pub device_cache_evictions: u64,
     /// Blocks freed in the order of a stream that was capturing a graph
-    /// (and, for device memory, not allocated in that capture), per kind:
-    /// the graph's replays may use them whenever they run, so they are kept
-    /// for the life of the process and never handed out again (see
-    /// `docs/graph-capture.md`).
+    /// (and, for device memory, not allocated in that capture), per kind,
+    /// not given back yet: the graph's replays may use them whenever they
+    /// run, so they are never handed out while it can run. The graph holds a
+    /// CUDA user object for each; once the graph, every executable graph made
+    /// from it and their launches are gone, [`CudaBackend::trim_memory`]
+    /// gives the block back. A block whose graph could not be told (a device
+    /// block of a graph freed outside its capture, or a build whose CUDA
+    /// version the crate's features do not name) is kept for the life of the
+    /// process. See `docs/graph-capture.md`.
     pub kept_for_graphs: [usize; 4],
     /// The bytes of those blocks.
     pub kept_for_graphs_bytes: [usize; 4],
@@ -131,7 +136,12 @@ impl CudaBackend {
     /// blocks' streams may be gone), and the unused memory of gpupool's own
     /// memory pool on `device` ([`memory_pool`](Self::memory_pool),
     /// `cuMemPoolTrimTo(pool, 0)`; the device's default pool is not
-    /// touched). Returns the pinned, managed and device-cache bytes freed.
+    /// touched). First, the blocks kept for graphs that are gone
+    /// ([`MemoryStats::kept_for_graphs`]) go back where they came from (when
+    /// there are any, after **synchronizing the device's primary context**:
+    /// work issued before a capture may still use them). Returns the bytes
+    /// freed (pinned, managed, device cache, and the host and device blocks of
+    /// gone graphs).
     ///
     /// Without it, the memory is kept until the process exits. Later
     /// allocations take new blocks from the driver again.
@@ -149,6 +159,14 @@ impl CudaBackend {
         let (drv, mem) = state(device)?;
         let mut freed = 0;
         let mut first_error = None;
+        // Blocks kept for graphs that are gone, back where they came from
+        // first (the pinned and managed ones to their pools, trimmed below).
+        match mem.give_back_graphs_blocks(drv) {
+            Ok(n) => freed += n,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
         for kind in [MemoryKind::Pinned, MemoryKind::Managed] {
             let Some((pool, threads, _)) = mem.host_visible(kind) else {
                 continue;
