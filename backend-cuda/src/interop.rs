@@ -172,7 +172,7 @@ unsafe fn scoped<R>(
     // `device`'s primary context current for `f` and the capture check, the
     // thread's own restored afterwards (also on a panic).
     let out = driver()?.with_context(device, |_| {
-        let capture = OpenCapture::watch(raw_stream(handle))?;
+        let capture = OpenCapture::watch(handle)?;
         let out = f(&stream);
         capture.end()?;
         Ok(out)
@@ -197,12 +197,12 @@ struct OpenCapture {
 impl OpenCapture {
     /// Notes whether `stream` is capturing before the closure runs. Called
     /// by `scoped` only, with its live created stream and a context current.
-    fn watch(stream: sys::CUstream) -> Result<Self, CudaError> {
+    fn watch(stream: StreamHandle) -> Result<Self, CudaError> {
         // SAFETY: `scoped`'s stream, live for the call, context current.
-        let status = unsafe { result::stream::is_capturing(stream) }?;
+        let status = unsafe { CudaBackend::raw_capture_status(stream) }?;
         Ok(OpenCapture {
-            stream,
-            was_capturing: status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
+            stream: raw_stream(stream),
+            was_capturing: status.is_capturing(),
         })
     }
 

@@ -104,17 +104,21 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // block is released, which keeps it for the graph
         // (`release_in_order`: never reused, since a replay may use it at any
         // time). One that cannot be asked counts as capturing (the error
-        // goes to `errors`), so that it is not queried either.
-        let capturing = !batched
-            && release_stream.is_some()
-            // SAFETY: the release order's stream is usable for the backend
-            // for the scratchpad's whole life (checked at construction; the
-            // order borrows its stream).
-            && unsafe { self.release_order(kind).capturing(self.backend) }.unwrap_or_else(|e| {
-                errors.push(e);
-                true
-            });
-        if n > 1 || armed || batched || capturing {
+        // goes to `errors`), so that it is not queried either. Asked only
+        // when nothing else releases the block already.
+        let mut capturing = || {
+            release_stream.is_some()
+                // SAFETY: the release order's stream is usable for the backend
+                // for the scratchpad's whole life (checked at construction; the
+                // order borrows its stream).
+                && unsafe { self.release_order(kind).capturing(self.backend) }.unwrap_or_else(
+                    |e| {
+                        errors.push(e);
+                        true
+                    },
+                )
+        };
+        if n > 1 || armed || batched || capturing() {
             // Release everything; next time one block that holds the largest
             // round (not the sum of the blocks: their unused tails and the
             // doubling are not needed again).
