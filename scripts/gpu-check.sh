@@ -9,10 +9,12 @@
 #      are #[ignore]d elsewhere) and --test-threads=1, counting the tests each
 #      ran (libtest's "test result: ... N passed" line);
 #   3. every example .gpu/example-*;
-#   4. compute-sanitizer --tool memcheck on every example;
+#   4. compute-sanitizer --tool memcheck on the kernel examples (02, 03);
 #   5. compute-sanitizer --tool memcheck, racecheck and synccheck on the
 #      stream-order proofs of gpu_memory (scratch memory reused while a kernel
-#      still reads it shows up there, and as wrong sums in the test itself).
+#      still reads it shows up there, and as wrong sums in the test itself);
+#   6. compute-sanitizer --tool memcheck and racecheck on the graph-capture
+#      tests (gpu_capture).
 #
 # Everything printed also goes to $OUT/gpu-check.log, and one line per step to
 # $OUT/gpu-check-summary.txt (OUT defaults to ./gpu-out when unset): PASS or
@@ -212,6 +214,20 @@ main() {
     done
   else
     echo "FAIL  $proof missing (the stream-order proofs)" | tee -a "$summary"
+    failed=$((failed + 1))
+  fi
+  # The graph-capture acceptance (a forked step on scratch memory captured,
+  # replayed and checked; blocks kept for graphs given back) under memcheck
+  # and racecheck, API errors off for the same reason.
+  local capture="$bin_dir/test-gpupool-cuda-gpu_capture"
+  if [[ -e $capture ]]; then
+    for tool in memcheck racecheck; do
+      step --must-test "$tool $(basename "$capture")" limited compute-sanitizer --tool "$tool" \
+        --report-api-errors no --error-exitcode 1 \
+        "$capture" --include-ignored --test-threads=1
+    done
+  else
+    echo "FAIL  $capture missing (the graph-capture tests)" | tee -a "$summary"
     failed=$((failed + 1))
   fi
 

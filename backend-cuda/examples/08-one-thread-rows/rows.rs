@@ -1,0 +1,134 @@
+// gpupool's own one-thread rows: the stream and event pools and the scratch
+// rounds of each kind, each a closure that runs one operation (a lease and its
+// return, a round of 16 allocations). Shared by this example's `main.rs` and by
+// `scripts/same-process-rows/main.rs`, which compiles this file twice, against
+// two builds of gpupool (`gpupool_core` is whatever the including module names
+// so), to time both builds in one process, on CUDA or on the mock. So: plain
+// `//` comments (an included file has no inner doc comments), and only API that
+// every build since the soundness issue has.
+
+use std::hint::black_box;
+
+use gpupool_core::{
+    AccessOrder, EventPool, MemoryKind, ScratchBackend, ScratchSizes, Scratchpad, StreamOptions,
+    StreamPool, StreamPoolConfig,
+};
+
+// The side-by-side benchmark's round: 16 allocations of these sizes.
+const SIZES: [usize; 16] = [
+    1, 24, 100, 512, 4096, 65536, 17, 3000, 8192, 40000, 64, 256, 1024, 12345, 50000, 2,
+];
+const ALIGN: usize = 8;
+const D: gpupool_core::DeviceId = gpupool_core::DeviceId(0);
+
+// A row: its name, and one operation.
+pub(crate) type Row<'a> = (String, Box<dyn FnMut() + 'a>);
+
+// Makes the rows on device 0 of `gpu` (CUDA: there must be a driver and a GPU),
+// hands them to `f`, then checks that no lease is left out and destroys the
+// stream the scratch rows used. The rows are in a fixed order; the first is a
+// control that touches neither the driver nor gpupool.
+pub(crate) fn with_rows<B: ScratchBackend, R>(gpu: &B, f: impl FnOnce(&mut [Row<'_>]) -> R) -> R {
+    let stream = gpu
+        .create_stream(D, StreamOptions::default())
+        .expect("a stream");
+    // SAFETY: `stream` was created on device 0 by `gpu` just above and is
+    // destroyed at the end, after every scratchpad on it is gone; nothing
+    // captures it.
+    let order = unsafe { AccessOrder::from_raw(gpu, stream, D) };
+    let streams = StreamPool::new(gpu);
+    let sticky = StreamPool::with_config(
+        gpu,
+        StreamPoolConfig {
+            same_thread_reuse: true,
+            ..StreamPoolConfig::default()
+        },
+    );
+    let events = EventPool::new(gpu);
+    let sizes = ScratchSizes::new();
+    let kinds = [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Device];
+    let mut kept: Vec<Scratchpad<'_, B>> = kinds
+        .iter()
+        .map(|_| Scratchpad::new(gpu, order).expect("a scratchpad"))
+        .collect();
+    let mut control_x = 0x2545_F491_4F6C_DD1Du64;
+
+    let mut rows: Vec<Row<'_>> = vec![
+        (
+            "control: arithmetic".into(),
+            Box::new(|| {
+                let mut x = control_x;
+                for _ in 0..256 {
+                    x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (x >> 29);
+                }
+                control_x = black_box(x);
+            }),
+        ),
+        (
+            "stream lease+return".into(),
+            Box::new(|| {
+                black_box(streams.get(D).expect("a stream lease").handle());
+            }),
+        ),
+        (
+            "stream lease+return, same-thread reuse".into(),
+            Box::new(|| {
+                black_box(sticky.get(D).expect("a stream lease").handle());
+            }),
+        ),
+        (
+            "event get+put".into(),
+            Box::new(|| {
+                black_box(events.get(D).expect("an event lease").handle());
+            }),
+        ),
+    ];
+    for (kind, pad) in kinds.into_iter().zip(kept.iter_mut()) {
+        let name = match kind {
+            MemoryKind::Host => "host",
+            MemoryKind::Pinned => "pinned",
+            _ => "device",
+        };
+        let sizes = &sizes;
+        rows.push((
+            format!("scratch {name}: new each round"),
+            Box::new(move || {
+                let p = Scratchpad::new(gpu, order).expect("a scratchpad");
+                for &n in &SIZES {
+                    black_box(p.alloc(kind, n, ALIGN).expect("scratch"));
+                }
+            }),
+        ));
+        rows.push((
+            format!("scratch {name}: new each round, learned sizes"),
+            Box::new(move || {
+                let p = Scratchpad::new(gpu, order)
+                    .expect("a scratchpad")
+                    .learn_sizes(sizes);
+                for &n in &SIZES {
+                    black_box(p.alloc(kind, n, ALIGN).expect("scratch"));
+                }
+            }),
+        ));
+        rows.push((
+            format!("scratch {name}: reset reuse"),
+            Box::new(move || {
+                for &n in &SIZES {
+                    black_box(pad.alloc(kind, n, ALIGN).expect("scratch"));
+                }
+                pad.reset().expect("a reset");
+            }),
+        ));
+    }
+
+    let result = f(&mut rows);
+
+    drop(rows);
+    drop(kept);
+    assert_eq!(streams.live_leases(), 0, "stream leases left out");
+    assert_eq!(events.live_leases(), 0, "event leases left out");
+    drop((streams, sticky, events));
+    // SAFETY: every scratchpad on the stream is gone; nothing else holds it.
+    unsafe { gpu.destroy_stream(stream, D) }.expect("destroying the stream");
+    result
+}

@@ -1,0 +1,172 @@
+//! Two builds of gpupool in one process: the one-thread rows of
+//! `backend-cuda/examples/08-one-thread-rows/rows.rs`, compiled once against a
+//! build from before a change (`gpupool_*_before`) and once against the
+//! working tree (`gpupool_*_after`), timed in alternating blocks of a few
+//! milliseconds: for each row, a block of the one build, then a block of the
+//! other (the order swapped every pair), `PAIRS` times. A pair's two blocks
+//! run within milliseconds of each other on the same thread, so a drift of
+//! the machine's speed (between processes the GPU machine's rows moved up to
+//! twofold, in step) falls on both alike; the median over the pairs of each
+//! pair's after/before quotient is the comparison.
+//!
+//! Built by `scripts/same-process-rows.sh REV`, which writes the manifest
+//! that names the two builds. Environment: `PAIRS` (default 61), `BLOCK_MS`
+//! (default 5), `OUT` (writes `same-process-rows.json` there). With
+//! `--mock`, on the mock backend (no GPU: what the core's code costs; the
+//! mock's own costs are not CUDA's). Without `--mock` and without a driver
+//! or a GPU it says "skipped" and exits 0.
+
+use std::time::{Duration, Instant};
+
+mod before {
+    use gpupool_core_before as gpupool_core;
+    use gpupool_cuda_before as gpupool_cuda;
+    include!("../../backend-cuda/examples/08-one-thread-rows/rows.rs");
+    pub(crate) use gpupool_cuda::CudaBackend as Gpu;
+    pub(crate) use gpupool_mock_before::MockBackend as Mock;
+}
+
+mod after {
+    use gpupool_core_after as gpupool_core;
+    use gpupool_cuda_after as gpupool_cuda;
+    include!("../../backend-cuda/examples/08-one-thread-rows/rows.rs");
+    pub(crate) use gpupool_cuda::CudaBackend as Gpu;
+    pub(crate) use gpupool_mock_after::MockBackend as Mock;
+}
+
+/// Runs `f` `n` times; the time taken.
+fn time(f: &mut dyn FnMut(), n: usize) -> Duration {
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t.elapsed()
+}
+
+/// How many runs of `f` take about `target`.
+fn calibrate(f: &mut dyn FnMut(), target: Duration) -> usize {
+    let mut n = 16usize;
+    loop {
+        let t = time(f, n);
+        if t >= target / 10 || n >= 1 << 26 {
+            let per = t.as_secs_f64().max(1e-9) / n as f64;
+            break ((target.as_secs_f64() / per) as usize).clamp(16, 1 << 26);
+        }
+        n *= 4;
+    }
+}
+
+/// The `q` quantile (0..=1) of `v`, nearest rank.
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// One row's figures: ns per operation of each build, per pair.
+struct Figures {
+    name: String,
+    before: Vec<f64>,
+    after: Vec<f64>,
+}
+
+fn compare(
+    before_rows: &mut [before::Row<'_>],
+    after_rows: &mut [after::Row<'_>],
+    pairs: usize,
+    block: Duration,
+) -> Vec<Figures> {
+    assert_eq!(
+        before_rows.len(),
+        after_rows.len(),
+        "the builds' rows differ"
+    );
+    let mut out = Vec::new();
+    for ((name, b), (name_after, a)) in before_rows.iter_mut().zip(after_rows.iter_mut()) {
+        assert_eq!(name, name_after, "the builds' rows differ");
+        // One count for both builds (the before build's), so a pair's two
+        // blocks do the same work; warm both first.
+        let n = calibrate(b, block);
+        calibrate(a, block);
+        time(b, n);
+        time(a, n);
+        let mut fig = Figures {
+            name: name.clone(),
+            before: Vec::with_capacity(pairs),
+            after: Vec::with_capacity(pairs),
+        };
+        for i in 0..pairs {
+            let per = |t: Duration| t.as_nanos() as f64 / n as f64;
+            if i % 2 == 0 {
+                fig.before.push(per(time(b, n)));
+                fig.after.push(per(time(a, n)));
+            } else {
+                fig.after.push(per(time(a, n)));
+                fig.before.push(per(time(b, n)));
+            }
+        }
+        out.push(fig);
+    }
+    out
+}
+
+fn main() {
+    use gpupool_core_after::Backend as _;
+    let pairs = env_usize("PAIRS", 61).max(1);
+    let block = Duration::from_millis(env_usize("BLOCK_MS", 5) as u64);
+    let mock = std::env::args().any(|a| a == "--mock");
+    let figures = if mock {
+        let (before_mock, after_mock) = (before::Mock::new(1), after::Mock::new(1));
+        before::with_rows(&before_mock, |b| {
+            after::with_rows(&after_mock, |a| compare(b, a, pairs, block))
+        })
+    } else {
+        let before_gpu = before::Gpu::new();
+        let after_gpu = after::Gpu::new();
+        match after_gpu.device_count() {
+            Ok(n) if n > 0 => {}
+            _ => {
+                println!("skipped: no CUDA driver or no GPU");
+                return;
+            }
+        }
+        before::with_rows(&before_gpu, |b| {
+            after::with_rows(&after_gpu, |a| compare(b, a, pairs, block))
+        })
+    };
+    println!(
+        "{pairs} pairs of {} ms blocks, same process, {}; after/before per pair:",
+        block.as_millis(),
+        if mock { "mock backend" } else { "CUDA backend" }
+    );
+    println!("| row | before ns | after ns | median of pairs' after/before | quartiles |");
+    println!("|---|---|---|---|---|");
+    let mut json = Vec::new();
+    for f in &figures {
+        let q: Vec<f64> = f.before.iter().zip(&f.after).map(|(b, a)| a / b).collect();
+        let (b, a) = (quantile(&f.before, 0.5), quantile(&f.after, 0.5));
+        let (q1, m, q3) = (quantile(&q, 0.25), quantile(&q, 0.5), quantile(&q, 0.75));
+        println!(
+            "| {} | {b:.1} | {a:.1} | {m:.3} | {q1:.3}–{q3:.3} |",
+            f.name
+        );
+        json.push(format!(
+            "  \"{}\": {{\"before_ns\": {b:.3}, \"after_ns\": {a:.3}, \"median_ratio\": {m:.4}, \"q1\": {q1:.4}, \"q3\": {q3:.4}, \"ratios\": [{}]}}",
+            f.name,
+            q.iter().map(|r| format!("{r:.4}")).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if let Some(dir) = std::env::var_os("OUT") {
+        let path = std::path::Path::new(&dir).join("same-process-rows.json");
+        std::fs::write(&path, format!("{{\n{}\n}}\n", json.join(",\n")))
+            .expect("writing same-process-rows.json");
+    }
+    println!("OK");
+}
