@@ -516,8 +516,11 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 // A kind never used learns 0, which `learn` ignores.
                 sizes.learn(kind, st.note_round());
             }
-            // A kind holds blocks only once the device is resolved.
-            if let Some(device) = device {
+            // A kind holds blocks only once the device is resolved; one that
+            // holds none has nothing to release (and its upstream is not
+            // worth building: a drop visits all four kinds, most rounds use
+            // one).
+            if let (Some(device), true) = (device, st.res.block_count() > 0) {
                 let up = self.counting(kind, device);
                 for block in st.res.take_blocks(0) {
                     // SAFETY: each block came from this upstream and is released

@@ -11,9 +11,10 @@
 //!
 //! Built by `scripts/same-process-rows.sh REV`, which writes the manifest
 //! that names the two builds. Environment: `PAIRS` (default 61), `BLOCK_MS`
-//! (default 5), `OUT` (writes `same-process-rows.json` there). With
-//! `--mock`, on the mock backend (no GPU: what the core's code costs; the
-//! mock's own costs are not CUDA's). Without `--mock` and without a driver
+//! (default 5), `ROWS` (only the rows whose name contains it), `OUT` (writes `same-process-rows.json` there). With
+//! `--mock`, on the mock backend (no GPU; the mock's own costs are not
+//! CUDA's); with `--bare`, on a backend that only allocates host memory
+//! (`bare_backend.rs`: what the core's own code costs, on any machine). Without `--mock` and without a driver
 //! or a GPU it says "skipped" and exits 0.
 
 use std::time::{Duration, Instant};
@@ -24,6 +25,7 @@ mod before {
     include!("../../backend-cuda/examples/08-one-thread-rows/rows.rs");
     pub(crate) use gpupool_cuda::CudaBackend as Gpu;
     pub(crate) use gpupool_mock_before::MockBackend as Mock;
+    include!("bare_backend.rs");
 }
 
 mod after {
@@ -32,6 +34,7 @@ mod after {
     include!("../../backend-cuda/examples/08-one-thread-rows/rows.rs");
     pub(crate) use gpupool_cuda::CudaBackend as Gpu;
     pub(crate) use gpupool_mock_after::MockBackend as Mock;
+    include!("bare_backend.rs");
 }
 
 /// Runs `f` `n` times; the time taken.
@@ -88,9 +91,13 @@ fn compare(
         after_rows.len(),
         "the builds' rows differ"
     );
+    let only = std::env::var("ROWS").unwrap_or_default();
     let mut out = Vec::new();
     for ((name, b), (name_after, a)) in before_rows.iter_mut().zip(after_rows.iter_mut()) {
         assert_eq!(name, name_after, "the builds' rows differ");
+        if !name.contains(only.as_str()) {
+            continue;
+        }
         // One count for both builds (the before build's), so a pair's two
         // blocks do the same work; warm both first.
         let n = calibrate(b, block);
@@ -122,7 +129,13 @@ fn main() {
     let pairs = env_usize("PAIRS", 61).max(1);
     let block = Duration::from_millis(env_usize("BLOCK_MS", 5) as u64);
     let mock = std::env::args().any(|a| a == "--mock");
-    let figures = if mock {
+    let bare = std::env::args().any(|a| a == "--bare");
+    let figures = if bare {
+        let (before_bare, after_bare) = (before::Bare::new(), after::Bare::new());
+        before::with_rows(&before_bare, |b| {
+            after::with_rows(&after_bare, |a| compare(b, a, pairs, block))
+        })
+    } else if mock {
         let (before_mock, after_mock) = (before::Mock::new(1), after::Mock::new(1));
         before::with_rows(&before_mock, |b| {
             after::with_rows(&after_mock, |a| compare(b, a, pairs, block))
@@ -144,7 +157,13 @@ fn main() {
     println!(
         "{pairs} pairs of {} ms blocks, same process, {}; after/before per pair:",
         block.as_millis(),
-        if mock { "mock backend" } else { "CUDA backend" }
+        if bare {
+            "bare backend (the core's own cost)"
+        } else if mock {
+            "mock backend"
+        } else {
+            "CUDA backend"
+        }
     );
     println!("| row | before ns | after ns | median of pairs' after/before | quartiles |");
     println!("|---|---|---|---|---|");
