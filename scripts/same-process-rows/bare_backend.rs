@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 // `MemoryKind` and `StreamOptions` come from the including module (rows.rs).
 use gpupool_core::{
-    Backend, BackendId, Completion, DeviceId, EventBackend, EventFlags, EventHandle,
-    MemoryBackend, StreamBackend, StreamHandle,
+    Backend, BackendId, Completion, DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend,
+    StreamBackend, StreamHandle,
 };
 
 #[derive(Debug)]
