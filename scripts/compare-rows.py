@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compares runs of two builds of the one-thread rows example
-(backend-cuda/examples/08-one-thread-rows.rs, run alternately by
+(backend-cuda/examples/08-one-thread-rows/, run alternately by
 scripts/gpu-before-after.sh).
 
     scripts/compare-rows.py OLD_DIR... -- NEW_DIR...
@@ -10,7 +10,9 @@ Each DIR holds a rows.json. The directories are paired in the order given
 every row: the median over the old runs and over the new runs (ns), their
 quotient, and the median over the pairs of each pair's new/old quotient,
 which a drift of the machine's speed between pairs does not move. Above 1
-means the new build is slower.
+means the new build is slower. Between processes the GPU machine's rows move
+up to twofold (2026-12-02): for a few-percent question use
+scripts/same-process-rows.sh (both builds in one process) instead.
 """
 import json
 import statistics

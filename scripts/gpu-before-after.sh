@@ -12,7 +12,9 @@
 # them with scripts/compare-side-by-side.py. The same for two builds of
 # backend-cuda's example 08-one-thread-rows (gpupool's own one-thread rows,
 # ~5 s a run: many more pairs in the same time; rows.json, compared by
-# scripts/compare-rows.py). Pinned to 16 cores where the machine has more
+# scripts/compare-rows.py); between processes the GPU machine's rows move up
+# to twofold, so for a few-percent question prefer scripts/same-process-rows.sh
+# (both builds in one process). Pinned to 16 cores where the machine has more
 # (as scripts/gpu-check.sh does).
 set -uo pipefail
 old=$1

@@ -17,7 +17,10 @@
 //! (`bare_backend.rs`: what the core's own code costs, on any machine). Without `--mock` and without a driver
 //! or a GPU it says "skipped" and exits 0.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The timing helpers of rows.rs, from one build: the same code times both.
+use before::{calibrate, time};
 
 mod before {
     use gpupool_core_before as gpupool_core;
@@ -28,6 +31,8 @@ mod before {
     include!("bare_backend.rs");
 }
 
+// Its copy of rows.rs's timing helpers is not used (`before`'s times both).
+#[allow(dead_code)]
 mod after {
     use gpupool_core_after as gpupool_core;
     use gpupool_cuda_after as gpupool_cuda;
@@ -35,28 +40,6 @@ mod after {
     pub(crate) use gpupool_cuda::CudaBackend as Gpu;
     pub(crate) use gpupool_mock_after::MockBackend as Mock;
     include!("bare_backend.rs");
-}
-
-/// Runs `f` `n` times; the time taken.
-fn time(f: &mut dyn FnMut(), n: usize) -> Duration {
-    let t = Instant::now();
-    for _ in 0..n {
-        f();
-    }
-    t.elapsed()
-}
-
-/// How many runs of `f` take about `target`.
-fn calibrate(f: &mut dyn FnMut(), target: Duration) -> usize {
-    let mut n = 16usize;
-    loop {
-        let t = time(f, n);
-        if t >= target / 10 || n >= 1 << 26 {
-            let per = t.as_secs_f64().max(1e-9) / n as f64;
-            break ((target.as_secs_f64() / per) as usize).clamp(16, 1 << 26);
-        }
-        n *= 4;
-    }
 }
 
 /// The `q` quantile (0..=1) of `v`, nearest rank.

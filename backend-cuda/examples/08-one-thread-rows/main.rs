@@ -19,7 +19,7 @@
 //!
 //! `cargo run --release -p gpupool-cuda --example 08-one-thread-rows`
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpupool_core::Backend;
 use gpupool_cuda::CudaBackend;
@@ -29,31 +29,9 @@ mod rows;
 const REPEATS: usize = 9;
 const TARGET: Duration = Duration::from_millis(20);
 
-/// Runs `f` `n` times; the time taken.
-fn time(f: &mut dyn FnMut(), n: usize) -> Duration {
-    let t = Instant::now();
-    for _ in 0..n {
-        f();
-    }
-    t.elapsed()
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-/// How many runs of `f` take about `target`.
-fn calibrate(f: &mut dyn FnMut(), target: Duration) -> usize {
-    let mut n = 16usize;
-    loop {
-        let t = time(f, n);
-        if t >= target / 10 || n >= 1 << 26 {
-            let per = t.as_secs_f64().max(1e-9) / n as f64;
-            break ((target.as_secs_f64() / per) as usize).clamp(16, 1 << 26);
-        }
-        n *= 4;
-    }
 }
 
 fn main() {
@@ -66,11 +44,14 @@ fn main() {
         }
     }
     let figures = rows::with_rows(&gpu, |rows| {
-        let n: Vec<usize> = rows.iter_mut().map(|(_, f)| calibrate(f, TARGET)).collect();
+        let n: Vec<usize> = rows
+            .iter_mut()
+            .map(|(_, f)| rows::calibrate(f, TARGET))
+            .collect();
         let mut ns = vec![Vec::with_capacity(REPEATS); rows.len()];
         for _ in 0..REPEATS {
             for (i, (_, f)) in rows.iter_mut().enumerate() {
-                ns[i].push(time(f, n[i]).as_nanos() as f64 / n[i] as f64);
+                ns[i].push(rows::time(f, n[i]).as_nanos() as f64 / n[i] as f64);
             }
         }
         rows.iter()

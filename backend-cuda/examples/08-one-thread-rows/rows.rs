@@ -8,6 +8,7 @@
 // every build since the soundness issue has.
 
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use gpupool_core::{
     AccessOrder, EventPool, MemoryKind, ScratchBackend, ScratchSizes, Scratchpad, StreamOptions,
@@ -131,4 +132,26 @@ pub(crate) fn with_rows<B: ScratchBackend, R>(gpu: &B, f: impl FnOnce(&mut [Row<
     // SAFETY: every scratchpad on the stream is gone; nothing else holds it.
     unsafe { gpu.destroy_stream(stream, D) }.expect("destroying the stream");
     result
+}
+
+// Runs `f` `n` times; the time taken.
+pub(crate) fn time(f: &mut dyn FnMut(), n: usize) -> Duration {
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t.elapsed()
+}
+
+// How many runs of `f` take about `target`.
+pub(crate) fn calibrate(f: &mut dyn FnMut(), target: Duration) -> usize {
+    let mut n = 16usize;
+    loop {
+        let t = time(f, n);
+        if t >= target / 10 || n >= 1 << 26 {
+            let per = t.as_secs_f64().max(1e-9) / n as f64;
+            break ((target.as_secs_f64() / per) as usize).clamp(16, 1 << 26);
+        }
+        n *= 4;
+    }
 }
