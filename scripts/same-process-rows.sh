@@ -8,7 +8,7 @@
 #
 # DEST defaults to .gpu/same-process-rows; with AFTER_REV, that revision
 # stands in for the working tree (for bisecting a change between commits).
-#   OUT=dir PAIRS=61 BLOCK_MS=5 .gpu/same-process-rows [--mock]
+#   OUT=dir PAIRS=61 BLOCK_MS=5 ROWS=scratch .gpu/same-process-rows [--mock | --bare]
 #
 # REV's tree is exported to $SAME_PROCESS_ROWS_DIR/before (default
 # /tmp/gpupool-same-process-rows) with its crates' version renamed

@@ -520,7 +520,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             // holds none has nothing to release (and its upstream is not
             // worth building: a drop visits all four kinds, most rounds use
             // one).
-            if let (Some(device), true) = (device, st.res.block_count() > 0) {
+            if let Some(device) = device.filter(|_| st.res.block_count() > 0) {
                 let up = self.counting(kind, device);
                 for block in st.res.take_blocks(0) {
                     // SAFETY: each block came from this upstream and is released

@@ -11,11 +11,12 @@
 //!
 //! Built by `scripts/same-process-rows.sh REV`, which writes the manifest
 //! that names the two builds. Environment: `PAIRS` (default 61), `BLOCK_MS`
-//! (default 5), `ROWS` (only the rows whose name contains it), `OUT` (writes `same-process-rows.json` there). With
-//! `--mock`, on the mock backend (no GPU; the mock's own costs are not
-//! CUDA's); with `--bare`, on a backend that only allocates host memory
-//! (`bare_backend.rs`: what the core's own code costs, on any machine). Without `--mock` and without a driver
-//! or a GPU it says "skipped" and exits 0.
+//! (default 5), `ROWS` (only the rows whose name contains it), `OUT` (writes
+//! `same-process-rows.json` there). With `--mock`, on the mock backend (no
+//! GPU; the mock's own costs are not CUDA's); with `--bare`, on a backend
+//! that only allocates host memory (`bare_backend.rs`: what the core's own
+//! code costs, on any machine). Otherwise on CUDA: without a driver or a GPU
+//! it says "skipped" and exits 0.
 
 use std::time::Duration;
 
@@ -107,6 +108,17 @@ fn compare(
     out
 }
 
+/// Both builds' rows, each on its own backend, compared.
+fn both<B, A>(before_backend: &B, after_backend: &A, pairs: usize, block: Duration) -> Vec<Figures>
+where
+    B: gpupool_core_before::ScratchBackend,
+    A: gpupool_core_after::ScratchBackend,
+{
+    before::with_rows(before_backend, |b| {
+        after::with_rows(after_backend, |a| compare(b, a, pairs, block))
+    })
+}
+
 fn main() {
     use gpupool_core_after::Backend as _;
     let pairs = env_usize("PAIRS", 61).max(1);
@@ -114,15 +126,9 @@ fn main() {
     let mock = std::env::args().any(|a| a == "--mock");
     let bare = std::env::args().any(|a| a == "--bare");
     let figures = if bare {
-        let (before_bare, after_bare) = (before::Bare::new(), after::Bare::new());
-        before::with_rows(&before_bare, |b| {
-            after::with_rows(&after_bare, |a| compare(b, a, pairs, block))
-        })
+        both(&before::Bare::new(), &after::Bare::new(), pairs, block)
     } else if mock {
-        let (before_mock, after_mock) = (before::Mock::new(1), after::Mock::new(1));
-        before::with_rows(&before_mock, |b| {
-            after::with_rows(&after_mock, |a| compare(b, a, pairs, block))
-        })
+        both(&before::Mock::new(1), &after::Mock::new(1), pairs, block)
     } else {
         let before_gpu = before::Gpu::new();
         let after_gpu = after::Gpu::new();
@@ -133,9 +139,7 @@ fn main() {
                 return;
             }
         }
-        before::with_rows(&before_gpu, |b| {
-            after::with_rows(&after_gpu, |a| compare(b, a, pairs, block))
-        })
+        both(&before_gpu, &after_gpu, pairs, block)
     };
     println!(
         "{pairs} pairs of {} ms blocks, same process, {}; after/before per pair:",
