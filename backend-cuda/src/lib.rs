@@ -85,6 +85,7 @@ pub mod block_pool; // public for the loom models only
 pub mod device_cache;
 mod driver;
 mod error;
+mod graph;
 pub mod interop;
 mod kernel_arg;
 mod library;
@@ -101,6 +102,7 @@ use gpupool_core::{EventPool, StreamPool};
 
 pub use backend::CudaBackend;
 pub use error::CudaError;
+pub use graph::{CudaGraph, CudaGraphExec};
 pub use interop::{cudarc_stream, with_cudarc_owned_stream, with_cudarc_stream};
 pub use kernel_arg::{DeviceSliceExt, KernelPtr};
 pub use memory::MemoryStats;

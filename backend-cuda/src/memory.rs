@@ -628,6 +628,31 @@ impl MemoryBackend for CudaBackend {
         })
     }
 
+    /// Counts the block in [`MemoryStats::kept_for_graphs`] and keeps it for
+    /// the life of the process: the graphs that may use it were captured
+    /// earlier and cannot be given a reference to it any more, so nothing
+    /// tells when they are gone. (A scratchpad calls this only for a round
+    /// that outlived a capture it overlapped; `docs/graph-capture.md` says
+    /// how to end rounds inside the capture instead.)
+    ///
+    /// # Safety
+    /// The contract of [`MemoryBackend::keep_for_ended_captures`].
+    unsafe fn keep_for_ended_captures(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) -> Result<(), CudaError> {
+        let (_, mem) = state(device)?;
+        let how = GiveBack::Block { align };
+        // SAFETY: no stream; the block is the caller's to give up, and is
+        // never given back (kept for the life of the process).
+        unsafe { mem.keep_for_graphs(device, kind, ptr.as_ptr() as usize, size, how, None) };
+        Ok(())
+    }
+
     /// True while the idle probe is on ([`CudaBackend::set_idle_probe`]):
     /// each thread keeps its stream-ordered pinned and managed frees and
     /// proves them free with one stream query per batch

@@ -20,8 +20,9 @@
 use core::ptr::NonNull;
 
 use gpupool_core::{
-    Backend, BackendId, BackendOp as CallKind, CaptureStatus, Completion, DeviceId, EventBackend,
-    EventFlags, EventHandle, MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
+    Backend, BackendId, BackendOp as CallKind, CaptureBackend, CaptureMode, CaptureStatus,
+    Completion, DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend, MemoryKind,
+    StreamBackend, StreamHandle, StreamOptions,
 };
 
 use crate::error::{BlockLayout, Misuse, MockError};
@@ -35,6 +36,15 @@ use crate::MockBackend;
 type Refusal<'a> = dyn Fn(&mut State) -> Result<(), MockError> + 'a;
 
 impl MockBackend {
+    /// `Ok` if `stream` is a stream of `device` (a special one, or a live
+    /// created one of it), for the calls that check it before a harness
+    /// call.
+    fn check_stream_device(&self, stream: StreamHandle, device: DeviceId) -> Result<(), MockError> {
+        read(&self.inner.state)
+            .stream_key(stream, device)
+            .map(|_| ())
+    }
+
     /// `deallocate_async` (`for_graph`: `keep_for_graph`), counted as a
     /// `DeallocateAsync` call.
     fn free_in_order(
@@ -256,6 +266,35 @@ impl StreamBackend for MockBackend {
             |st| st.capture_status(stream, device),
             None,
         )
+    }
+}
+
+/// Graph capture through the trait: the harness calls
+/// [`MockBackend::begin_capture`] and [`MockBackend::end_capture`] (a bad
+/// handle is an error and a [`Misuse`], as there), after checking that
+/// `stream` is a stream of `device`.
+impl CaptureBackend for MockBackend {
+    type Graph = crate::MockGraph;
+
+    unsafe fn begin_capture(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+        mode: CaptureMode,
+    ) -> Result<(), MockError> {
+        self.check_stream_device(stream, device)?;
+        // SAFETY: the trait's caller begins the capture through gpupool,
+        // which notes it (`StreamLease::begin_capture`).
+        unsafe { MockBackend::begin_capture(self, stream, mode) }
+    }
+
+    unsafe fn end_capture(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<crate::MockGraph, MockError> {
+        self.check_stream_device(stream, device)?;
+        MockBackend::end_capture(self, stream)
     }
 }
 

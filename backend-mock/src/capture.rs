@@ -25,20 +25,9 @@ use crate::state::State;
 use crate::sync::{current_thread, ThreadId};
 
 /// How an open capture restricts the "potentially unsafe" calls of the
-/// threads (CUDA's `CUstreamCaptureMode`): see [Capture](crate#capture).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub enum CaptureMode {
-    /// CUDA's default: while the capture is open, every thread is refused
-    /// the potentially unsafe calls, and a refused call invalidates every
-    /// open `Global` capture.
-    Global,
-    /// Only the thread that began the capture is refused them; a refused
-    /// call invalidates that capture.
-    ThreadLocal,
-    /// Nobody is refused them (calls on the capturing streams and captured
-    /// events are still refused).
-    Relaxed,
-}
+/// threads: the core's [`CaptureMode`](gpupool_core::CaptureMode), modelled
+/// as [Capture](crate#capture) says.
+pub use gpupool_core::CaptureMode;
 
 /// A call of the capture harness, named by the [`Misuse`](crate::Misuse)
 /// it caused.

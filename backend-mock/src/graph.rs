@@ -104,13 +104,28 @@ impl MockBackend {
     /// created stream of this machine (a special stream cannot be captured),
     /// [`MockError::AlreadyCapturing`] for one already in a capture.
     ///
+    /// A stream that a gpupool lease or owned stream holds begins its
+    /// captures with [`StreamLease::begin_capture`](gpupool_core::StreamLease::begin_capture),
+    /// which needs no `unsafe`.
+    ///
+    /// # Safety
+    /// This is CUDA's `cuStreamBeginCapture` on a raw handle, with its
+    /// contract towards gpupool: if `stream` is held by a gpupool lease or
+    /// owned stream, the caller calls its
+    /// [`note_capture`](gpupool_core::StreamLease::note_capture) right
+    /// after, before any other gpupool call on it, its orders or a
+    /// scratchpad on them (gpupool would otherwise reuse scratch memory that
+    /// the graph's replays use). The mock itself checks everything and is
+    /// sound for any argument.
+    ///
     /// ```
     /// use gpupool_core::{CaptureStatus, DeviceId, StreamBackend};
     /// use gpupool_mock::{CaptureMode, MockBackend};
     ///
     /// let gpu = MockBackend::new(1);
     /// let s = gpu.create_stream(DeviceId(0), Default::default()).unwrap();
-    /// gpu.begin_capture(s, CaptureMode::Global).unwrap();
+    /// // SAFETY: a stream of this test's own, which no gpupool object holds.
+    /// unsafe { gpu.begin_capture(s, CaptureMode::Global) }.unwrap();
     /// gpu.enqueue_work(s).unwrap(); // captured: nothing queued
     /// assert_eq!(gpu.pending_work(s), Ok(0));
     /// assert_eq!(gpu.capture_status_of(s), Ok(CaptureStatus::Active));
@@ -122,7 +137,11 @@ impl MockBackend {
     /// assert_eq!(gpu.pending_work(s), Ok(2));
     /// assert!(gpu.misuses().is_empty());
     /// ```
-    pub fn begin_capture(&self, stream: StreamHandle, mode: CaptureMode) -> Result<(), MockError> {
+    pub unsafe fn begin_capture(
+        &self,
+        stream: StreamHandle,
+        mode: CaptureMode,
+    ) -> Result<(), MockError> {
         self.harness_call(HarnessCall::BeginCapture, |st| {
             let key = StreamKey::Created(stream.as_raw());
             let device = match st.streams.get(key) {

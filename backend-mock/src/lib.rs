@@ -175,7 +175,12 @@
 //!
 //! - **Begin and end.** [`begin_capture`](MockBackend::begin_capture) makes
 //!   a live created stream in no capture the *origin* of a new capture, of a
-//!   [`CaptureMode`], begun by the calling thread.
+//!   [`CaptureMode`], begun by the calling thread. It is `unsafe` like
+//!   CUDA's raw call, with gpupool's contract; a stream of a gpupool lease
+//!   begins a capture with the safe
+//!   [`StreamLease::begin_capture`](gpupool_core::StreamLease::begin_capture)
+//!   (through [`CaptureBackend`](gpupool_core::CaptureBackend), which the
+//!   mock implements with these calls).
 //!   [`end_capture`](MockBackend::end_capture) on the origin takes every
 //!   stream out of the capture whatever the outcome, and returns its
 //!   [`MockGraph`], or fails: the capture was invalidated
@@ -254,10 +259,11 @@
 //!                       gpu.create_stream(d, Default::default()).unwrap());
 //! let (fork, join) = (gpu.create_event(d, Default::default()).unwrap(),
 //!                     gpu.create_event(d, Default::default()).unwrap());
-//! gpu.begin_capture(origin, CaptureMode::Global).unwrap();
-//! // SAFETY: live handles of this mock, of device 0 (and the mock checks
-//! // every handle anyway); the block is freed once, in the capture.
+//! // SAFETY: live handles of this mock, of device 0, which no gpupool object
+//! // holds (and the mock checks every handle anyway); the block is freed
+//! // once, in the capture.
 //! unsafe {
+//!     gpu.begin_capture(origin, CaptureMode::Global).unwrap();
 //!     gpu.record_event(fork, origin, d).unwrap();
 //!     gpu.stream_wait_event(side, d, fork).unwrap(); // side joins the capture
 //!     let p = gpu.allocate_async(MemoryKind::Device, d, 256, 256, side).unwrap();

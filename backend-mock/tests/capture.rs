@@ -25,6 +25,15 @@ use common::{event, mock_with_stream, stream, D0, D1};
 
 use CaptureStatus::{Active, Invalidated, NotCapturing};
 
+/// Begins a capture on a stream of the test's own through the mock's
+/// harness.
+fn begin(mock: &MockBackend, stream: StreamHandle, mode: CaptureMode) -> Result<(), MockError> {
+    // SAFETY: the tests' streams are created by the tests themselves; no
+    // gpupool lease or owned stream holds them (and the mock checks every
+    // handle).
+    unsafe { mock.begin_capture(stream, mode) }
+}
+
 const MODES: [CaptureMode; 3] = [
     CaptureMode::Global,
     CaptureMode::ThreadLocal,
@@ -76,7 +85,7 @@ fn captured_work_is_recorded_not_queued() {
     let (mock, s) = mock_with_stream(1);
     mock.enqueue_work(s).unwrap(); // before the capture: queued
     assert_eq!(status(&mock, s), NotCapturing);
-    mock.begin_capture(s, CaptureMode::Global).unwrap();
+    begin(&mock, s, CaptureMode::Global).unwrap();
     assert_eq!(status(&mock, s), Active);
     assert_eq!(mock.open_captures(), 1);
     for _ in 0..3 {
@@ -101,7 +110,7 @@ fn capture_status_is_never_refused_and_breaks_nothing() {
     for mode in MODES {
         let (mock, s) = mock_with_stream(1);
         let other = stream(&mock, D0);
-        mock.begin_capture(s, mode).unwrap();
+        begin(&mock, s, mode).unwrap();
         for _ in 0..2 {
             assert_eq!(status(&mock, s), Active);
             assert_eq!(status(&mock, other), NotCapturing);
@@ -121,20 +130,20 @@ fn bad_begins_and_ends_are_misuses_with_no_effect() {
     let bogus = unsafe { StreamHandle::from_raw(0x4242) };
     let special = StreamHandle::NULL;
     assert_eq!(
-        mock.begin_capture(bogus, CaptureMode::Global),
+        begin(&mock, bogus, CaptureMode::Global),
         Err(MockError::InvalidStream(bogus))
     );
     assert_eq!(
-        mock.begin_capture(special, CaptureMode::Global),
+        begin(&mock, special, CaptureMode::Global),
         Err(MockError::InvalidStream(special))
     );
     assert_eq!(
         mock.end_capture(s).unwrap_err(),
         MockError::NotCaptureOrigin(s)
     );
-    mock.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    begin(&mock, s, CaptureMode::Relaxed).unwrap();
     assert_eq!(
-        mock.begin_capture(s, CaptureMode::Relaxed),
+        begin(&mock, s, CaptureMode::Relaxed),
         Err(MockError::AlreadyCapturing(s))
     );
     assert_eq!(status(&mock, s), Active, "a refused begin changes nothing");
@@ -162,7 +171,7 @@ fn bad_begins_and_ends_are_misuses_with_no_effect() {
 fn fork_and_join_back_end_in_one_graph() {
     let (mock, a) = mock_with_stream(1);
     let b = stream(&mock, D0);
-    mock.begin_capture(a, CaptureMode::Global).unwrap();
+    begin(&mock, a, CaptureMode::Global).unwrap();
     mock.enqueue_work(a).unwrap();
     fork(&mock, a, b);
     assert_eq!(status(&mock, b), Active, "b joined the capture");
@@ -185,7 +194,7 @@ fn fork_and_join_back_end_in_one_graph() {
 fn a_stream_not_joined_back_fails_the_end() {
     let (mock, a) = mock_with_stream(1);
     let b = stream(&mock, D0);
-    mock.begin_capture(a, CaptureMode::Global).unwrap();
+    begin(&mock, a, CaptureMode::Global).unwrap();
     fork(&mock, a, b);
     // The join's event is recorded before b's work: it does not cover it.
     let early = event(&mock, D0);
@@ -213,7 +222,7 @@ fn a_stream_not_joined_back_fails_the_end() {
 fn a_fork_without_work_needs_no_join() {
     let (mock, a) = mock_with_stream(1);
     let b = stream(&mock, D0);
-    mock.begin_capture(a, CaptureMode::Global).unwrap();
+    begin(&mock, a, CaptureMode::Global).unwrap();
     fork(&mock, a, b);
     assert!(mock.end_capture(a).is_ok());
 }
@@ -222,7 +231,7 @@ fn a_fork_without_work_needs_no_join() {
 fn joins_are_followed_through_other_streams() {
     let (mock, a) = mock_with_stream(1);
     let (b, c) = (stream(&mock, D0), stream(&mock, D0));
-    mock.begin_capture(a, CaptureMode::Global).unwrap();
+    begin(&mock, a, CaptureMode::Global).unwrap();
     fork(&mock, a, b);
     fork(&mock, b, c);
     mock.enqueue_work(c).unwrap();
@@ -238,7 +247,7 @@ fn joins_are_followed_through_other_streams() {
 fn ending_from_a_joined_stream_breaks_the_capture() {
     let (mock, a) = mock_with_stream(1);
     let b = stream(&mock, D0);
-    mock.begin_capture(a, CaptureMode::Relaxed).unwrap();
+    begin(&mock, a, CaptureMode::Relaxed).unwrap();
     fork(&mock, a, b);
     assert_eq!(
         mock.end_capture(b).unwrap_err(),
@@ -262,7 +271,7 @@ fn ending_from_a_joined_stream_breaks_the_capture() {
 fn captured_events_are_complete_once_the_capture_ends() {
     let (mock, a) = mock_with_stream(1);
     let b = stream(&mock, D0);
-    mock.begin_capture(a, CaptureMode::Relaxed).unwrap();
+    begin(&mock, a, CaptureMode::Relaxed).unwrap();
     let e = fork(&mock, a, b);
     join(&mock, a, b);
     mock.end_capture(a).unwrap();
@@ -309,7 +318,7 @@ fn queries_and_syncs_of_capturing_streams_and_captured_events_are_refused() {
     for mode in MODES {
         for (kind, call) in refused {
             let (mock, s) = mock_with_stream(1);
-            mock.begin_capture(s, mode).unwrap();
+            begin(&mock, s, mode).unwrap();
             let e = event(&mock, D0);
             // SAFETY: live handles of this mock's device 0.
             unsafe { mock.record_event(e, s, D0) }.unwrap();
@@ -371,7 +380,7 @@ fn unsafe_call_during(
 ) -> (Result<(), MockError>, CaptureStatus, MockBackend) {
     let (mock, capturing) = mock_with_stream(1);
     let other = stream(&mock, D0);
-    mock.begin_capture(capturing, mode).unwrap();
+    begin(&mock, capturing, mode).unwrap();
     let got = if same_thread {
         call(&mock, other)
     } else {
@@ -418,7 +427,7 @@ fn synchronous_frees_of_device_visible_memory_are_potentially_unsafe() {
         for mode in MODES {
             let (mock, s) = mock_with_stream(1);
             let p = mock.allocate(kind, D0, 64, 64).unwrap();
-            mock.begin_capture(s, mode).unwrap();
+            begin(&mock, s, mode).unwrap();
             // SAFETY: the block was allocated with this layout and is not used.
             let got = unsafe { mock.deallocate(kind, D0, p, 64, 64) };
             let refused = mode != CaptureMode::Relaxed && kind != MemoryKind::Host;
@@ -442,12 +451,12 @@ fn synchronous_frees_of_device_visible_memory_are_potentially_unsafe() {
 fn a_refused_call_breaks_every_global_capture_and_only_its_threads_local_one() {
     let mock = MockBackend::new(1);
     let [g1, g2, local, relaxed, other] = std::array::from_fn(|_| stream(&mock, D0));
-    mock.begin_capture(g1, CaptureMode::Global).unwrap();
+    begin(&mock, g1, CaptureMode::Global).unwrap();
     std::thread::scope(|t| {
-        t.spawn(|| mock.begin_capture(g2, CaptureMode::Global).unwrap());
+        t.spawn(|| begin(&mock, g2, CaptureMode::Global).unwrap());
     });
-    mock.begin_capture(local, CaptureMode::ThreadLocal).unwrap();
-    mock.begin_capture(relaxed, CaptureMode::Relaxed).unwrap();
+    begin(&mock, local, CaptureMode::ThreadLocal).unwrap();
+    begin(&mock, relaxed, CaptureMode::Relaxed).unwrap();
     // Another thread's query: the Global captures break, the thread-local
     // one (this thread's) does not.
     let got = std::thread::scope(|t| {
@@ -465,12 +474,9 @@ fn a_refused_call_breaks_every_global_capture_and_only_its_threads_local_one() {
 fn a_thread_local_capture_is_broken_by_its_own_thread_only() {
     let mock = MockBackend::new(1);
     let [mine, theirs, other] = std::array::from_fn(|_| stream(&mock, D0));
-    mock.begin_capture(mine, CaptureMode::ThreadLocal).unwrap();
+    begin(&mock, mine, CaptureMode::ThreadLocal).unwrap();
     std::thread::scope(|t| {
-        t.spawn(|| {
-            mock.begin_capture(theirs, CaptureMode::ThreadLocal)
-                .unwrap()
-        });
+        t.spawn(|| begin(&mock, theirs, CaptureMode::ThreadLocal).unwrap());
     });
     // SAFETY: a live stream of this mock's device 0.
     let got = unsafe { mock.query_stream(other, D0) };
@@ -488,8 +494,8 @@ fn a_thread_local_capture_is_broken_by_its_own_thread_only() {
 fn waits_across_capture_boundaries_are_refused() {
     let mock = MockBackend::new(1);
     let [a, b, outside] = std::array::from_fn(|_| stream(&mock, D0));
-    mock.begin_capture(a, CaptureMode::Relaxed).unwrap();
-    mock.begin_capture(b, CaptureMode::Relaxed).unwrap();
+    begin(&mock, a, CaptureMode::Relaxed).unwrap();
+    begin(&mock, b, CaptureMode::Relaxed).unwrap();
     let ea = event(&mock, D0);
     let never = event(&mock, D0);
     let eo = event(&mock, D0);
@@ -512,7 +518,7 @@ fn waits_across_capture_boundaries_are_refused() {
     mock.end_capture(a).unwrap_err();
     mock.end_capture(b).unwrap_err();
 
-    mock.begin_capture(a, CaptureMode::Relaxed).unwrap();
+    begin(&mock, a, CaptureMode::Relaxed).unwrap();
     // SAFETY: as above.
     unsafe {
         mock.record_event(eo, outside, D0).unwrap();
@@ -533,7 +539,7 @@ fn a_launch_queues_the_captured_items_and_their_uses() {
     let (mock, origin) = mock_with_stream(1);
     let (side, launch, other) = (stream(&mock, D0), stream(&mock, D0), stream(&mock, D0));
     let p = device_block(&mock, 256);
-    mock.begin_capture(origin, CaptureMode::Global).unwrap();
+    begin(&mock, origin, CaptureMode::Global).unwrap();
     fork(&mock, origin, side);
     mock.use_memory(side, p.as_ptr(), 128).unwrap();
     join(&mock, origin, side);
@@ -577,7 +583,7 @@ fn captured_copies_and_kernels_do_not_run() {
     let x = scratch.to_device(&[1u32, 2, 3]).unwrap();
     let y = scratch.device::<u32>(3).unwrap();
     mock.complete_everything();
-    mock.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    begin(&mock, s, CaptureMode::Relaxed).unwrap();
     let mut called = false;
     mock.launch_map(&order, &x, &y, |v| {
         called = true;
@@ -607,7 +613,7 @@ fn graph_launch_refusals() {
     let mock = MockBackend::new(2);
     let [a, b] = std::array::from_fn(|_| stream(&mock, D0));
     let on_d1 = stream(&mock, D1);
-    mock.begin_capture(a, CaptureMode::Relaxed).unwrap();
+    begin(&mock, a, CaptureMode::Relaxed).unwrap();
     mock.enqueue_work(a).unwrap();
     let graph = mock.end_capture(a).unwrap();
 
@@ -618,7 +624,7 @@ fn graph_launch_refusals() {
             actual: D0
         })
     );
-    mock.begin_capture(b, CaptureMode::Relaxed).unwrap();
+    begin(&mock, b, CaptureMode::Relaxed).unwrap();
     assert_eq!(
         mock.launch_graph(&graph, b),
         Err(MockError::CaptureUnsupported)
@@ -647,7 +653,7 @@ fn graph_launch_refusals() {
 /// A capture on `s` that allocates a device block in stream order, uses it
 /// and frees it (memory nodes); returns the graph and the block's address.
 fn alloc_use_free(mock: &MockBackend, s: StreamHandle) -> (MockGraph, usize) {
-    mock.begin_capture(s, CaptureMode::Global).unwrap();
+    begin(mock, s, CaptureMode::Global).unwrap();
     // SAFETY: a live stream of this mock's device 0.
     let p = unsafe { mock.allocate_async(MemoryKind::Device, D0, 512, 256, s) }.unwrap();
     mock.use_memory(s, p.as_ptr(), 512).unwrap();
@@ -700,7 +706,7 @@ fn graph_allocations_stay_reserved_until_the_graph_drops() {
 #[test]
 fn a_graph_allocation_without_a_free_node_is_freed_with_the_graph() {
     let (mock, s) = mock_with_stream(1);
-    mock.begin_capture(s, CaptureMode::Global).unwrap();
+    begin(&mock, s, CaptureMode::Global).unwrap();
     // SAFETY: a live stream of this mock's device 0.
     let p = unsafe { mock.allocate_async(MemoryKind::Device, D0, 64, 64, s) }.unwrap();
     let graph = mock.end_capture(s).unwrap();
@@ -712,7 +718,7 @@ fn a_graph_allocation_without_a_free_node_is_freed_with_the_graph() {
     assert_eq!(mock.live_bytes(MemoryKind::Device), 0);
 
     // One the caller frees itself is not freed twice.
-    mock.begin_capture(s, CaptureMode::Global).unwrap();
+    begin(&mock, s, CaptureMode::Global).unwrap();
     // SAFETY: as above.
     let q = unsafe { mock.allocate_async(MemoryKind::Device, D0, 64, 64, s) }.unwrap();
     let graph = mock.end_capture(s).unwrap();
@@ -733,7 +739,7 @@ fn a_graph_allocation_without_a_free_node_is_freed_with_the_graph() {
 fn a_graph_can_free_only_its_own_device_allocations() {
     let (mock, s) = mock_with_stream(1);
     let outside = device_block(&mock, 64);
-    mock.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    begin(&mock, s, CaptureMode::Relaxed).unwrap();
     // SAFETY: allocated with this layout; the mock refuses the free.
     let got = unsafe { mock.deallocate_async(MemoryKind::Device, D0, outside, 64, 64, s) };
     let addr = outside.as_ptr().addr();
@@ -760,7 +766,7 @@ fn host_visible_blocks_freed_in_a_capture_are_held_for_the_graph() {
     for kind in [MemoryKind::Pinned, MemoryKind::Managed, MemoryKind::Host] {
         let (mock, s) = mock_with_stream(1);
         let p = mock.allocate(kind, D0, 128, 64).unwrap();
-        mock.begin_capture(s, CaptureMode::Global).unwrap();
+        begin(&mock, s, CaptureMode::Global).unwrap();
         mock.use_memory(s, p.as_ptr(), 128).unwrap();
         if kind == MemoryKind::Host {
             // SAFETY: allocated with this layout; the free is ordered after
@@ -796,7 +802,7 @@ fn a_failed_capture_frees_what_it_held_at_its_end() {
     let (mock, s) = mock_with_stream(1);
     let b = stream(&mock, D0);
     let pinned = mock.allocate(MemoryKind::Pinned, D0, 64, 64).unwrap();
-    mock.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    begin(&mock, s, CaptureMode::Relaxed).unwrap();
     // SAFETY: a live stream; allocated with this layout.
     unsafe {
         mock.allocate_async(MemoryKind::Device, D0, 64, 64, s)
@@ -818,7 +824,7 @@ fn a_failed_capture_frees_what_it_held_at_its_end() {
 fn captured_uses_are_checked_against_the_capture() {
     let (mock, a) = mock_with_stream(1);
     let b = stream(&mock, D0);
-    mock.begin_capture(a, CaptureMode::Relaxed).unwrap();
+    begin(&mock, a, CaptureMode::Relaxed).unwrap();
     // SAFETY: a live stream of this mock's device 0.
     let p = unsafe { mock.allocate_async(MemoryKind::Device, D0, 256, 256, a) }.unwrap();
     fork(&mock, a, b);
@@ -853,7 +859,7 @@ fn captured_uses_are_checked_against_the_capture() {
 fn destroying_a_captured_event_is_allowed() {
     let (mock, a) = mock_with_stream(1);
     let b = stream(&mock, D0);
-    mock.begin_capture(a, CaptureMode::Global).unwrap();
+    begin(&mock, a, CaptureMode::Global).unwrap();
     let e = fork(&mock, a, b);
     // SAFETY: a live event of this mock's device 0, not used again.
     unsafe { mock.destroy_event(e, D0) }.unwrap();
@@ -867,7 +873,7 @@ fn a_pinned_or_managed_block_freed_in_stream_order_on_a_capturing_stream_is_refu
     for kind in [MemoryKind::Pinned, MemoryKind::Managed] {
         let (mock, s) = mock_with_stream(1);
         let p = mock.allocate(kind, D0, 128, 64).unwrap();
-        mock.begin_capture(s, CaptureMode::Relaxed).unwrap();
+        begin(&mock, s, CaptureMode::Relaxed).unwrap();
         // SAFETY: allocated with this layout, unused.
         let freed = unsafe { mock.deallocate_async(kind, D0, p, 128, 64, s) };
         assert_eq!(freed, Err(MockError::CaptureUnsupported), "{kind:?}");

@@ -21,7 +21,7 @@ use static_assertions::assert_impl_all;
 
 mod traits;
 
-pub use traits::{Backend, EventBackend, MemoryBackend, MemoryKind, StreamBackend};
+pub use traits::{Backend, CaptureBackend, EventBackend, MemoryBackend, MemoryKind, StreamBackend};
 
 /// The most devices a pool keeps a table for; a backend reporting more gets
 /// [`Error::TooManyDevices`](crate::Error::TooManyDevices) instead of a huge
@@ -280,6 +280,27 @@ impl CaptureStatus {
     pub const fn is_capturing(self) -> bool {
         !matches!(self, CaptureStatus::NotCapturing)
     }
+}
+
+/// How a graph capture restricts the calls of the process's threads while it
+/// is open (CUDA's `CUstreamCaptureMode`), for
+/// [`StreamLease::begin_capture`](crate::StreamLease::begin_capture).
+///
+/// "Potentially unsafe" calls are those that may synchronize with captured
+/// work implicitly: queries and synchronizations of streams and events, and
+/// synchronous allocations of device-visible memory. A refused call fails and
+/// invalidates the capture.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum CaptureMode {
+    /// CUDA's default: while the capture is open, every thread is refused
+    /// the potentially unsafe calls (unless it set its own mode otherwise).
+    #[default]
+    Global,
+    /// Only the thread that began the capture is refused them.
+    ThreadLocal,
+    /// Nobody is refused them; calls on the capturing streams themselves and
+    /// on events recorded in the capture are still refused.
+    Relaxed,
 }
 
 /// Event creation flags. The bit values are CUDA's `CU_EVENT_*` flags, so a CUDA

@@ -46,6 +46,12 @@ pub enum BackendOp {
     DeallocateAsync,
     /// Copying memory in stream order.
     CopyAsync,
+    /// Beginning a graph capture.
+    BeginCapture,
+    /// Ending a graph capture.
+    EndCapture,
+    /// Keeping a block for the graphs that may use it.
+    KeepForGraph,
 }
 
 /// Why a pool call failed. `E` is the backend's error type.
@@ -114,6 +120,26 @@ pub enum Error<E> {
     /// was called that could break it, and nothing was changed. See
     /// `docs/graph-capture.md` for what works inside a capture.
     StreamCapturing,
+    /// The calling thread's per-thread default stream
+    /// ([`AccessOrder::per_thread_stream`](crate::AccessOrder::per_thread_stream))
+    /// was given to something that keeps an order beyond one call (a
+    /// [`Scratchpad`](crate::Scratchpad)): that order names another stream on
+    /// every thread, and what keeps it may move between threads, so its
+    /// memory could be released on a different stream than the one its work
+    /// was queued on. Use a leased stream. Nothing was made.
+    PerThreadStream,
+    /// The event's last record was captured into a graph that may still be
+    /// open: the host cannot wait for it, and it cannot go back to a pool
+    /// (another user's wait on it would join the capture). Nothing was
+    /// called.
+    CapturedEvent,
+    /// The device memory was allocated by a graph capture (a graph's own
+    /// allocation) that has ended: it is valid only while that graph's work
+    /// runs, never for the host or other work. Nothing was copied.
+    GraphMemory,
+    /// A capture was begun on a stream that is already in one, or ended on
+    /// a lease that did not begin one. Nothing was called.
+    CaptureState,
     /// Two lengths that must be equal are not: a host buffer for a copy from
     /// device memory ([`Scratchpad::copy_to_host`](crate::Scratchpad::copy_to_host))
     /// has another length than the device slice. Nothing was copied.
@@ -204,6 +230,20 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::StreamCapturing => f.write_str(
                 "the stream is capturing a graph: it cannot be waited for, queried, \
                  or release host-visible memory",
+            ),
+            Error::PerThreadStream => f.write_str(
+                "the per-thread default stream names another stream on each thread: \
+                 a scratchpad needs one stream for its whole life (use a leased stream)",
+            ),
+            Error::CapturedEvent => f.write_str(
+                "the event was recorded in a graph capture: it cannot be waited for by the \
+                 host or pooled again",
+            ),
+            Error::GraphMemory => f.write_str(
+                "the memory is a graph's allocation, valid only in that graph's replays",
+            ),
+            Error::CaptureState => f.write_str(
+                "the stream is already capturing, or this lease did not begin the capture",
             ),
             Error::LengthMismatch { expected, actual } => {
                 write!(

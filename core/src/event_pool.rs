@@ -19,14 +19,16 @@ use core::ops::Deref;
 
 #[cfg(feature = "std")]
 use crate::backend::DeviceSelector;
-use crate::backend::{DeviceId, EventBackend, EventFlags, EventHandle};
+use crate::backend::{DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend};
 use crate::epoch::Pinning;
 use crate::error::{BackendOp, Error, Rejected};
+use crate::order::AccessOrder;
 pub use crate::owned::OwnedEvent;
 use crate::pool::{fmt_lease, shared_pool_methods, Pool, PoolKind, Slot};
 use crate::stats::Counters;
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::Arc;
+use crate::sync::{AtomicBool, Ordering};
 use crate::thread_cache::InPlace;
 
 /// The event kind of [`Pool`]: a device keeps only a ready list (and the
@@ -144,6 +146,7 @@ impl<B: EventBackend> EventPool<B> {
             event: unsafe { EventHandle::from_raw(h) },
             device,
             in_place: Some(cell_slot),
+            captured: AtomicBool::new(false),
         })
     }
 
@@ -184,13 +187,20 @@ impl<B: EventBackend> EventPool<B> {
     /// Takes an event into the pool. `device` names the device it belongs to, or
     /// `None` for the event's own. On a wrong or out-of-range device the event
     /// comes back in the error and the pool is unchanged, as it does for an
-    /// event of another backend ([`Error::ForeignHandle`]). Makes no backend
-    /// call once the pool knows the device count.
+    /// event of another backend ([`Error::ForeignHandle`]) and one whose last
+    /// record was captured into a graph ([`Error::CapturedEvent`]). Makes no
+    /// backend call once the pool knows the device count.
     pub fn put(
         &self,
         event: OwnedEvent,
         device: Option<DeviceId>,
     ) -> Result<(), Rejected<OwnedEvent, B::Error>> {
+        if event.captured {
+            return Err(Rejected {
+                value: event,
+                error: Error::CapturedEvent,
+            });
+        }
         match self.inner.admit(event.owner, event.device, device) {
             Ok(slot) => {
                 // Taken in, wherever it goes below.
@@ -237,6 +247,11 @@ pub struct EventLease<'p, B: EventBackend> {
     /// The cell slot the event is leased in place from (`std`): the lease
     /// owns it until it ends, and ends by writing the slot once.
     in_place: Option<InPlace<'p>>,
+    /// The event's last record was made on a capturing stream
+    /// ([`record`](EventLease::record)): it is destroyed when the lease
+    /// ends instead of going back to the pool, and the host cannot wait on
+    /// it.
+    captured: AtomicBool,
 }
 
 impl<B: EventBackend> fmt::Debug for EventLease<'_, B> {
@@ -253,7 +268,18 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
             event,
             device,
             in_place: None,
+            captured: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the event's last record was made on a capturing stream.
+    #[inline]
+    pub(crate) fn is_captured(&self) -> bool {
+        // Relaxed: set and read by the holders of the lease, which share it
+        // by reference (or `SharedEvent`'s `Arc`) and order their uses of
+        // the event themselves; the flag changes nothing but what those uses
+        // do with the event.
+        self.captured.load(Ordering::Relaxed)
     }
 
     /// Ends an in-place lease, leaving its cell slot empty; false if the
@@ -296,6 +322,7 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
             handle: this.event,
             device: this.device,
             owner: this.pool.inner.id,
+            captured: this.is_captured(),
         }
     }
 
@@ -304,9 +331,16 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     /// next purge, never leases it again), so it is not lost, and the error is
     /// returned.
     pub fn destroy(self) -> Result<(), Error<B::Error>> {
-        let this = ManuallyDrop::new(self);
-        let slot = this.pool.leased_slot(this.device);
-        if !this.vacate() {
+        ManuallyDrop::new(self).destroy_event()
+    }
+
+    /// Ends the lease by destroying its event (`destroy`, and the end of a
+    /// lease whose event was recorded in a capture): a failed destroy
+    /// quarantines the event and returns the error. The caller forgets the
+    /// lease.
+    fn destroy_event(&self) -> Result<(), Error<B::Error>> {
+        let slot = self.pool.leased_slot(self.device);
+        if !self.vacate() {
             if let Some(slot) = slot {
                 Counters::bump(&slot.counters.returned);
             }
@@ -314,10 +348,10 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
         // SAFETY: the lease held this event of the pool's backend on its
         // device alone; it ends here without going back to any list.
         match unsafe {
-            this.pool
+            self.pool
                 .inner
                 .backend
-                .destroy_event(this.event, this.device)
+                .destroy_event(self.event, self.device)
         } {
             Ok(()) => {
                 if let Some(slot) = slot {
@@ -327,7 +361,7 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
             }
             Err(source) => {
                 if let Some(slot) = slot {
-                    slot.quarantine.push(this.event);
+                    slot.quarantine.push(self.event);
                     Counters::bump(&slot.counters.quarantined);
                 }
                 Err(Error::Backend {
@@ -346,9 +380,74 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     }
 }
 
+impl<'p, B: StreamBackend + EventBackend> EventLease<'p, B> {
+    /// Records, in the event, the work issued in `order` so far: a stream
+    /// order's stream is where the event is recorded; host order has nothing
+    /// queued, so the event is recorded on `order`'s device's null stream
+    /// (the host's waits on it return at once once that has run).
+    /// Record once, wait many: any number of orders may then
+    /// [`wait_event`](AccessOrder::wait_event) on it, each in its own
+    /// stream order.
+    ///
+    /// Recorded on a stream that is capturing a graph, the event marks a
+    /// point of the capture: a stream that waits on it joins the capture
+    /// (as with [`AccessOrder::wait`]), the host cannot wait on it
+    /// ([`Error::CapturedEvent`]), and it is destroyed when the lease ends
+    /// instead of going back to the pool.
+    ///
+    /// Errors, with nothing recorded: [`Error::ForeignHandle`] for an order
+    /// of another backend; [`Error::WrongDevice`] for a stream of another
+    /// device than the event's (CUDA records an event only on its own
+    /// device's streams); a backend failure.
+    ///
+    /// ```
+    /// use gpupool_core::{EventPool, StreamPool};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    /// let producer = streams.get(0)?;
+    /// let consumers: Vec<_> = (0..3).map(|_| streams.get(0)).collect::<Result<_, _>>()?;
+    /// let ready = events.get(0)?;
+    /// ready.record(&producer.order())?;
+    /// for c in &consumers {
+    ///     c.order().wait_event(&ready)?; // each consumer's later work waits for the producer's
+    /// }
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
+    pub fn record(&self, order: &AccessOrder<'_>) -> Result<(), Error<B::Error>> {
+        let backend = self.pool.backend();
+        order.check_backend(backend)?;
+        let (stream, device) = order
+            .stream_and_device()
+            .unwrap_or((crate::backend::StreamHandle::NULL, self.device));
+        if device != self.device {
+            return Err(Error::WrongDevice {
+                given: self.device,
+                actual: device,
+            });
+        }
+        // SAFETY: `order`'s stream is usable for `backend` (the order borrows
+        // its stream, owner and device checked above), or the null stream of
+        // the event's device, which exists (the event was made on it).
+        let capturing = unsafe { order.capturing(backend) }?;
+        // SAFETY: the event is leased (live, of `backend`, on `device`); the
+        // stream as above, of the same device.
+        unsafe { backend.record_event(self.event, stream, device) }
+            .map_err(Error::backend(BackendOp::RecordEvent))?;
+        // Relaxed: see `is_captured`.
+        self.captured.store(capturing, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 impl<B: EventBackend> Drop for EventLease<'_, B> {
     #[inline]
     fn drop(&mut self) {
+        if self.is_captured() {
+            self.end_captured();
+            return;
+        }
         // Leased in place: back into its slot, whichever thread this is.
         if let Some(s) = self.in_place {
             s.unlease(self.event.as_raw());
@@ -359,6 +458,16 @@ impl<B: EventBackend> Drop for EventLease<'_, B> {
 }
 
 impl<B: EventBackend> EventLease<'_, B> {
+    /// Ends a lease whose event was recorded in a capture: destroyed, not
+    /// returned (see [`record`](EventLease::record)); a failed destroy
+    /// quarantines it and parks the error.
+    #[cold]
+    fn end_captured(&mut self) {
+        if let Err(e) = self.destroy_event() {
+            self.pool.park(e);
+        }
+    }
+
     /// Returns an event not leased in place.
     #[inline(never)]
     fn give_back(&mut self) {

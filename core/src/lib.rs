@@ -57,6 +57,7 @@ extern crate alloc;
 extern crate std;
 
 mod backend;
+mod capture;
 mod epoch;
 mod error;
 pub mod event_pool;
@@ -81,9 +82,9 @@ mod thread_cache;
 mod thread_cache;
 
 pub use backend::{
-    Backend, BackendId, CaptureStatus, Completion, DeviceId, DeviceSelector, EventBackend,
-    EventFlags, EventHandle, MemoryBackend, MemoryKind, StreamBackend, StreamHandle, StreamOptions,
-    MAX_DEVICES,
+    Backend, BackendId, CaptureBackend, CaptureMode, CaptureStatus, Completion, DeviceId,
+    DeviceSelector, EventBackend, EventFlags, EventHandle, MemoryBackend, MemoryKind,
+    StreamBackend, StreamHandle, StreamOptions, MAX_DEVICES,
 };
 pub use error::{BackendOp, Error, Rejected};
 pub use event_pool::{EventLease, EventPool, OwnedEvent, SharedEvent};

@@ -7,9 +7,9 @@
 
 use core::hash::{Hash, Hasher};
 use core::marker::PhantomData;
-use core::sync::atomic::{AtomicBool, Ordering};
 
 use crate::backend::{Backend, BackendId, DeviceId, EventBackend, StreamBackend, StreamHandle};
+use crate::capture::CaptureNote;
 use crate::error::{BackendOp, Error};
 use crate::event_pool::{EventLease, EventPool};
 use crate::owned::OwnedStream;
@@ -77,51 +77,16 @@ impl Hash for AccessOrder<'_> {
 /// What an order knows of its stream's graph captures.
 #[derive(Copy, Clone, Debug)]
 enum Captures<'s> {
-    /// The lease's note (a wait issued in this order sets it).
-    Lease(&'s CaptureNote),
-    /// Nothing: a special stream, an owned stream, or
-    /// [`AccessOrder::from_raw_capturable`]; asked wherever it matters.
+    /// The capture note of the lease or owned stream the order borrows:
+    /// bumped by every way gpupool lets a stream begin or join a capture.
+    Note(&'s CaptureNote),
+    /// Nothing: the per-thread default stream (cudarc can capture it behind
+    /// gpupool's back) or [`AccessOrder::from_raw_capturable`]; asked
+    /// wherever it matters.
     Unknown,
-    /// None while the order is in use ([`AccessOrder::from_raw`]'s contract),
-    /// or host order.
+    /// None can happen: host order, the null and legacy default streams
+    /// (CUDA captures neither), or [`AccessOrder::from_raw`] (its contract).
     Excluded,
-}
-
-/// A stream lease's note that its stream may have joined a graph capture.
-///
-/// A stream joins a capture when it waits on an event recorded on a capturing
-/// stream. The only waits gpupool issues are those of
-/// [`AccessOrder::wait`] and [`AccessOrder::wait_event`], and each sets the
-/// note of the lease its waiting order came from; so does
-/// [`StreamLease::note_capture`] for waits (or captures) made through the raw
-/// handle or cudarc. A lease whose note is set asks the backend's
-/// [`capture_status`](StreamBackend::capture_status) when it ends, before
-/// anything that the driver refuses on a capturing stream; one whose note is
-/// not set cannot be capturing and skips the question.
-#[derive(Debug, Default)]
-pub(crate) struct CaptureNote(AtomicBool);
-
-impl CaptureNote {
-    pub(crate) const fn new() -> Self {
-        CaptureNote(AtomicBool::new(false))
-    }
-
-    /// Notes that the stream may have joined a capture.
-    #[inline]
-    pub(crate) fn set(&self) {
-        // Relaxed: read only when the lease ends, by the thread that ends it;
-        // every order borrowing the lease is gone by then, and a thread that
-        // used one through a shared borrow was joined (or its scope ended)
-        // before, which orders its store before that read.
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether the note was set.
-    #[inline]
-    pub(crate) fn is_set(&self) -> bool {
-        // Relaxed: see `set`.
-        self.0.load(Ordering::Relaxed)
-    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -146,30 +111,39 @@ impl AccessOrder<'static> {
         }
     }
 
-    /// The null (default) stream of `device`'s context (CUDA's stream 0).
+    /// The null (default) stream of `device`'s context (CUDA's stream 0,
+    /// which the driver API takes for the legacy default stream). Every
+    /// gpupool call that takes an order checks that `device` exists
+    /// ([`Error::DeviceOutOfRange`]).
     pub const fn null_stream(device: DeviceId) -> Self {
-        Self::special(StreamHandle::NULL, device)
+        Self::special(StreamHandle::NULL, device, Captures::Excluded)
     }
 
-    /// The legacy default stream of `device` (`CU_STREAM_LEGACY`).
+    /// The legacy default stream of `device` (`CU_STREAM_LEGACY`). CUDA
+    /// never captures it into a graph.
     pub const fn legacy_stream(device: DeviceId) -> Self {
-        Self::special(StreamHandle::LEGACY, device)
+        Self::special(StreamHandle::LEGACY, device, Captures::Excluded)
     }
 
-    /// The calling thread's per-thread default stream of `device`
-    /// (`CU_STREAM_PER_THREAD`).
+    /// The per-thread default stream of `device` (`CU_STREAM_PER_THREAD`)
+    /// of whichever thread *uses* the order: a different stream on each
+    /// thread. Fine for a wait made on one thread; refused
+    /// ([`Error::PerThreadStream`]) by what keeps an order for longer (a
+    /// [`Scratchpad`](crate::Scratchpad), which may move between threads).
+    /// gpupool cannot see its graph captures (cudarc can begin one on it),
+    /// so it asks the backend wherever one matters.
     pub const fn per_thread_stream(device: DeviceId) -> Self {
-        Self::special(StreamHandle::PER_THREAD, device)
+        Self::special(StreamHandle::PER_THREAD, device, Captures::Unknown)
     }
 
-    const fn special(stream: StreamHandle, device: DeviceId) -> Self {
+    const fn special(stream: StreamHandle, device: DeviceId, captures: Captures<'static>) -> Self {
         AccessOrder {
             order: Order::Stream {
                 stream,
                 device,
                 owner: None,
             },
-            captures: Captures::Unknown,
+            captures,
             _stream: PhantomData,
         }
     }
@@ -241,25 +215,21 @@ impl<'s> AccessOrder<'s> {
     }
 
     /// The order of a stream the caller holds for `'s` (a lease, an owned
-    /// stream) and knows to be `owner`'s, on `device`; `note`: the lease's
-    /// capture note, if it is a lease.
+    /// stream) and knows to be `owner`'s, on `device`, with its capture
+    /// note.
     pub(crate) const fn of_held(
         stream: StreamHandle,
         device: DeviceId,
         owner: BackendId,
-        note: Option<&'s CaptureNote>,
+        note: &'s CaptureNote,
     ) -> Self {
-        let captures = match note {
-            Some(n) => Captures::Lease(n),
-            None => Captures::Unknown,
-        };
         AccessOrder {
             order: Order::Stream {
                 stream,
                 device,
                 owner: Some(owner),
             },
-            captures,
+            captures: Captures::Note(note),
             _stream: PhantomData,
         }
     }
@@ -294,24 +264,55 @@ impl<'s> AccessOrder<'s> {
     /// CUDA's special streams with any backend, any other stream only with a
     /// backend of the [`BackendId`] it came from. Every gpupool call that takes
     /// an order and a backend checks this and refuses with
-    /// [`Error::ForeignHandle`] otherwise.
+    /// [`Error::ForeignHandle`] otherwise (and, for a special stream, checks
+    /// that its device exists: [`Error::DeviceOutOfRange`]).
     pub fn is_usable_with<B: Backend + ?Sized>(&self, backend: &B) -> bool {
-        self.check_backend::<B, ()>(backend).is_ok()
+        match self.order {
+            Order::Stream {
+                owner: Some(owner), ..
+            } => owner == backend.id(),
+            _ => true,
+        }
     }
 
-    /// Whether this order's stream may be capturing a graph: a lease's whose
-    /// capture note is set, or a stream whose captures gpupool cannot see
-    /// (special, owned, [`from_raw_capturable`](Self::from_raw_capturable)).
-    /// A lease's order whose note is not set cannot be (see `CaptureNote`),
-    /// nor can a [`from_raw`](Self::from_raw) order (its contract) or host
-    /// order.
+    /// Whether this order's stream may be capturing a graph: one of a lease
+    /// or owned stream whose capture note was ever bumped, or one whose
+    /// captures gpupool cannot see (the per-thread default stream,
+    /// [`from_raw_capturable`](Self::from_raw_capturable)). Another lease's
+    /// or owned stream's cannot be (see `capture.rs`), nor can host order,
+    /// the null and legacy streams or a [`from_raw`](Self::from_raw) order
+    /// (its contract).
     #[inline]
     pub(crate) fn may_capture(&self) -> bool {
         match self.captures {
-            Captures::Lease(n) => n.is_set(),
+            Captures::Note(n) => n.ever(),
             Captures::Unknown => true,
             Captures::Excluded => false,
         }
+    }
+
+    /// The capture note this order reads, if its stream has one (a lease's
+    /// or an owned stream's).
+    #[inline]
+    pub(crate) fn capture_note(&self) -> Option<&'s CaptureNote> {
+        match self.captures {
+            Captures::Note(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Whether gpupool cannot see this order's stream's captures, so that
+    /// only asking the backend tells (the per-thread default stream,
+    /// [`from_raw_capturable`](Self::from_raw_capturable)).
+    #[inline]
+    pub(crate) fn captures_unseen(&self) -> bool {
+        matches!(self.captures, Captures::Unknown)
+    }
+
+    /// Whether this is the per-thread default stream.
+    #[inline]
+    pub(crate) fn is_per_thread(&self) -> bool {
+        self.stream_handle() == Some(StreamHandle::PER_THREAD)
     }
 
     /// Whether this order's stream is capturing a graph now: asked of
@@ -351,17 +352,22 @@ impl<'s> AccessOrder<'s> {
     /// `Ok` if `backend` may be handed this order's stream (see
     /// [`is_usable_with`](Self::is_usable_with)), else
     /// [`Error::ForeignHandle`]; asks `backend` for its id only when the
-    /// order has an owner.
+    /// order has an owner. A special stream names the default stream of a
+    /// device the caller chose: [`Error::DeviceOutOfRange`] unless that
+    /// device exists (the backend's contracts need a device that exists).
     #[inline]
-    pub(crate) fn check_backend<B: Backend + ?Sized, E>(
+    pub(crate) fn check_backend<B: Backend + ?Sized>(
         &self,
         backend: &B,
-    ) -> Result<(), Error<E>> {
+    ) -> Result<(), Error<B::Error>> {
         match self.order {
             Order::Stream {
-                owner: Some(owner), ..
-            } if owner != backend.id() => Err(Error::ForeignHandle),
-            _ => Ok(()),
+                owner: None,
+                device,
+                ..
+            } => check_special_device(backend, device),
+            _ if self.is_usable_with(backend) => Ok(()),
+            _ => Err(Error::ForeignHandle),
         }
     }
 
@@ -449,6 +455,13 @@ impl<'s> AccessOrder<'s> {
                     .map_err(Error::backend(BackendOp::SynchronizeStream));
             }
         };
+        // A wait on a capturing stream joins its capture: asked only where
+        // `other` may be capturing (and then whether `self` is in one
+        // already, as the origin that joins a side stream back is).
+        // SAFETY: both orders' streams are usable for `backend` (see above).
+        let captured = unsafe { other.capturing(backend) }?;
+        // SAFETY: as above.
+        let joins = captured && !unsafe { self.capturing(backend) }?;
         let event = lease(other_device)?;
         // SAFETY: the event is leased from `events` (created by `backend` on
         // `other_device`, live while the lease is); both streams are usable
@@ -460,37 +473,67 @@ impl<'s> AccessOrder<'s> {
             unsafe { backend.stream_wait_event(this_stream, this_device, event.handle()) }
                 .map_err(|source| (BackendOp::StreamWaitEvent, source))
         });
-        if let Err((op, source)) = waited {
-            if let Err(e) = event.destroy() {
-                events.park(e);
-            }
-            return Err(Error::Backend { op, source });
+        if joins {
+            self.note_join();
         }
-        self.note_wait();
-        Ok(())
+        match waited {
+            // An event recorded in a capture stays the capture's: back in
+            // the pool, another user's wait on it would join the capture.
+            // Destroyed instead (events are cheap to make again, and a
+            // capture is recorded once).
+            Ok(()) if !captured => Ok(()),
+            Ok(()) => {
+                if let Err(e) = event.destroy() {
+                    events.park(e);
+                }
+                Ok(())
+            }
+            Err((op, source)) => {
+                if let Err(e) = event.destroy() {
+                    events.park(e);
+                }
+                Err(Error::Backend { op, source })
+            }
+        }
     }
 
-    /// Notes, on the lease this order came from (if any), that its stream
-    /// waited on an event and so may have joined a graph capture.
+    /// Notes, on the lease or owned stream this order came from (if any),
+    /// that its stream has just joined a graph capture (the callers do not
+    /// call this for a stream that was in a capture already: the origin's
+    /// wait that joins a side stream back says nothing new of its own
+    /// captures).
     #[inline]
-    fn note_wait(&self) {
-        if let Captures::Lease(note) = self.captures {
-            note.set();
+    fn note_join(&self) {
+        if let Captures::Note(note) = self.captures {
+            note.bump();
         }
     }
 
     /// Makes `self` wait for the work `event` has captured: a stream waits on
     /// it in stream order, the host synchronizes it.
     ///
+    /// An event recorded on a capturing stream
+    /// ([`EventLease::record`](crate::EventLease::record)) makes a stream that
+    /// waits on it join the capture (the fork of a fork/join, as with
+    /// [`wait`](Self::wait)); the host cannot wait for it
+    /// ([`Error::CapturedEvent`]).
+    ///
     /// Errors: [`Error::ForeignHandle`] when `self`'s stream is not of the
-    /// event's backend; a backend failure.
+    /// event's backend; [`Error::CapturedEvent`] (above); a backend failure.
     pub fn wait_event<B>(&self, event: &EventLease<'_, B>) -> Result<(), Error<B::Error>>
     where
         B: StreamBackend + EventBackend,
     {
         let backend = event.pool().backend();
         self.check_backend(backend)?;
+        let captured = event.is_captured();
+        // A wait on a captured event joins its capture, unless this stream
+        // is in a capture already (asked only then).
+        // SAFETY: this order's stream is usable for `backend` (owner checked
+        // above; the order borrows its stream).
+        let joins = captured && !unsafe { self.capturing(backend) }?;
         match self.stream_and_device() {
+            None if captured => Err(Error::CapturedEvent),
             // SAFETY: the event is leased (live, created by `backend` on
             // `event.device()`).
             None => unsafe { backend.synchronize_event(event.handle(), event.device()) }
@@ -500,7 +543,9 @@ impl<'s> AccessOrder<'s> {
                 // `backend` (borrowed by this order, owner checked).
                 unsafe { backend.stream_wait_event(stream, device, event.handle()) }
                     .map_err(Error::backend(BackendOp::StreamWaitEvent))?;
-                self.note_wait();
+                if joins {
+                    self.note_join();
+                }
                 Ok(())
             }
         }
@@ -511,7 +556,12 @@ impl OwnedStream {
     /// The stream as an access order, borrowing it (so the stream cannot be
     /// put back or destroyed while the order is in use).
     pub fn order(&self) -> AccessOrder<'_> {
-        AccessOrder::of_held(self.handle(), self.device(), self.backend_id(), None)
+        AccessOrder::of_held(
+            self.handle(),
+            self.device(),
+            self.backend_id(),
+            &self.capture,
+        )
     }
 }
 
@@ -524,7 +574,7 @@ impl<B: StreamBackend> StreamLease<'_, B> {
             self.handle(),
             self.device(),
             self.backend_id(),
-            Some(self.capture_note()),
+            self.capture_note(),
         )
     }
 }
@@ -532,6 +582,22 @@ impl<B: StreamBackend> StreamLease<'_, B> {
 impl<'l, B: StreamBackend> From<&'l StreamLease<'_, B>> for AccessOrder<'l> {
     fn from(l: &'l StreamLease<'_, B>) -> AccessOrder<'l> {
         l.order()
+    }
+}
+
+/// `Ok` if `device` exists for `backend` (a special stream's device is the
+/// caller's word).
+fn check_special_device<B: Backend + ?Sized>(
+    backend: &B,
+    device: DeviceId,
+) -> Result<(), Error<B::Error>> {
+    let count = backend
+        .device_count()
+        .map_err(Error::backend(BackendOp::DeviceCount))?;
+    if device.0 < count {
+        Ok(())
+    } else {
+        Err(Error::DeviceOutOfRange { device, count })
     }
 }
 

@@ -4,6 +4,7 @@
 //! it, checked constructors, accessors and a checked `destroy`.
 
 use crate::backend::{BackendId, DeviceId, EventBackend, EventHandle, StreamBackend, StreamHandle};
+use crate::capture::CaptureNote;
 use crate::error::{BackendOp, Error, Rejected};
 
 /// Defines an owned-handle type: `$name` holds a `$handle` of a
@@ -14,18 +15,31 @@ macro_rules! owned_handle {
         $(#[$doc:meta])*
         pub struct $name:ident($handle:ident of $backend:ident, $what:literal);
         check: $check:ident, destroy: $destroy:ident, $op:ident;
+        state: $(#[$state_doc:meta])* $state:ident: $state_ty:ty = $state_init:expr;
         $(#[$from_doc:meta])*
         from_raw_parts;
     ) => {
         $(#[$doc])*
-        #[derive(Debug, PartialEq, Eq)]
+        #[derive(Debug)]
         pub struct $name {
             /// A live handle of `owner` on `device`, accepted by `$check`
             /// (checked by every constructor), owned by this value alone.
             pub(crate) handle: $handle,
             pub(crate) device: DeviceId,
             pub(crate) owner: BackendId,
+            $(#[$state_doc])*
+            pub(crate) $state: $state_ty,
         }
+
+        /// Two are equal when they own the same handle of the same device
+        /// and backend (which a program holds at most once).
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                (self.handle, self.device, self.owner) == (other.handle, other.device, other.owner)
+            }
+        }
+
+        impl Eq for $name {}
 
         impl $name {
             $(#[$from_doc])*
@@ -39,6 +53,7 @@ macro_rules! owned_handle {
                     handle,
                     device,
                     owner: backend.id(),
+                    $state: $state_init,
                 })
             }
 
@@ -107,6 +122,11 @@ owned_handle! {
     #[must_use = "dropping an OwnedStream leaks the stream: put it back or destroy it"]
     pub struct OwnedStream(StreamHandle of StreamBackend, "stream");
     check: check_poolable, destroy: destroy_stream, DestroyStream;
+    state:
+        /// What gpupool knows of the stream's graph captures (see
+        /// `capture.rs`); an adopted stream starts as one that may be in a
+        /// capture, since gpupool did not see its past.
+        capture: CaptureNote = CaptureNote::with_epoch(1);
     /// Takes ownership of a raw stream of `backend` that belongs to `device`.
     /// The null handle and CUDA's other special streams are refused.
     ///
@@ -131,6 +151,12 @@ owned_handle! {
     #[must_use = "dropping an OwnedEvent leaks the event: put it back or destroy it"]
     pub struct OwnedEvent(EventHandle of EventBackend, "event");
     check: check_not_null, destroy: destroy_event, DestroyEvent;
+    state:
+        /// The event's last record (through gpupool) was made on a
+        /// capturing stream: it goes back to no pool (see
+        /// [`Error::CapturedEvent`]). An adopted event's past is the
+        /// caller's (its contract).
+        captured: bool = false;
     /// Takes ownership of a raw event of `backend` created on `device` (CUDA
     /// cannot tell an event's device, so the caller says it). The null handle
     /// is refused.
@@ -165,6 +191,7 @@ impl OwnedStream {
             handle,
             device,
             owner: backend.id(),
+            capture: CaptureNote::with_epoch(1),
         })
     }
 }

@@ -56,6 +56,21 @@ pub(crate) trait PoolKind<B: Backend> {
     /// `raw` is the raw word of a live handle of this kind, of `slot`'s
     /// device, owned by the pool and in none of its lists.
     unsafe fn flushed(config: &Self::Config, slot: &Slot<Self::Handle, Self::Busy>, raw: usize);
+
+    /// Whether a held handle ([`BusyList::take_held`]) may be destroyed
+    /// now, at the pool's drop; `Err`: it may not, and is left alone (never
+    /// destroyed: leaked, with the error reported). Default: yes.
+    ///
+    /// # Safety
+    /// As for [`destroy`](Self::destroy).
+    unsafe fn may_destroy_held(
+        backend: &B,
+        handle: Self::Handle,
+        device: DeviceId,
+    ) -> Result<(), Error<B::Error>> {
+        let _ = (backend, handle, device);
+        Ok(())
+    }
 }
 
 /// A device's list of handles that are neither ready nor quarantined.
@@ -68,6 +83,14 @@ pub(crate) trait BusyList<H> {
     /// Takes out the handles a purge destroys: by default all of them.
     fn take_for_purge(&self) -> Chain<H> {
         self.take_all()
+    }
+
+    /// Takes out the handles a purge leaves (held because destroying them
+    /// could break something: a stream still in a graph capture); the
+    /// pool's drop destroys each only once its kind says it may. None by
+    /// default.
+    fn take_held(&self) -> Chain<H> {
+        Chain::empty()
     }
 }
 
@@ -255,23 +278,19 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
         }
     }
 
-    /// Destroys every handle in the lists: ready, busy, quarantined. A failed
-    /// destroy goes to `failed` with its slot and handle. Returns how many were
-    /// destroyed.
+    /// Destroys every handle in the lists: ready, busy (but the held ones,
+    /// [`BusyList::take_held`]), quarantined. A failed destroy goes to
+    /// `failed` with its slot and handle. Returns how many were destroyed.
     fn destroy_pooled(
         &self,
         guard: &Guard,
-        purge: bool,
         mut failed: impl FnMut(&SlotOf<B, K>, K::Handle, Error<B::Error>),
     ) -> usize {
         let mut destroyed = 0;
         for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
             let device = DeviceId(i as u32);
-            let mut busy = if purge {
-                slot.busy.take_for_purge()
-            } else {
-                slot.busy.take_all()
-            };
+            // Held handles are left to the pool's drop (`destroy_held`).
+            let mut busy = slot.busy.take_for_purge();
             let mut quarantined = slot.quarantine.take_all();
             let doomed = slot
                 .ready
@@ -312,7 +331,7 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
         }
         self.flush_caches();
         let mut first_error = None;
-        let destroyed = self.destroy_pooled(guard, true, |slot, h, e| {
+        let destroyed = self.destroy_pooled(guard, |slot, h, e| {
             // Not destroyed: set aside (never leased again) for the next
             // purge or the pool's drop.
             slot.quarantine.push(h);
@@ -343,7 +362,36 @@ impl<B: Backend, K: PoolKind<B>> Drop for Pool<B, K> {
         // SAFETY: `&mut self` excludes every concurrent reader of the stacks,
         // so their nodes may be freed at once, which the unprotected guard does.
         let guard = unsafe { epoch::unprotected() };
-        self.destroy_pooled(guard, false, |_, _, e| lost::report(&e));
+        self.destroy_pooled(guard, |_, _, e| lost::report(&e));
+        self.destroy_held();
+    }
+}
+
+impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
+    /// The pool's drop, for the handles a purge leaves: each is destroyed
+    /// if its kind says it may be; otherwise it is leaked and the reason
+    /// reported (a stream destroyed while its capture is open would break
+    /// that capture, which its owner is still recording).
+    fn destroy_held(&self) {
+        for (i, slot) in self.devices.get().unwrap_or(&[]).iter().enumerate() {
+            let device = DeviceId(i as u32);
+            let mut held = slot.busy.take_held();
+            while let Some(h) = held.pop_first() {
+                // SAFETY: a handle of the pool's lists (as in
+                // `destroy_pooled`), taken out of them here; it is
+                // destroyed below or never used again.
+                let outcome =
+                    unsafe { K::may_destroy_held(&self.backend, h, device) }.and_then(|()| {
+                        // SAFETY: as above; the kind said it may be destroyed.
+                        unsafe { K::destroy(&self.backend, h, device) }
+                            .map_err(Error::backend(K::DESTROY))
+                    });
+                match outcome {
+                    Ok(()) => Counters::bump(&slot.counters.destroyed),
+                    Err(e) => lost::report(&e),
+                }
+            }
+        }
     }
 }
 

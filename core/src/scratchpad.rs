@@ -67,6 +67,7 @@
 //! [`release`](Scratchpad::release)) returns the first and reports the others
 //! the same way, so none is dropped silently.
 
+mod capture;
 mod config;
 mod copy;
 mod fence;
@@ -81,7 +82,7 @@ pub use self::slice::DeviceSlice;
 pub use self::stats::ScratchStats;
 
 use alloc::vec::Vec;
-use core::cell::Cell;
+use core::cell::{Cell, RefCell};
 use core::fmt;
 use core::ptr::NonNull;
 
@@ -90,6 +91,7 @@ use crate::error::{BackendOp, Error};
 use crate::monotonic::{check_request, FixedOrder, MonotonicResource, Upstream};
 use crate::order::AccessOrder;
 
+use self::capture::{RoundEnd, Watch};
 use self::fence::Fence;
 use self::sizes::fitted;
 use self::stats::Counting;
@@ -121,6 +123,11 @@ struct KindState {
     /// The most bytes one round handed out (alignment padding included),
     /// recorded at each reset and at release: what one block must hold.
     peak_used: Cell<usize>,
+    /// Device kind only: while the kind holds blocks that a graph capture
+    /// allocated, the watched epochs when the first was taken and how many
+    /// blocks the kind held before it (the blocks after those are the
+    /// graph's); its cursor is paused meanwhile (see `capture.rs`).
+    graph_epochs: Cell<Option<(u64, usize)>>,
 }
 
 impl KindState {
@@ -131,6 +138,7 @@ impl KindState {
             skip_probes: Cell::new(0),
             high_water: Cell::new(0),
             peak_used: Cell::new(0),
+            graph_epochs: Cell::new(None),
         }
     }
 }
@@ -207,6 +215,14 @@ pub struct Scratchpad<'b, B: ScratchBackend> {
     upstream_releases: Cell<usize>,
     /// Where the peak of each kind is recorded on release, if anywhere.
     sizes: Option<&'b ScratchSizes>,
+    /// What the scratchpad watches of its orders' graph captures.
+    watch: Watch<'b>,
+    /// Blocks given to graphs (or kept for ended captures), over its life.
+    kept_for_graphs: Cell<usize>,
+    /// The device blocks of a graph capture that ended during this round
+    /// (start, end): slices into them may still exist, and are refused by
+    /// the copies ([`Error::GraphMemory`]). Emptied when the round ends.
+    retired: RefCell<Vec<(usize, usize)>>,
 }
 
 // SAFETY: the scratchpad owns its blocks (raw pointers into memory nobody else
@@ -230,17 +246,26 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// managed memory is released in it). Allocates nothing yet.
     ///
     /// Errors: [`Error::ForeignHandle`] when `device_order` is a stream of
-    /// another backend.
+    /// another backend; [`Error::PerThreadStream`] for the per-thread
+    /// default stream (another stream on each thread, and a scratchpad may
+    /// move between threads); [`Error::DeviceOutOfRange`] for a special
+    /// stream of a device that does not exist; a backend failure asking
+    /// whether a stream that was in a graph capture still is.
     #[inline]
     pub fn new(backend: &'b B, device_order: AccessOrder<'b>) -> Result<Self, Error<B::Error>> {
-        device_order.check_backend(backend)?;
+        Self::check_order(backend, &device_order)?;
         let config = ScratchpadConfig::default();
-        Ok(Self::build(
-            backend,
-            device_order,
-            config,
-            device_order.device(),
-        ))
+        Self::build(backend, device_order, config, device_order.device())
+    }
+
+    /// The checks every order of a scratchpad passes.
+    #[inline]
+    fn check_order(backend: &B, order: &AccessOrder<'_>) -> Result<(), Error<B::Error>> {
+        order.check_backend(backend)?;
+        if order.is_per_thread() {
+            return Err(Error::PerThreadStream);
+        }
+        Ok(())
     }
 
     /// A scratchpad with explicit release orders, first block sizes or device.
@@ -261,7 +286,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         ];
         let mut device = config.device;
         for order in orders.iter().flatten() {
-            order.check_backend(backend)?;
+            Self::check_order(backend, order)?;
             match (device, order.device()) {
                 (Some(given), Some(actual)) if given != actual => {
                     return Err(Error::WrongDevice { given, actual });
@@ -270,7 +295,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 _ => {}
             }
         }
-        Ok(Self::build(backend, device_order, config, device))
+        Self::build(backend, device_order, config, device)
     }
 
     /// The scratchpad, once its orders are checked; `device` as resolved
@@ -281,13 +306,13 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         device_order: AccessOrder<'b>,
         config: ScratchpadConfig<'b>,
         device: Option<DeviceId>,
-    ) -> Self {
+    ) -> Result<Self, Error<B::Error>> {
         // Host-visible kinds released in stream order keep fenced blocks.
         let pinned = config.pinned_release.unwrap_or(device_order);
         let managed = config.managed_release.unwrap_or(device_order);
         let fenced = (u8::from(!pinned.is_host()) << MemoryKind::Pinned.index())
             | (u8::from(!managed.is_host()) << MemoryKind::Managed.index());
-        Scratchpad {
+        let scratchpad = Scratchpad {
             backend,
             id: backend.id(),
             device_order,
@@ -304,7 +329,23 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             upstream_allocations: Cell::new(0),
             upstream_releases: Cell::new(0),
             sizes: None,
-        }
+            watch: Watch::new([device_order, pinned, managed]),
+            kept_for_graphs: Cell::new(0),
+            retired: RefCell::new(Vec::new()),
+        };
+        scratchpad.begin_round()?;
+        Ok(scratchpad)
+    }
+
+    /// The stream orders blocks are allocated or released in: the device
+    /// order and the pinned and managed release orders (some may be the
+    /// same, or host order).
+    fn stream_orders(&self) -> [AccessOrder<'b>; 3] {
+        [
+            self.device_order,
+            self.release_order(MemoryKind::Pinned),
+            self.release_order(MemoryKind::Managed),
+        ]
     }
 
     /// Starts each kind with one block the size `sizes` learned for it (when
@@ -436,12 +477,22 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let device = self.device_id()?;
         let up = self.counting(kind, device);
         let st = &self.kinds[kind.index()];
+        let graph = kind == MemoryKind::Device && st.graph_epochs.get().is_some();
+        if graph && self.graph_round_goes_on(device)? {
+            if let Some(p) = self.graph_bump(bytes, align) {
+                return Ok(Some(p));
+            }
+        }
         let settled = self.settle_fence(st, &up);
         self.note_held(kind);
         settled?;
+        let taken = self.upstream_allocations.get();
         let p = st.res.allocate(&up, bytes, align);
         self.note_held(kind);
         let p = p?;
+        if kind == MemoryKind::Device && self.device_order.may_capture() {
+            self.note_device_block(self.upstream_allocations.get() != taken)?;
+        }
         st.high_water
             .set(st.high_water.get().max(st.res.reserved()));
         Ok(p)
@@ -457,6 +508,12 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// reported through [`lost_errors`](crate::lost_errors).
     #[inline]
     pub fn reset(&mut self) -> Result<(), Error<B::Error>> {
+        // A round that a graph capture may have overlapped gives its memory
+        // away instead (`capture.rs`): one comparison, while no watched
+        // stream was ever in a capture.
+        if !self.watch.quiet() {
+            return self.reset_after_capture();
+        }
         // Fast path, inline: a kind that holds one block, not waiting on a
         // fence, and needs no fence (host memory, device memory, or a release
         // in host order) is rewound, and that is all.
@@ -495,6 +552,38 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         errors.result()
     }
 
+    /// `reset` of a round that was not quiet: a graph may use its memory.
+    #[inline(never)]
+    fn reset_after_capture(&mut self) -> Result<(), Error<B::Error>> {
+        let mut errors = FirstError::new();
+        let end = self.round_end(&mut errors);
+        match (end, self.device.get()) {
+            (RoundEnd::Clean, _) | (_, None) => {
+                // `reset_slow` visits every kind that holds blocks.
+                if let Err(e) = self.reset_slow(self.held.get()) {
+                    errors.push(e);
+                }
+            }
+            (end, Some(device)) => {
+                for kind in MemoryKind::ALL {
+                    if self.held.get() & (1 << kind.index()) == 0 {
+                        continue;
+                    }
+                    if kind == MemoryKind::Host {
+                        // Pageable memory never reaches a graph.
+                        self.reset_kind(kind, device, &mut errors);
+                    } else {
+                        self.retire_kind(kind, device, end, &mut errors);
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.begin_round() {
+            errors.push(e);
+        }
+        errors.result()
+    }
+
     /// Releases everything now (every block, every event), carrying on past
     /// failures, and returns the first; any further one is reported through
     /// [`lost_errors`](crate::lost_errors). Dropping does the same and reports
@@ -510,6 +599,22 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// `sink` and carrying on. A block whose release fails is forgotten.
     fn release_all(&mut self, sink: &mut dyn FnMut(Error<B::Error>)) {
         let device = self.device.get();
+        if let (false, Some(device)) = (self.watch.quiet(), device) {
+            // The last round may have been in a graph capture: its memory
+            // goes to the graph, or is kept (`capture.rs`).
+            let mut errors = FirstError::new();
+            let end = self.round_end(&mut errors);
+            if !matches!(end, RoundEnd::Clean) {
+                for kind in [MemoryKind::Pinned, MemoryKind::Device, MemoryKind::Managed] {
+                    if self.kinds[kind.index()].res.block_count() > 0 {
+                        self.retire_kind(kind, device, end, &mut errors);
+                    }
+                }
+            }
+            if let Some(e) = errors.first.take() {
+                sink(e);
+            }
+        }
         for kind in MemoryKind::ALL {
             let st = &self.kinds[kind.index()];
             if let Some(sizes) = self.sizes {
@@ -549,6 +654,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let mut s = ScratchStats {
             upstream_allocations: self.upstream_allocations.get(),
             upstream_releases: self.upstream_releases.get(),
+            kept_for_graphs: self.kept_for_graphs.get(),
             ..ScratchStats::default()
         };
         for (i, st) in self.kinds.iter().enumerate() {

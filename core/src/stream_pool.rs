@@ -30,10 +30,13 @@
 use core::fmt;
 use core::mem::ManuallyDrop;
 
-use crate::backend::{BackendId, Completion, DeviceId, StreamBackend, StreamHandle, StreamOptions};
+use crate::backend::{
+    BackendId, CaptureBackend, CaptureMode, Completion, DeviceId, StreamBackend, StreamHandle,
+    StreamOptions,
+};
+use crate::capture::CaptureNote;
 use crate::epoch::Pinning;
 use crate::error::{BackendOp, Error, Rejected};
-use crate::order::CaptureNote;
 pub use crate::owned::OwnedStream;
 use crate::pool::{fmt_lease, shared_pool_methods, BusyList, Pool, PoolKind, Slot};
 use crate::stack::{Bag, Chain};
@@ -107,6 +110,27 @@ impl<B: StreamBackend> PoolKind<B> for Streams {
 
     /// Streams kept unqueried for same-thread reuse may still run work: busy
     /// list; streams found idle on return: ready list.
+    /// A stream held because it was returned while capturing is destroyed
+    /// at the pool's drop only if its capture has ended: destroying it
+    /// would break the capture its owner is still recording. Otherwise it
+    /// is leaked ([`Error::StreamCapturing`], reported as lost).
+    unsafe fn may_destroy_held(
+        backend: &B,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), Error<B::Error>> {
+        // SAFETY: the caller's guarantee: a live stream of `device`, the
+        // pool's.
+        match unsafe { backend.capture_status(stream, device) } {
+            Ok(status) if status.is_capturing() => Err(Error::StreamCapturing),
+            Ok(_) => Ok(()),
+            Err(source) => Err(Error::Backend {
+                op: BackendOp::CaptureStatus,
+                source,
+            }),
+        }
+    }
+
     unsafe fn flushed(config: &StreamPoolConfig, slot: &StreamSlot, raw: usize) {
         // SAFETY: the caller's guarantee: the raw word of a live stream.
         let handle = unsafe { StreamHandle::from_raw(raw) };
@@ -168,7 +192,7 @@ impl BusyList<StreamHandle> for BusyStreams {
         }
     }
 
-    /// Everything, held streams included (the pool's drop).
+    /// Everything, held streams included.
     fn take_all(&self) -> Chain<StreamHandle> {
         self.pending.put_back(self.capturing.take_all());
         self.pending.take_all()
@@ -180,6 +204,11 @@ impl BusyList<StreamHandle> for BusyStreams {
     /// a `get` has found it ended takes them.
     fn take_for_purge(&self) -> Chain<StreamHandle> {
         self.take_pending()
+    }
+
+    /// The streams held for a capture (the pool's drop asks each).
+    fn take_held(&self) -> Chain<StreamHandle> {
+        self.capturing.take_all()
     }
 }
 
@@ -693,10 +722,12 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
         let this = ManuallyDrop::new(self);
         // Released: no longer live, and its stream left the pool.
         this.pool.inner.count_detached(this.device, true);
+        // The capture state goes with the stream (it may be in a capture).
         OwnedStream {
             handle: this.stream,
             device: this.device,
             owner: this.pool.inner.id,
+            capture: CaptureNote::with_epoch(this.capture.epoch()),
         }
     }
 
@@ -706,22 +737,30 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
     pub fn return_to_pool(self) -> Result<(), Error<B::Error>> {
         let this = ManuallyDrop::new(self);
         this.pool
-            .give_back(this.stream, this.device, this.origin, this.capture.is_set())
+            .give_back(this.stream, this.device, this.origin, this.capture.ever())
     }
 
-    /// Tells the pool that the stream may be in a graph capture when the lease
-    /// ends: it waited on an event, or a capture was begun on it, through
-    /// calls gpupool did not make (the raw [`handle`](Self::handle), cudarc).
-    /// The return then asks the backend whether the stream is still capturing
-    /// before it queries it (which would break the capture), and keeps a
-    /// capturing stream from every `get` until its capture has ended. Waits
-    /// made through [`AccessOrder::wait`](crate::AccessOrder::wait) and
-    /// [`wait_event`](crate::AccessOrder::wait_event) on this lease's
-    /// order note it themselves. Costs one backend call at the return
-    /// (`cuStreamIsCapturing` on CUDA).
+    /// Tells gpupool that the stream has begun or joined a graph capture
+    /// through calls gpupool did not make (the raw [`handle`](Self::handle)
+    /// with the driver's own `cuStreamBeginCapture`, or a wait on an event
+    /// recorded in a capture). Whoever does that through the raw handle (an
+    /// `unsafe` call) must call this right after, before any other gpupool
+    /// call on the lease, its orders or a scratchpad on them: gpupool's
+    /// promises about scratch memory rest on it (see `docs/safety.md`).
+    /// [`begin_capture`](Self::begin_capture), [`AccessOrder::wait`](crate::AccessOrder::wait)
+    /// and [`wait_event`](crate::AccessOrder::wait_event) note it
+    /// themselves.
+    ///
+    /// From then on the lease's return asks the backend whether the stream
+    /// is still capturing before it queries it (which would break the
+    /// capture), and keeps a capturing stream from every `get` until its
+    /// capture has ended; scratchpads on the lease's order give the memory of
+    /// a round that overlapped the capture to its graph instead of reusing
+    /// it. Costs one backend call at the return (`cuStreamIsCapturing` on
+    /// CUDA) and one per scratchpad round on the lease.
     #[inline]
     pub fn note_capture(&self) {
-        self.capture.set();
+        self.capture.bump();
     }
 
     /// The lease's capture note, for its orders.
@@ -731,9 +770,89 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
     }
 }
 
+impl<'p, B: CaptureBackend> StreamLease<'p, B> {
+    /// Begins a graph capture on the leased stream (CUDA's
+    /// `cuStreamBeginCapture` in `mode`): work issued on it from now on is
+    /// recorded into a graph, not run, until [`end_capture`](Self::end_capture).
+    /// Other leases join it with [`AccessOrder::wait`](crate::AccessOrder::wait)
+    /// on this lease's order (the fork) and must be joined back (this
+    /// order's wait on theirs) before it ends.
+    ///
+    /// What gpupool does with it (see `docs/graph-capture.md`): the lease's
+    /// return while the capture is open keeps the stream out of the pool
+    /// until the capture has ended; scratch memory used in the capture is
+    /// kept for the graph's replays, never reused while the graph can run;
+    /// the host's waits on the stream are refused
+    /// ([`Error::StreamCapturing`]).
+    ///
+    /// Errors, with nothing begun: [`Error::CaptureState`] if the stream is
+    /// already in a capture; a backend failure (a capture in global mode
+    /// needs the device's memory pool made beforehand, see the docs).
+    ///
+    /// ```
+    /// use gpupool_core::{CaptureMode, StreamPool};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let streams = StreamPool::new(gpu.clone());
+    /// let lease = streams.get(0)?;
+    /// lease.begin_capture(CaptureMode::Global)?;
+    /// gpu.enqueue_work(lease.handle()).unwrap(); // recorded, not run
+    /// let graph = lease.end_capture()?;
+    /// assert_eq!(graph.node_count(), 1);
+    /// gpu.launch_graph(&graph, lease.handle()).unwrap();
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
+    pub fn begin_capture(&self, mode: CaptureMode) -> Result<(), Error<B::Error>> {
+        let backend = &self.pool.inner.backend;
+        if self.capture.ever() {
+            // SAFETY: the lease holds this live stream of the pool's backend
+            // on `device`.
+            let status = unsafe { backend.capture_status(self.stream, self.device) }
+                .map_err(Error::backend(BackendOp::CaptureStatus))?;
+            if status.is_capturing() {
+                return Err(Error::CaptureState);
+            }
+        }
+        // SAFETY: as above; a created stream (pools hold no special one),
+        // not in a capture: asked above, or never in one (its note).
+        unsafe { backend.begin_capture(self.stream, self.device, mode) }
+            .map_err(Error::backend(BackendOp::BeginCapture))?;
+        self.capture.bump();
+        Ok(())
+    }
+
+    /// Ends the capture this lease's stream began and returns its graph
+    /// (CUDA's `cuStreamEndCapture`). Every stream that joined leaves the
+    /// capture, whatever the outcome.
+    ///
+    /// Errors: [`Error::CaptureState`] (nothing called) if the stream is not
+    /// capturing; a backend failure (the capture was invalidated, or a
+    /// stream that joined was not joined back): the capture has ended all
+    /// the same, with no graph.
+    pub fn end_capture(&self) -> Result<B::Graph, Error<B::Error>> {
+        let backend = &self.pool.inner.backend;
+        if !self.capture.ever() {
+            return Err(Error::CaptureState);
+        }
+        // SAFETY: the lease holds this live stream of the pool's backend on
+        // `device`.
+        let status = unsafe { backend.capture_status(self.stream, self.device) }
+            .map_err(Error::backend(BackendOp::CaptureStatus))?;
+        if !status.is_capturing() {
+            return Err(Error::CaptureState);
+        }
+        // SAFETY: as above.
+        let graph = unsafe { backend.end_capture(self.stream, self.device) }
+            .map_err(Error::backend(BackendOp::EndCapture));
+        self.capture.bump();
+        graph
+    }
+}
+
 impl<B: StreamBackend> Drop for StreamLease<'_, B> {
     fn drop(&mut self) {
-        let noted = self.capture.is_set();
+        let noted = self.capture.ever();
         if let Err(e) = self
             .pool
             .give_back(self.stream, self.device, self.origin, noted)

@@ -10,13 +10,13 @@
 //! crate sets both).
 
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+pub(crate) use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(not(loom))]
 pub(crate) use core::sync::atomic::AtomicBool;
-#[cfg(all(feature = "std", loom))]
+#[cfg(loom)]
 pub(crate) use loom::sync::atomic::AtomicBool;
 
 #[cfg(all(feature = "std", loom))]

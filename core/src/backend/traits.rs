@@ -5,8 +5,8 @@
 use core::ptr::NonNull;
 
 use super::{
-    BackendId, CaptureStatus, Completion, DeviceId, EventFlags, EventHandle, StreamHandle,
-    StreamOptions,
+    BackendId, CaptureMode, CaptureStatus, Completion, DeviceId, EventFlags, EventHandle,
+    StreamHandle, StreamOptions,
 };
 
 /// The device part of a backend: its identity, its error type and how devices
@@ -146,6 +146,44 @@ pub trait StreamBackend: Backend {
         let _ = (stream, device);
         Ok(CaptureStatus::NotCapturing)
     }
+}
+
+/// Graph capture: beginning and ending a capture on a stream. The pools call
+/// these for [`StreamLease::begin_capture`](crate::StreamLease::begin_capture)
+/// and [`end_capture`](crate::StreamLease::end_capture), so that they know
+/// where a capture begins (see `docs/graph-capture.md`).
+pub trait CaptureBackend: StreamBackend {
+    /// What an ended capture gives: the captured graph, which keeps the
+    /// memory its replays use (see [`MemoryBackend::keep_for_graph`]) until it
+    /// and everything made from it are gone.
+    type Graph: Send;
+
+    /// Begins a graph capture on `stream` in `mode`: work issued on it from
+    /// now on is recorded into a graph, not run, until
+    /// [`end_capture`](Self::end_capture) on the same stream.
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]), not a
+    /// special one, and not in a capture.
+    unsafe fn begin_capture(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+        mode: CaptureMode,
+    ) -> Result<(), Self::Error>;
+
+    /// Ends the capture `stream` began and returns its graph. Every stream
+    /// that joined the capture leaves it. A capture that a refused call
+    /// invalidated, or that a joined stream was not joined back from, fails;
+    /// it has ended all the same.
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]).
+    unsafe fn end_capture(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Self::Graph, Self::Error>;
 }
 
 /// Event operations.
@@ -363,6 +401,34 @@ pub trait MemoryBackend: Backend {
         Ok(())
     }
 
+    /// Takes back a block of any kind that graphs captured earlier may still
+    /// use, whose captures have ended: a [`Scratchpad`] round that overlapped
+    /// a graph capture and ended after the capture did (gpupool could not
+    /// hand the block to that graph while it was being captured). It is
+    /// never handed out again while any graph that may use it exists.
+    ///
+    /// Default: nothing, so the block is kept for the life of the process. A
+    /// backend that can tell which graphs use a block (the mock) frees it
+    /// once they are all gone.
+    ///
+    /// # Safety
+    /// 1. of [`deallocate`](Self::deallocate): the block came from this
+    ///    backend (by id) with these arguments and is not freed yet; gpupool
+    ///    does not use it again.
+    ///
+    /// [`Scratchpad`]: crate::Scratchpad
+    unsafe fn keep_for_ended_captures(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) -> Result<(), Self::Error> {
+        let _ = (kind, device, ptr, size, align);
+        Ok(())
+    }
+
     /// Whether a stream-ordered free of host-visible memory
     /// ([`deallocate_async`](Self::deallocate_async) of pinned or managed
     /// memory) followed by an [`allocate`](Self::allocate) of the same size
@@ -446,6 +512,26 @@ macro_rules! forward_backend {
 
 forward_backend!(&B, alloc::sync::Arc<B>, alloc::boxed::Box<B>);
 
+macro_rules! forward_capture {
+    ($($ptr:ty),*) => {$(
+        // SAFETY (the forwarded `unsafe fn`s): the caller's guarantees are
+        // about the handles and the backend's id, which the pointee shares.
+        impl<B: CaptureBackend + ?Sized> CaptureBackend for $ptr {
+            type Graph = B::Graph;
+            unsafe fn begin_capture(&self, s: StreamHandle, d: DeviceId, m: CaptureMode) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).begin_capture(s, d, m) }
+            }
+            unsafe fn end_capture(&self, s: StreamHandle, d: DeviceId) -> Result<Self::Graph, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).end_capture(s, d) }
+            }
+        }
+    )*};
+}
+
+forward_capture!(&B, alloc::sync::Arc<B>, alloc::boxed::Box<B>);
+
 macro_rules! forward_memory {
     ($($ptr:ty),*) => {$(
         impl<B: MemoryBackend + ?Sized> MemoryBackend for $ptr {
@@ -471,6 +557,10 @@ macro_rules! forward_memory {
             unsafe fn keep_for_graph(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize, s: StreamHandle) -> Result<(), Self::Error> {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).keep_for_graph(k, d, p, size, align, s) }
+            }
+            unsafe fn keep_for_ended_captures(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize) -> Result<(), Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).keep_for_ended_captures(k, d, p, size, align) }
             }
             fn batches_host_reuse(&self) -> bool {
                 (**self).batches_host_reuse()

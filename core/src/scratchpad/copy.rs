@@ -338,6 +338,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if unsafe { self.device_order.capturing(self.backend) }? {
             return Err(Error::StreamCapturing);
         }
+        // Nor can it read a graph's own allocation once its capture has
+        // ended.
+        self.check_not_retired(src.addr(), src.byte_len(), device)?;
         self.download(src, |staged| {
             // SAFETY: `staged` holds the bytes of `src`, aligned for
             // `T` (the staging alignment is at least `align_of::<T>()`), and

@@ -23,6 +23,16 @@ pub(super) struct Fence {
     armed: bool,
 }
 
+impl Fence {
+    /// The same event, with no block waiting on it.
+    pub(super) fn disarmed(self) -> Fence {
+        Fence {
+            armed: false,
+            ..self
+        }
+    }
+}
+
 impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// If the kept block of a kind waits on its fence: hand it out again if the
     /// event completed; otherwise release it in its stream order, so the next
@@ -99,26 +109,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // block back in stream order for less than one question to the
         // stream costs (`MemoryBackend::batches_host_reuse`).
         let batched = release_stream.is_some() && self.backend.batches_host_reuse();
-        // A release stream capturing a graph can be neither asked nor fenced
-        // (the driver refuses both, and a refusal can break the capture): the
-        // block is released, which keeps it for the graph
-        // (`release_in_order`: never reused, since a replay may use it at any
-        // time). One that cannot be asked counts as capturing (the error
-        // goes to `errors`), so that it is not queried either. Asked only
-        // when nothing else releases the block already.
-        let mut capturing = || {
-            release_stream.is_some()
-                // SAFETY: the release order's stream is usable for the backend
-                // for the scratchpad's whole life (checked at construction; the
-                // order borrows its stream).
-                && unsafe { self.release_order(kind).capturing(self.backend) }.unwrap_or_else(
-                    |e| {
-                        errors.push(e);
-                        true
-                    },
-                )
-        };
-        if n > 1 || armed || batched || capturing() {
+        // (A round that a graph capture may have overlapped never comes
+        // here: `reset` gives its blocks away instead, see `capture.rs`; so
+        // the release stream is not capturing, and may be asked and fenced.)
+        if n > 1 || armed || batched {
             // Release everything; next time one block that holds the largest
             // round (not the sum of the blocks: their unused tails and the
             // doubling are not needed again).

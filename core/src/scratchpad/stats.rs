@@ -20,8 +20,13 @@ pub struct ScratchStats {
     pub high_water: [usize; 4],
     /// Blocks taken from upstream, over the scratchpad's life.
     pub upstream_allocations: usize,
-    /// Blocks given back to upstream, over the scratchpad's life.
+    /// Blocks given back to upstream, over the scratchpad's life (those
+    /// kept for graphs included).
     pub upstream_releases: usize,
+    /// Blocks given to graph captures, or kept because a capture that may
+    /// use them has ended, over the scratchpad's life (see
+    /// [`MemoryBackend::keep_for_ended_captures`](crate::MemoryBackend::keep_for_ended_captures)).
+    pub kept_for_graphs: usize,
 }
 
 /// Counts the upstream calls a scratchpad makes.

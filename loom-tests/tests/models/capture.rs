@@ -27,8 +27,7 @@ fn side_stream_return_races_a_get_during_a_capture() {
         let streams = stream_pool(&mock, StreamPoolConfig::default());
         let events = event_pool(&mock);
         let origin = streams.get(0).unwrap();
-        mock.begin_capture(origin.handle(), CaptureMode::ThreadLocal)
-            .unwrap();
+        origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
         let side = streams.get(0).unwrap();
         let side_stream = side.handle();
         side.order().wait(&origin.order(), &events).unwrap(); // fork
@@ -44,7 +43,7 @@ fn side_stream_return_races_a_get_during_a_capture() {
         assert_ne!(theirs, side_stream, "a stream in a capture was leased");
         assert!(mock.misuses().is_empty(), "{:?}", mock.misuses());
 
-        let graph = mock.end_capture(origin.handle()).unwrap();
+        let graph = origin.end_capture().unwrap();
         assert_eq!(graph.node_count(), 1);
         // Found again: at most the other thread's stream (if it went to the
         // shared ready list) comes first.

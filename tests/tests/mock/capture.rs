@@ -3,8 +3,8 @@
 //! capturing stream records work instead of running it, and a call the
 //! driver refuses there (a query, a synchronization, a potentially unsafe
 //! call in the capture's mode) is a misuse that invalidates the capture.
-//! Only safe code: the captures are begun and ended through the mock's
-//! harness on a lease's handle.
+//! Only safe code: the captures are begun and ended through the leases
+//! (`StreamLease::begin_capture`, `end_capture`).
 //!
 //! The mock refuses in a capture what the H200 refused
 //! (`docs/graph-capture.md`); the limits that come from the driver itself
@@ -37,8 +37,7 @@ fn assert_clean(gpu: &MockBackend) {
 fn fork_join_inside_a_capture_returns_the_side_stream_after_the_end() {
     let (gpu, streams, events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
-    gpu.begin_capture(origin.handle(), CaptureMode::Global)
-        .unwrap();
+    origin.begin_capture(CaptureMode::Global).unwrap();
 
     let side = streams.get(0).unwrap();
     let side_stream = side.handle();
@@ -67,7 +66,7 @@ fn fork_join_inside_a_capture_returns_the_side_stream_after_the_end() {
     assert_ne!(there.handle(), side_stream);
     assert_clean(&gpu);
 
-    let graph = gpu.end_capture(origin.handle()).unwrap();
+    let graph = origin.end_capture().unwrap();
     assert_eq!(graph.node_count(), 1);
     assert_eq!(
         gpu.capture_status_of(side_stream),
@@ -94,8 +93,7 @@ fn fork_join_inside_a_capture_returns_the_side_stream_after_the_end() {
 fn a_host_wait_on_a_capturing_stream_is_a_typed_error() {
     let (gpu, streams, events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
-    gpu.begin_capture(origin.handle(), CaptureMode::Global)
-        .unwrap();
+    origin.begin_capture(CaptureMode::Global).unwrap();
     let waited = AccessOrder::host().wait(&origin.order(), &events);
     assert!(matches!(waited, Err(Error::StreamCapturing)), "{waited:?}");
     assert_eq!(
@@ -103,14 +101,16 @@ fn a_host_wait_on_a_capturing_stream_is_a_typed_error() {
         Ok(CaptureStatus::Active)
     );
     assert_eq!(gpu.calls(BackendOp::SynchronizeStream), 0);
-    gpu.end_capture(origin.handle()).unwrap();
+    origin.end_capture().unwrap();
     assert_clean(&gpu);
 }
 
-/// Only a lease whose order waited asks `capture_status` at its return (a
-/// lease that never waited cannot have joined a capture).
+/// Only a lease whose stream was ever in a capture asks `capture_status`
+/// at its return: one that began a capture, joined one (its wait on a
+/// capturing stream), or was told (`note_capture`). A wait on a stream that
+/// never was in a capture asks nothing either.
 #[test]
-fn only_a_lease_that_waited_asks_its_capture_status() {
+fn only_a_lease_that_was_in_a_capture_asks_its_capture_status() {
     let (gpu, streams, events) = mock_pools(1);
     let plain = streams.get(0).unwrap();
     drop(plain);
@@ -120,15 +120,27 @@ fn only_a_lease_that_waited_asks_its_capture_status() {
     let a = streams.get(0).unwrap();
     let b = streams.get(0).unwrap();
     a.order().wait(&b.order(), &events).unwrap();
-    drop(b); // never waited
+    drop(b);
+    drop(a); // waited, but on a stream that was never in a capture
     assert_eq!(gpu.calls(BackendOp::CaptureStatus), 0);
-    drop(a); // waited
+
+    let origin = streams.get(0).unwrap();
+    let side = streams.get(0).unwrap();
+    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    side.order().wait(&origin.order(), &events).unwrap(); // asks the origin
     assert_eq!(gpu.calls(BackendOp::CaptureStatus), 1);
+    origin.order().wait(&side.order(), &events).unwrap(); // asks both
+    assert_eq!(gpu.calls(BackendOp::CaptureStatus), 3);
+    drop(side); // joined: asks, held
+    assert_eq!(gpu.calls(BackendOp::CaptureStatus), 4);
+    origin.end_capture().unwrap();
+    drop(origin);
 
     let c = streams.get(0).unwrap();
     c.note_capture();
+    let before = gpu.calls(BackendOp::CaptureStatus);
     drop(c);
-    assert_eq!(gpu.calls(BackendOp::CaptureStatus), 2);
+    assert_eq!(gpu.calls(BackendOp::CaptureStatus), before + 1);
     assert_clean(&gpu);
 }
 
@@ -137,9 +149,9 @@ fn only_a_lease_that_waited_asks_its_capture_status() {
 #[test]
 fn putting_a_capturing_stream_is_rejected() {
     let (gpu, streams, _events) = mock_pools(1);
-    let owned = streams.get(0).unwrap().detach();
-    gpu.begin_capture(owned.handle(), CaptureMode::Global)
-        .unwrap();
+    let lease = streams.get(0).unwrap();
+    lease.begin_capture(CaptureMode::Global).unwrap();
+    let owned = lease.detach();
     let queries = gpu.calls(BackendOp::QueryStream);
     let rejected = streams.put(owned, None).unwrap_err();
     assert!(matches!(rejected.error, Error::StreamCapturing));
@@ -161,8 +173,7 @@ fn putting_a_capturing_stream_is_rejected() {
 fn a_device_scratchpad_inside_a_capture_becomes_memory_nodes() {
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
-    gpu.begin_capture(origin.handle(), CaptureMode::Global)
-        .unwrap();
+    origin.begin_capture(CaptureMode::Global).unwrap();
     {
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
         let x = scratch.device::<u32>(256).unwrap();
@@ -173,7 +184,7 @@ fn a_device_scratchpad_inside_a_capture_becomes_memory_nodes() {
             .unwrap();
     } // dropped inside the capture
     assert_clean(&gpu);
-    let graph = gpu.end_capture(origin.handle()).unwrap();
+    let graph = origin.end_capture().unwrap();
     // One block: allocated, two kernels, freed.
     assert_eq!(graph.node_count(), 4);
     let reserved = gpu.live_bytes(MemoryKind::Device);
@@ -194,9 +205,7 @@ fn a_device_scratchpad_inside_a_capture_becomes_memory_nodes() {
 /// A pinned scratchpad released in the order of a capturing stream (the mock
 /// does not batch host reuse, so a reset outside a capture would ask the
 /// stream): its reset inside the capture asks nothing the capture refuses,
-/// and its block is handed to nobody while the graph lives. (The capture is
-/// begun through the lease's raw handle, so the lease is told:
-/// `note_capture`.)
+/// and its block is handed to nobody while the graph lives.
 #[test]
 fn a_pinned_scratchpad_reset_inside_a_capture_keeps_its_block_for_the_graph() {
     pinned_reset_inside_a_capture(false);
@@ -219,9 +228,7 @@ fn pinned_reset_inside_a_capture(batched: bool) {
     let [(old, size)] = scratch.blocks(MemoryKind::Pinned)[..] else {
         panic!("one pinned block")
     };
-    gpu.begin_capture(origin.handle(), CaptureMode::Global)
-        .unwrap();
-    origin.note_capture();
+    origin.begin_capture(CaptureMode::Global).unwrap();
     let queries = gpu.calls(BackendOp::QueryStream) + gpu.calls(BackendOp::QueryEvent);
     scratch.reset().unwrap();
     assert_eq!(
@@ -235,7 +242,7 @@ fn pinned_reset_inside_a_capture(batched: bool) {
         gpu.capture_status_of(origin.handle()),
         Ok(CaptureStatus::Active)
     );
-    let graph = gpu.end_capture(origin.handle()).unwrap();
+    let graph = origin.end_capture().unwrap();
 
     // The next round (outside the capture) gets another block; the old one
     // is still allocated.
@@ -263,8 +270,7 @@ fn pinned_reset_inside_a_capture(batched: bool) {
 fn a_lease_returned_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
-    gpu.begin_capture(origin.handle(), CaptureMode::ThreadLocal)
-        .unwrap();
+    origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| drop(streams.get(0).unwrap()));
     });
@@ -274,7 +280,7 @@ fn a_lease_returned_on_another_thread_during_a_thread_local_capture_leaves_it_va
         "{:?}",
         gpu.misuses()
     );
-    gpu.end_capture(origin.handle()).unwrap();
+    origin.end_capture().unwrap();
     assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
 }
 
@@ -286,8 +292,7 @@ fn a_lease_returned_on_another_thread_during_a_thread_local_capture_leaves_it_va
 fn a_lease_returned_on_another_thread_during_a_global_capture_breaks_it_as_cuda_does() {
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
-    gpu.begin_capture(origin.handle(), CaptureMode::Global)
-        .unwrap();
+    origin.begin_capture(CaptureMode::Global).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| drop(streams.get(0).unwrap()));
     });
@@ -295,7 +300,7 @@ fn a_lease_returned_on_another_thread_during_a_global_capture_breaks_it_as_cuda_
         gpu.capture_status_of(origin.handle()),
         Ok(CaptureStatus::Invalidated)
     );
-    assert!(gpu.end_capture(origin.handle()).is_err());
+    assert!(origin.end_capture().is_err());
     assert_eq!(
         streams.take_error().and_then(|e| e.backend_op()),
         Some(BackendOp::QueryStream)
@@ -311,8 +316,7 @@ fn a_get_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
     gpu.enqueue_work(busy.handle()).unwrap();
     drop(busy); // pending: the busy list
     let origin = streams.get(0).unwrap(); // a new stream
-    gpu.begin_capture(origin.handle(), CaptureMode::ThreadLocal)
-        .unwrap();
+    origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
     let other =
         std::thread::scope(|s| s.spawn(|| streams.get(0).unwrap().detach()).join().unwrap());
     assert_eq!(
@@ -321,7 +325,7 @@ fn a_get_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
         "{:?}",
         gpu.misuses()
     );
-    gpu.end_capture(origin.handle()).unwrap();
+    origin.end_capture().unwrap();
     streams.put(other, None).unwrap();
     assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
 }
@@ -332,8 +336,7 @@ fn a_get_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
 fn a_purge_during_a_capture_keeps_the_streams_held_for_it() {
     let (gpu, streams, events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
-    gpu.begin_capture(origin.handle(), CaptureMode::Relaxed)
-        .unwrap();
+    origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let side = streams.get(0).unwrap();
     let side_handle = side.handle();
     side.order().wait(&origin.order(), &events).unwrap();
@@ -341,7 +344,7 @@ fn a_purge_during_a_capture_keeps_the_streams_held_for_it() {
     drop(side);
     let purged = streams.purge();
     assert!(gpu.misuses().is_empty(), "{:?} {purged:?}", gpu.misuses());
-    gpu.end_capture(origin.handle()).unwrap();
+    origin.end_capture().unwrap();
     // Once the capture has ended, the pool leases the side stream again.
     let again = streams.get(0).unwrap();
     assert_eq!(again.handle(), side_handle);
@@ -354,10 +357,7 @@ fn a_purge_during_a_capture_keeps_the_streams_held_for_it() {
 fn a_read_back_inside_a_capture_is_a_typed_error() {
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
-    gpu.begin_capture(origin.handle(), CaptureMode::Relaxed)
-        .unwrap();
-    // A capture begun through the handle: the lease is told.
-    origin.note_capture();
+    origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.device::<u32>(4).unwrap();
     let read = scratch.to_host(&x);
@@ -374,11 +374,9 @@ fn a_pinned_block_released_inside_a_capture_is_freed_with_its_graph() {
     let origin = streams.get(0).unwrap();
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     scratch.pinned::<u8>(100).unwrap();
-    gpu.begin_capture(origin.handle(), CaptureMode::Global)
-        .unwrap();
-    origin.note_capture();
+    origin.begin_capture(CaptureMode::Global).unwrap();
     scratch.reset().unwrap();
-    let graph = gpu.end_capture(origin.handle()).unwrap();
+    let graph = origin.end_capture().unwrap();
     drop(scratch);
     drop(graph);
     assert_eq!(gpu.live_bytes(MemoryKind::Pinned), 0, "leaked");
@@ -391,17 +389,13 @@ fn a_pinned_block_released_inside_a_capture_is_freed_with_its_graph() {
 fn a_staged_upload_inside_a_relaxed_capture_holds_its_staging_for_the_graph() {
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
-    gpu.begin_capture(origin.handle(), CaptureMode::Relaxed)
-        .unwrap();
-    // A capture begun through the handle: the lease is told (without it the
-    // staging block would be freed in stream order, which a capture refuses).
-    origin.note_capture();
+    origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let graph = {
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
         let x = scratch.to_device(&[1u32, 2, 3]).unwrap();
         gpu.launch_map(&origin.order(), &x, &x, |v| v * 2).unwrap();
         drop(scratch);
-        gpu.end_capture(origin.handle()).unwrap()
+        origin.end_capture().unwrap()
     };
     // The device block is reserved for the graph, the staging block held.
     assert!(gpu.live_bytes(MemoryKind::Device) > 0);

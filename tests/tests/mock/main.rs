@@ -8,6 +8,7 @@
 
 mod bad_input;
 mod capture;
+mod capture_rounds;
 mod compile_fail;
 mod event_pool;
 mod faults;

@@ -6,8 +6,8 @@
 
 use gpupool_core::epoch_crate::Collector;
 use gpupool_core::{
-    AccessOrder, DeviceId, Error, EventHandle, EventPool, OwnedEvent, OwnedStream, Scratchpad,
-    ScratchpadConfig, StreamHandle, StreamPool, StreamPoolConfig,
+    AccessOrder, Backend, DeviceId, Error, EventHandle, EventPool, OwnedEvent, OwnedStream,
+    Scratchpad, ScratchpadConfig, StreamHandle, StreamPool, StreamPoolConfig,
 };
 use gpupool_tests::any_pool::AnyPool;
 use gpupool_tests::{assert_calls, gpu, with_pools, with_stream_pool, GpuBackend, TestGpu};
@@ -170,7 +170,7 @@ fn a_scratchpad_whose_orders_are_on_another_device_is_refused() {
     // A scratchpad allocates and frees every block under one device: an
     // order on another device than the configured one, or than the device
     // order, is refused before anything is allocated.
-    with_stream_pool(1, |gpu, streams| {
+    with_stream_pool(2, |gpu, streams| {
         let backend = gpu.backend();
         let (d0, d1) = (DeviceId(0), DeviceId(1));
         let lease = streams.get(d0).unwrap();
@@ -179,16 +179,29 @@ fn a_scratchpad_whose_orders_are_on_another_device_is_refused() {
             device: Some(d1),
             ..ScratchpadConfig::default()
         };
-        // A release order on another device than the device order.
+        let e = Scratchpad::with_config(&backend, lease.order(), on_device_1).unwrap_err();
+        assert_eq!(
+            e,
+            Error::WrongDevice {
+                given: d1,
+                actual: d0
+            }
+        );
+        assert_calls(&gpu, calls, 0, "refused before any backend call");
+        // A release order on another device than the device order (a
+        // special stream's device is checked to exist first: one call).
         let pinned_on_1 = ScratchpadConfig {
             pinned_release: Some(AccessOrder::null_stream(d1)),
             ..ScratchpadConfig::default()
         };
-        for (config, given, actual) in [(on_device_1, d1, d0), (pinned_on_1, d0, d1)] {
-            let e = Scratchpad::with_config(&backend, lease.order(), config).unwrap_err();
-            assert_eq!(e, Error::WrongDevice { given, actual });
-        }
-        assert_calls(&gpu, calls, 0, "refused before any backend call");
+        let e = Scratchpad::with_config(&backend, lease.order(), pinned_on_1).unwrap_err();
+        assert_eq!(
+            e,
+            Error::WrongDevice {
+                given: d0,
+                actual: d1
+            }
+        );
         // The same orders on one device are accepted.
         let on_device_0 = ScratchpadConfig {
             device: Some(d0),
@@ -197,5 +210,55 @@ fn a_scratchpad_whose_orders_are_on_another_device_is_refused() {
         };
         let scratch = Scratchpad::with_config(&backend, lease.order(), on_device_0).unwrap();
         assert_eq!(scratch.device_id().unwrap(), d0);
+    });
+}
+
+#[test]
+fn a_special_stream_of_a_device_that_does_not_exist_is_refused_everywhere() {
+    // `null_stream`, `legacy_stream` and `per_thread_stream` name a device
+    // the caller chose: every call that would hand the stream to the
+    // backend first checks that the device exists (the backend's contracts
+    // need one that does), and nothing else is called.
+    with_pools(1, |gpu, streams, events| {
+        let backend = gpu.backend();
+        let count = Backend::device_count(&backend).unwrap();
+        let missing = DeviceId(count);
+        let lease = streams.get(0).unwrap();
+        for order in [
+            AccessOrder::null_stream(missing),
+            AccessOrder::legacy_stream(missing),
+            AccessOrder::per_thread_stream(missing),
+        ] {
+            let out_of_range = Error::DeviceOutOfRange {
+                device: missing,
+                count,
+            };
+            assert_eq!(
+                Scratchpad::new(&backend, order).map(drop).unwrap_err(),
+                out_of_range
+            );
+            assert_eq!(
+                lease.order().wait(&order, &events),
+                Err(out_of_range.clone())
+            );
+            assert_eq!(
+                order.wait(&lease.order(), &events),
+                Err(out_of_range.clone())
+            );
+            assert_eq!(
+                AccessOrder::host().wait(&order, &events),
+                Err(out_of_range.clone())
+            );
+            let event = events.get(0).unwrap();
+            assert_eq!(order.wait_event(&event), Err(out_of_range.clone()));
+            assert_eq!(event.record(&order), Err(out_of_range));
+            drop(event);
+        }
+        // Everything still works.
+        lease
+            .order()
+            .wait(&AccessOrder::null_stream(DeviceId(0)), &events)
+            .unwrap();
+        assert!(streams.take_error().is_none() && events.take_error().is_none());
     });
 }

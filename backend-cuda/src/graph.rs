@@ -1,0 +1,210 @@
+//! Graph capture through gpupool: [`CaptureBackend`] for [`CudaBackend`]
+//! (`cuStreamBeginCapture`, `cuStreamEndCapture`), and the graph a capture
+//! ends in, [`CudaGraph`], with its executable form, [`CudaGraphExec`].
+//!
+//! Capturing through [`StreamLease::begin_capture`] rather than the raw
+//! handle is what lets gpupool keep its promises across the capture (see
+//! `docs/graph-capture.md`): the lease's capture note is bumped, so the
+//! pools and scratchpads know to ask before they query the stream or reuse
+//! memory that the graph's replays use.
+//!
+//! ```no_run
+//! use gpupool_core::{CaptureMode, Scratchpad};
+//! use gpupool_cuda::CudaBackend;
+//!
+//! let gpu = CudaBackend::new();
+//! let lease = gpupool_cuda::streams().get(0)?;
+//! lease.begin_capture(CaptureMode::ThreadLocal)?;
+//! {
+//!     let scratch = Scratchpad::new(&gpu, lease.order())?;
+//!     let x = scratch.to_device(&[1.0f32; 1024])?; // the graph's allocation and copy
+//!     // ... kernels on `x` through `with_cudarc_stream(&lease, ..)` ...
+//! } // freed in the capture: the graph's free node
+//! let graph = lease.end_capture()?;
+//! let exec = graph.instantiate()?;
+//! // SAFETY: the graph's kernels use only scratch memory made in the
+//! // capture (the graph's own).
+//! unsafe { exec.launch(&lease.order()) }?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! [`StreamLease::begin_capture`]: gpupool_core::StreamLease::begin_capture
+
+use cudarc::driver::sys;
+use gpupool_core::{AccessOrder, CaptureBackend, CaptureMode, DeviceId, StreamHandle};
+
+use crate::backend::CudaBackend;
+use crate::driver::{driver, raw_stream};
+use crate::error::{check, CudaError};
+
+/// A graph a capture ended in (`CUgraph`), owned: destroyed when dropped.
+/// Every executable graph made from it ([`instantiate`](Self::instantiate))
+/// lives on independently.
+#[derive(Debug)]
+pub struct CudaGraph {
+    graph: sys::CUgraph,
+    device: DeviceId,
+}
+
+// SAFETY: a `CUgraph` is a driver object that may be used from any thread;
+// `CudaGraph` owns it alone (no aliasing handle is kept elsewhere by gpupool),
+// and every call on it takes `&self` or `self` with no interior state.
+unsafe impl Send for CudaGraph {}
+// SAFETY: the calls made through `&CudaGraph` (`cuGraphInstantiateWithFlags`)
+// only read the graph; CUDA allows several threads to instantiate one graph
+// as long as none modifies it, and `CudaGraph` offers no modifying call.
+unsafe impl Sync for CudaGraph {}
+
+impl CudaGraph {
+    /// The driver's handle, for cudarc's or the driver's own graph calls.
+    /// It stays owned by this value: do not destroy it.
+    pub fn as_raw(&self) -> sys::CUgraph {
+        self.graph
+    }
+
+    /// The device of the stream that began the capture.
+    pub fn device(&self) -> DeviceId {
+        self.device
+    }
+
+    /// Makes an executable graph of it (`cuGraphInstantiateWithFlags`, no
+    /// flags).
+    pub fn instantiate(&self) -> Result<CudaGraphExec, CudaError> {
+        let drv = driver()?;
+        drv.with_context(self.device, |_| {
+            let mut exec: sys::CUgraphExec = core::ptr::null_mut();
+            // SAFETY: `exec` is a valid place for the handle; the graph is
+            // live (owned by `self`); the device's primary context is current.
+            check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, self.graph, 0) })?;
+            Ok(CudaGraphExec {
+                exec,
+                device: self.device,
+            })
+        })
+    }
+}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        // SAFETY: the graph is owned by `self` alone and used no more; its
+        // executable graphs keep what they need. An error (the driver shut
+        // down at exit) leaves nothing to do.
+        let _ = unsafe { sys::cuGraphDestroy(self.graph) };
+    }
+}
+
+/// An executable graph (`CUgraphExec`), owned: destroyed when dropped (CUDA
+/// lets its launches in flight finish).
+#[derive(Debug)]
+pub struct CudaGraphExec {
+    exec: sys::CUgraphExec,
+    device: DeviceId,
+}
+
+// SAFETY: as for `CudaGraph`: a driver object usable from any thread, owned
+// by this value alone.
+unsafe impl Send for CudaGraphExec {}
+// SAFETY: `launch` is the only call through `&self`; CUDA allows launches of
+// one executable graph from several threads (they are ordered by the
+// driver).
+unsafe impl Sync for CudaGraphExec {}
+
+impl CudaGraphExec {
+    /// The driver's handle. It stays owned by this value.
+    pub fn as_raw(&self) -> sys::CUgraphExec {
+        self.exec
+    }
+
+    /// Launches the graph in `order`'s stream (`cuGraphLaunch`): its work
+    /// runs after the work issued there so far. Host order launches it on
+    /// the device's null stream.
+    ///
+    /// Scratch memory the graph uses is the graph's (made in the capture)
+    /// or kept for it by gpupool until the graph is gone, whenever it runs.
+    ///
+    /// # Safety
+    /// Every other memory the graph's work uses (buffers of the caller's,
+    /// cudarc's `CudaSlice`s captured as kernel arguments) is valid, and
+    /// used by nothing else that is not ordered with this launch, until the
+    /// launch has run: the graph replays the captured kernels, whose own
+    /// `unsafe` launch vouched for their arguments only when they were
+    /// captured.
+    pub unsafe fn launch(&self, order: &AccessOrder<'_>) -> Result<(), CudaError> {
+        if !order.is_usable_with(&CudaBackend::new()) {
+            return Err(CudaError::ForeignStream(
+                order.stream_handle().unwrap_or(StreamHandle::NULL),
+            ));
+        }
+        // (A stream of another device than the graph's: the driver refuses
+        // the launch.)
+        let (stream, device) = match (order.stream_handle(), order.device()) {
+            (Some(s), Some(d)) => (s, d),
+            _ => (StreamHandle::NULL, self.device),
+        };
+        driver()?.on_stream(stream, device, || {
+            // SAFETY: the graph is live (owned by `self`); `stream` is the
+            // order's (borrowed by it, of this backend: checked above) or the
+            // null stream, of the graph's device; the memory its work uses is
+            // valid (this function's contract, and gpupool's scratchpads for
+            // their memory).
+            check(unsafe { sys::cuGraphLaunch(self.exec, raw_stream(stream)) })
+        })
+    }
+}
+
+impl Drop for CudaGraphExec {
+    fn drop(&mut self) {
+        // SAFETY: owned by `self` alone and used no more; CUDA finishes the
+        // launches in flight. An error (the driver shut down) leaves nothing
+        // to do.
+        let _ = unsafe { sys::cuGraphExecDestroy(self.exec) };
+    }
+}
+
+/// The driver's capture mode.
+fn raw_mode(mode: CaptureMode) -> sys::CUstreamCaptureMode {
+    match mode {
+        CaptureMode::Global => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        CaptureMode::ThreadLocal => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        CaptureMode::Relaxed => sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+    }
+}
+
+/// `cuStreamBeginCapture` and `cuStreamEndCapture` on a created stream of
+/// this backend.
+impl CaptureBackend for CudaBackend {
+    type Graph = CudaGraph;
+
+    /// # Safety
+    /// The trait's contract: `stream` is a live stream created by a
+    /// `CudaBackend` on `device`, not capturing.
+    unsafe fn begin_capture(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+        mode: CaptureMode,
+    ) -> Result<(), CudaError> {
+        driver()?.on_stream(stream, device, || {
+            // SAFETY: the caller's contract: a live created stream of
+            // `device` (it carries its context), not capturing.
+            check(unsafe { sys::cuStreamBeginCapture_v2(raw_stream(stream), raw_mode(mode)) })
+        })
+    }
+
+    /// # Safety
+    /// The trait's contract: `stream` is a live stream created by a
+    /// `CudaBackend` on `device`.
+    unsafe fn end_capture(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<CudaGraph, CudaError> {
+        driver()?.on_stream(stream, device, || {
+            let mut graph: sys::CUgraph = core::ptr::null_mut();
+            // SAFETY: the caller's contract: a live created stream; `graph`
+            // is a valid place for the handle.
+            check(unsafe { sys::cuStreamEndCapture(raw_stream(stream), &mut graph) })?;
+            Ok(CudaGraph { graph, device })
+        })
+    }
+}

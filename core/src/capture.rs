@@ -1,0 +1,79 @@
+//! What gpupool knows of a stream's graph captures: [`CaptureNote`], kept
+//! by every lease and owned stream, and read by the orders that borrow it.
+//!
+//! A stream enters a graph capture in one of two ways: a capture is begun on
+//! it, or it waits on an event recorded in an open capture (it *joins*). The
+//! ways safe code can do either to a stream gpupool holds all go through
+//! gpupool, which bumps the stream's note each time:
+//! - [`StreamLease::begin_capture`](crate::StreamLease::begin_capture) (and
+//!   [`end_capture`](crate::StreamLease::end_capture));
+//! - [`AccessOrder::wait`](crate::AccessOrder::wait) and
+//!   [`wait_event`](crate::AccessOrder::wait_event) on an order whose other
+//!   side is capturing (the wait joins the capture);
+//! - [`StreamLease::note_capture`](crate::StreamLease::note_capture), which
+//!   the caller of the `unsafe` raw calls must make right after beginning or
+//!   joining a capture through the raw handle.
+//!
+//! The end of a capture is not always seen (the origin's owner ends it, and
+//! a stream that only joined is not told), so the note does not say whether
+//! the stream is capturing *now*: it says whether it may have been in a
+//! capture since a given moment. The pools ask the backend
+//! ([`capture_status`](crate::StreamBackend::capture_status)) only for a
+//! stream whose note was ever bumped; the scratchpad compares the epochs at
+//! the start and the end of a round to tell whether any of the round's
+//! memory may be used by a graph.
+
+use crate::sync::{AtomicU32, Ordering};
+
+/// A stream's capture epoch: 0 while the stream has never been in a graph
+/// capture as far as gpupool can tell; bumped each time it may have begun or
+/// joined one, and each time gpupool ends one.
+#[derive(Debug, Default)]
+pub(crate) struct CaptureNote {
+    epoch: AtomicU32,
+}
+
+impl CaptureNote {
+    /// A note of a stream that has not been in a capture.
+    pub(crate) fn new() -> Self {
+        CaptureNote {
+            epoch: AtomicU32::new(0),
+        }
+    }
+
+    /// A note that carries `epoch` over (a lease detached into an owned
+    /// stream, whose capture state goes with it).
+    pub(crate) fn with_epoch(epoch: u32) -> Self {
+        CaptureNote {
+            epoch: AtomicU32::new(epoch),
+        }
+    }
+
+    /// Notes that the stream may have begun, joined or left a capture.
+    /// Saturates rather than wrapping back to 0, which would say "never".
+    #[inline]
+    pub(crate) fn bump(&self) {
+        // AcqRel, with the Acquire of `epoch`: a thread that sees the new
+        // epoch (a scratchpad ending its round on another thread) also sees
+        // everything the bumping thread did before (the wait that joined
+        // the capture). `fetch_update` only fails when the epoch is already
+        // at its maximum, which it then keeps.
+        let _ = self
+            .epoch
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| e.checked_add(1));
+    }
+
+    /// The epoch now.
+    #[inline]
+    pub(crate) fn epoch(&self) -> u32 {
+        // Acquire: see `bump`.
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Whether the stream has ever been in a capture as far as gpupool can
+    /// tell: only then can it be capturing now.
+    #[inline]
+    pub(crate) fn ever(&self) -> bool {
+        self.epoch() != 0
+    }
+}
