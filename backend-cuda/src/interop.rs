@@ -79,8 +79,13 @@ use crate::error::CudaError;
 /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (`f`'s result is dropped).
 ///
 /// `f` runs with the device's primary context current (cudarc's calls make
-/// it current anyway); the thread's previous context is current again
-/// afterwards, also when `f` panics.
+/// it current anyway). Afterwards, also when `f` panics, the thread's
+/// previous context is current again if it was a primary context (gpupool's
+/// table retains it, so even a closure that drops the application's last
+/// `Arc<CudaContext>` of it cannot destroy it meanwhile), and the device's
+/// primary context otherwise: after no context, and after a non-primary
+/// context, which safe cudarc code can destroy in the closure (see
+/// [`CudaBackend`]'s "The thread's current context").
 ///
 /// Errors, before `f` runs: [`CudaError::NoDriver`] and the driver's, from
 /// retaining the device's primary context on first use. After it: a capture
@@ -169,9 +174,10 @@ unsafe fn scoped<R>(
     // documentation), and the `Arc` is dropped below, or during unwinding if
     // `f` panics.
     let stream: Arc<CudaStream> = unsafe { ctx.wrap_borrowed_stream(raw_stream(handle)) };
-    // `device`'s primary context current for `f` and the capture check, the
-    // thread's own restored afterwards (also on a panic).
-    let out = driver()?.with_context(device, |_| {
+    // `device`'s primary context current for `f` and the capture check; the
+    // thread's own afterwards (also on a panic) where gpupool keeps it alive,
+    // the primary one otherwise, whatever `f` left current.
+    let out = driver()?.with_context_around_user_code(device, |_| {
         let capture = OpenCapture::watch(handle)?;
         let out = f(&stream);
         capture.end()?;
