@@ -254,13 +254,16 @@ impl CudaBackend {
         // SAFETY: the caller's contract; `status` is a valid place for the
         // answer.
         check(unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) })?;
-        Ok(match status {
-            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => {
-                CaptureStatus::NotCapturing
-            }
-            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active,
-            _ => CaptureStatus::Invalidated,
-        })
+        Ok(capture_status_of(status))
+    }
+}
+
+/// The driver's capture status as a [`CaptureStatus`].
+pub(crate) fn capture_status_of(status: sys::CUstreamCaptureStatus) -> CaptureStatus {
+    match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => CaptureStatus::NotCapturing,
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active,
+        _ => CaptureStatus::Invalidated,
     }
 }
 
