@@ -55,6 +55,39 @@ use crate::error::CudaError;
 ///   [`MemoryBackend`](gpupool_core::MemoryBackend) impl), or, for a copy,
 ///   is host memory the caller owns.
 ///
+/// # The thread's current context
+///
+/// A call on a created stream or event uses the context its handle carries; if
+/// the thread has no current context, the device's primary one is made
+/// current and left there. A call that needs a particular context (creating a
+/// stream or an event, anything on a special stream, memory allocation, the
+/// closures of [`with_cudarc_stream`](crate::with_cudarc_stream)) makes the
+/// device's primary context current for the call and then puts the previous
+/// one back, also after a panic, **if it is a primary context**: to hand a
+/// context back to the driver gpupool must know it is alive, and it knows
+/// that only of primary contexts, which its process-wide table retains for
+/// the life of the process (the previously current one is retained into the
+/// table then, if it was not yet; a device whose primary context nobody
+/// retains is never initialised that way). A context that safe code destroyed
+/// (cudarc's `CudaContext` releases or destroys its context when its last
+/// `Arc` is dropped, even inside a [`with_cudarc_stream`](crate::with_cudarc_stream)
+/// closure) is therefore never made current again, nor is any other context
+/// handed to the driver on the caller's behalf:
+///
+/// - a **non-primary context** (`cuCtxCreate`, cudarc's safe
+///   `CudaContext::new_non_primary` and `new_cig`, a green context's) is not
+///   put back: nobody but its creator can keep one alive. After such a call
+///   the device's primary context is current; cudarc's safe API makes its own
+///   context current before each call and does not notice, and code that uses
+///   the driver or the runtime API directly on a non-primary context makes it
+///   current again after a gpupool call;
+/// - [`current_device`](Backend::current_device) recognises a retained
+///   primary context by its handle and asks the driver about any other with
+///   `cuCtxGetDevice`, which reads the thread's current context without being
+///   handed it: a context destroyed while current (the driver leaves it
+///   current on other threads, and a released primary context even on the
+///   releasing thread) gives `CUDA_ERROR_CONTEXT_IS_DESTROYED`.
+///
 /// Every `CudaBackend` value shares one [`BackendId`] ([`Backend::id`]): they
 /// all speak to the same driver, so a handle made through one is usable with
 /// any other. The pools, leases and scratchpads only pass handles they
@@ -89,10 +122,12 @@ impl CudaBackend {
     /// through cudarc's safe API (see [`with_cudarc_stream`](crate::with_cudarc_stream)).
     ///
     /// Retains the context on first use; the context stays retained for the
-    /// life of the process. cudarc makes the context current on the calling
-    /// thread whenever its safe API uses it.
+    /// life of the process. The thread's current context afterwards is as
+    /// after any call that switches contexts (the type documentation, "The
+    /// thread's current context"). cudarc makes the context current on the
+    /// calling thread whenever its safe API uses it.
     pub fn context(&self, device: DeviceId) -> Result<Arc<CudaContext>, CudaError> {
-        let primary = driver()?.device(device)?.primary()?;
+        let primary = driver()?.primary(device)?;
         Ok(primary.context().clone())
     }
 }

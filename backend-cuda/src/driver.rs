@@ -16,7 +16,11 @@
 //! Streams and events are created on the device's *primary* context (the one
 //! the CUDA runtime uses), retained once per device through cudarc's
 //! [`CudaContext::new`] and never released: the process-wide table is never
-//! dropped, as the runtime keeps its contexts until exit.
+//! dropped, as the runtime keeps its contexts until exit. A device's primary
+//! context is retained when gpupool first works on that device, or when it is
+//! the context current on a thread that makes a rule-2 call (below, "Which
+//! previous context is put back"); never for a device whose primary context
+//! is not active already (retaining it would initialise it on that GPU).
 //!
 //! Which context is current on the calling thread:
 //! 1. A call on a created stream or event does not switch: the handle carries
@@ -27,11 +31,47 @@
 //! 2. A call that needs a particular context (creating a stream or an event;
 //!    anything on a special stream 0, 1 or 2, which means "the current
 //!    context's") makes the device's primary context current for the call only
-//!    (`cuCtxSetCurrent`, skipped when it already is) and restores the
-//!    previous one afterwards, like DALI's `DeviceGuard`; a thread that had no
-//!    context keeps the new one, as in rule 1. The restore is a scope guard's
-//!    (`Restore`): it happens even when the call panics, so a panic never
-//!    leaves the caller's thread on another context.
+//!    (`cuCtxSetCurrent`, skipped when it already is) and puts the previous
+//!    one back afterwards, like DALI's `DeviceGuard`, where gpupool can vouch
+//!    that it is still alive then (below); a thread that had no context, or
+//!    one gpupool cannot vouch for, keeps the device's primary one, as in
+//!    rule 1. The restore is a scope guard's (`Restore`): it happens even
+//!    when the call panics, so a panic never leaves the caller's thread on
+//!    another context.
+//!
+//! ## Which previous context is put back
+//!
+//! Putting a context back hands its handle to the driver, so it must still be
+//! alive then, and safe code can destroy one meanwhile: dropping the last
+//! `Arc<CudaContext>` of cudarc's safe API releases a primary context
+//! ([`CudaContext::new`]) or destroys a non-primary one (`new_non_primary`,
+//! `new_cig`), and a `with_cudarc_stream` closure runs between the save and
+//! the restore (another thread can do it at any time). A primary context
+//! released to zero even stays current on the releasing thread (the driver
+//! does not pop it). The driver has no call that tells whether a handle is
+//! still alive, so the rule is to put back only a context that gpupool itself
+//! keeps alive:
+//!
+//! - the previous context's device is asked with `cuCtxGetDevice` while that
+//!   context is still current: the call reads the thread's own current
+//!   context, so no handle is passed (nothing is pushed), and a context
+//!   destroyed while current is reported as `CUDA_ERROR_CONTEXT_IS_DESTROYED`
+//!   (nothing to put back then);
+//! - if the handle is that device's primary context, which the table retains
+//!   (retaining it now if the primary context is active, that is retained by
+//!   someone), the table's retain keeps it alive until the process exits: it
+//!   is put back;
+//! - any other context is not put back: a non-primary context
+//!   (`cuCtxCreate`, cudarc's `new_non_primary` or `new_cig`, a green
+//!   context's) cannot be retained by anyone but its creator. The device's
+//!   primary context stays current instead. cudarc's safe API binds its own
+//!   context before every call and does not notice; code that calls the driver
+//!   or the runtime directly on a non-primary context makes it current again
+//!   after such a gpupool call.
+//!
+//! The device of the current context ([`Driver::current_device`]) is read
+//! the same way: a retained primary context is recognised by its handle, any
+//! other is asked with `cuCtxGetDevice` (never pushed: it may be dead).
 
 use std::sync::{Arc, OnceLock};
 
@@ -54,7 +94,8 @@ pub(crate) struct Device {
     ordinal: u32,
     /// `cuDeviceGet(ordinal)`.
     cu_device: sys::CUdevice,
-    /// Set once, by the first call that needs the context.
+    /// Set once: by the first call that needs the context, or that finds it
+    /// current on the calling thread (`Driver::pin_current`); never unset.
     primary: OnceLock<Primary>,
 }
 
@@ -122,57 +163,52 @@ impl Driver {
             })
     }
 
-    /// The ordinal of a driver device handle.
-    fn ordinal_of(&self, cu_device: sys::CUdevice) -> Option<DeviceId> {
-        self.devices
-            .iter()
-            .find(|d| d.cu_device == cu_device)
-            .map(|d| DeviceId(d.ordinal))
+    /// The device of a driver device handle.
+    fn device_of_handle(&self, cu_device: sys::CUdevice) -> Option<&Device> {
+        self.devices.iter().find(|d| d.cu_device == cu_device)
     }
 
-    /// The device a context belongs to. A retained primary context is
-    /// recognised by its handle; any other context (one the application
-    /// created) is pushed, asked with `cuCtxGetDevice`, and popped.
-    ///
-    /// # Safety
-    /// `ctx` is a live context: the calling thread's current one, or the
-    /// context of a live stream, just returned by the driver.
-    pub(crate) unsafe fn device_of_context(
-        &self,
-        ctx: sys::CUcontext,
-    ) -> Result<DeviceId, CudaError> {
-        let known = self
-            .devices
+    /// The device whose retained primary context is `ctx`, recognised by its
+    /// handle (no driver call); `None` for any other context. The table's
+    /// retain keeps a recognised context alive, so the answer cannot be a
+    /// dead context's.
+    pub(crate) fn device_of_primary(&self, ctx: sys::CUcontext) -> Option<DeviceId> {
+        self.devices
             .iter()
-            .find(|d| d.primary.get().is_some_and(|p| p.ctx.cu_ctx() == ctx));
-        if let Some(d) = known {
-            return Ok(DeviceId(d.ordinal));
+            .find(|d| d.primary.get().is_some_and(|p| p.cu_ctx() == ctx))
+            .map(Device::id)
+    }
+
+    /// The device of the calling thread's current context; device 0 when no
+    /// context is current (as the runtime API's `cudaGetDevice` says). A
+    /// retained primary context is recognised by its handle; any other is
+    /// asked with `cuCtxGetDevice`, which reads the current context without
+    /// being handed it, so one that the application destroyed while it was
+    /// current is reported (`CUDA_ERROR_CONTEXT_IS_DESTROYED`), not used.
+    pub(crate) fn current_device(&self) -> Result<DeviceId, CudaError> {
+        let Some(ctx) = result::ctx::get_current()? else {
+            return Ok(DeviceId(0));
+        };
+        if let Some(d) = self.device_of_primary(ctx) {
+            return Ok(d);
         }
-        let mut cu_device: sys::CUdevice = 0;
-        // SAFETY: `ctx` is live (this function's contract); pushing it and
-        // popping it right after leaves the thread's context stack as it was.
-        check(unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
-        // SAFETY: `cu_device` is a valid place for the driver to write to.
-        let asked = check(unsafe { sys::cuCtxGetDevice(&mut cu_device) });
-        let mut popped: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: pops the context pushed above; `popped` is a valid place.
-        let pop = check(unsafe { sys::cuCtxPopCurrent_v2(&mut popped) });
-        asked?;
-        pop?;
-        self.ordinal_of(cu_device)
+        let cu_device = current_context_device()?;
+        self.device_of_handle(cu_device)
+            .map(Device::id)
             .ok_or(CudaError::Driver(DriverError(
                 sys::CUresult::CUDA_ERROR_INVALID_DEVICE,
             )))
     }
 
-    /// The device of the calling thread's current context; device 0 when no
-    /// context is current (as the runtime API's `cudaGetDevice` says).
-    pub(crate) fn current_device(&self) -> Result<DeviceId, CudaError> {
-        match result::ctx::get_current()? {
-            None => Ok(DeviceId(0)),
-            // SAFETY: the thread's current context, just returned.
-            Some(ctx) => unsafe { self.device_of_context(ctx) },
+    /// `device`'s primary context, retained on first use. The first use runs
+    /// in a rule-2 scope ([`with_context`](Self::with_context)): cudarc's
+    /// retain makes the context current, and the scope puts the thread's
+    /// previous context back where it can.
+    pub(crate) fn primary(&self, device: DeviceId) -> Result<&Primary, CudaError> {
+        if let Some(p) = self.device(device)?.primary.get() {
+            return Ok(p);
         }
+        self.with_context(device, Ok)
     }
 
     /// Rule 1 of the [module documentation](self): if no context is current,
@@ -180,7 +216,9 @@ impl Driver {
     #[inline]
     pub(crate) fn ensure_context(&self, device: DeviceId) -> Result<(), CudaError> {
         if result::ctx::get_current()?.is_none() {
-            let ctx = self.device(device)?.primary()?.ctx.cu_ctx();
+            // No context to put back: retaining (which makes the context
+            // current) needs no scope.
+            let ctx = self.device(device)?.retained()?.cu_ctx();
             // SAFETY: a retained primary context, never released.
             unsafe { result::ctx::set_current(ctx) }?;
         }
@@ -208,46 +246,176 @@ impl Driver {
     }
 
     /// Rule 2 of the [module documentation](self): runs `op` with `device`'s
-    /// primary context current, then restores the previous one, also when
-    /// `op` panics (the scope guard's drop does it then).
-    pub(crate) fn with_context<T>(
-        &self,
+    /// primary context current, then puts the previous one back if gpupool
+    /// keeps it alive, also when `op` panics (the scope guard's drop does it
+    /// then).
+    pub(crate) fn with_context<'d, T>(
+        &'d self,
         device: DeviceId,
-        op: impl FnOnce(&Primary) -> Result<T, CudaError>,
+        op: impl FnOnce(&'d Primary) -> Result<T, CudaError>,
     ) -> Result<T, CudaError> {
-        let primary = self.device(device)?.primary()?;
-        let scope = ContextScope::enter(primary.ctx.cu_ctx())?;
+        let (scope, primary) = self.enter(device)?;
         scoped(scope, || op(primary))
+    }
+
+    /// [`with_context`](Self::with_context) around code of the crate's
+    /// caller (the closures of [`crate::interop`]), which may change the
+    /// current context or destroy contexts: afterwards (also after a panic)
+    /// the thread's context is the previous one where rule 2 puts it back
+    /// (a primary context, kept alive by the table), and `device`'s primary
+    /// context otherwise, whatever the code left current.
+    pub(crate) fn with_context_around_user_code<'d, T>(
+        &'d self,
+        device: DeviceId,
+        op: impl FnOnce(&'d Primary) -> Result<T, CudaError>,
+    ) -> Result<T, CudaError> {
+        let (scope, primary) = self.enter(device)?;
+        scoped(scope.or_put(primary.cu_ctx()), || op(primary))
+    }
+
+    /// Makes `device`'s primary context current (retaining it on first use)
+    /// and returns the guard that puts the previous context back: nothing
+    /// when the primary context already was current or no context was, or
+    /// when the previous one is not a context that gpupool keeps alive
+    /// ([`pin_current`](Self::pin_current)).
+    fn enter(&self, device: DeviceId) -> Result<(ContextScope, &Primary), CudaError> {
+        let dev = self.device(device)?;
+        let current = result::ctx::get_current()?;
+        if let Some(p) = dev.primary.get() {
+            if current == Some(p.cu_ctx()) {
+                return Ok((ContextScope::new(None, set_current_back), p));
+            }
+        }
+        let keep = match current {
+            None => None,
+            Some(prev) => self.pin_current(prev)?,
+        };
+        // From here on the guard puts `keep` back, also if what follows
+        // fails (the retain below may have made another context current).
+        let scope = ContextScope::new(keep, set_current_back);
+        let primary = dev.retained()?;
+        // Unconditionally: a retain above (this device's, or the previous
+        // context's device's in `pin_current`) may have made another primary
+        // context current.
+        // SAFETY: a retained primary context, never released.
+        unsafe { result::ctx::set_current(primary.cu_ctx()) }?;
+        Ok((scope, primary))
+    }
+
+    /// `prev`, the calling thread's current context, if gpupool keeps it
+    /// alive until the process exits, so that a scope may put it back: that
+    /// is when it is its device's primary context and the table retains it.
+    /// Its device is asked with `cuCtxGetDevice` (no handle passed); if that
+    /// device's primary context is not in the table yet but is active
+    /// (someone retains it: retaining it again initialises nothing), it is
+    /// retained into the table now, which makes it current (the caller makes
+    /// its own context current next). `None` for a context destroyed while
+    /// current, a non-primary context, or one of a device whose primary
+    /// context is not active (then `prev` is not that primary context, which
+    /// would be active while alive). (Were that primary context released to
+    /// zero by another thread between the question and the retain, the retain
+    /// would initialise it again: the cost of a race the application began,
+    /// not a dead handle: the retain's handle is alive, and `prev` is put
+    /// back only if it is that handle.)
+    fn pin_current(&self, prev: sys::CUcontext) -> Result<Option<sys::CUcontext>, CudaError> {
+        pinned(prev, current_context_device(), |cu_device| {
+            let Some(dev) = self.device_of_handle(cu_device) else {
+                return Ok(None);
+            };
+            if let Some(p) = dev.primary.get() {
+                return Ok(Some(p.cu_ctx()));
+            }
+            if !dev.primary_is_active()? {
+                return Ok(None);
+            }
+            Ok(Some(dev.retained()?.cu_ctx()))
+        })
     }
 }
 
-impl Device {
-    /// The primary context, retained on first use.
-    pub(crate) fn primary(&self) -> Result<&Primary, CudaError> {
-        if let Some(p) = self.primary.get() {
-            return Ok(p);
+/// The decision of [`Driver::pin_current`], apart from the driver so that it
+/// can be tested without one: `prev` if `asked` (its device, from
+/// `cuCtxGetDevice`) names a device whose retained primary context
+/// (`retained_primary`, which may retain it) is `prev`; `None` if the context
+/// was destroyed while current, or is not that primary context; the driver's
+/// other errors as they are.
+fn pinned(
+    prev: sys::CUcontext,
+    asked: Result<sys::CUdevice, CudaError>,
+    retained_primary: impl FnOnce(sys::CUdevice) -> Result<Option<sys::CUcontext>, CudaError>,
+) -> Result<Option<sys::CUcontext>, CudaError> {
+    let cu_device = match asked {
+        Ok(d) => d,
+        Err(e) if e.code() == Some(sys::CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED) => {
+            return Ok(None)
         }
-        self.retain_primary()
+        Err(e) => return Err(e),
+    };
+    Ok(retained_primary(cu_device)?.filter(|&p| p == prev))
+}
+
+/// `cuCtxGetDevice`: the device of the calling thread's current context. It
+/// reads the thread's own current context, so no handle is handed to the
+/// driver (nothing is pushed): a context destroyed while current, which the
+/// driver leaves current on other threads (and a released primary context
+/// even on the releasing one), gives `CUDA_ERROR_CONTEXT_IS_DESTROYED`. Call
+/// it only with a context current (`CUDA_ERROR_INVALID_CONTEXT` otherwise).
+fn current_context_device() -> Result<sys::CUdevice, CudaError> {
+    let mut cu_device: sys::CUdevice = 0;
+    // SAFETY: `cu_device` is a valid place for the driver to write to; the
+    // call takes no handle.
+    check(unsafe { sys::cuCtxGetDevice(&mut cu_device) })?;
+    Ok(cu_device)
+}
+
+impl Device {
+    /// The device's ordinal.
+    fn id(&self) -> DeviceId {
+        DeviceId(self.ordinal)
     }
 
+    /// The primary context, retained now if it is not yet ([`retain`](Self::retain):
+    /// it may become current).
+    fn retained(&self) -> Result<&Primary, CudaError> {
+        match self.primary.get() {
+            Some(p) => Ok(p),
+            None => self.retain(),
+        }
+    }
+
+    /// Retains the primary context into the table. cudarc's retain makes it
+    /// current on the calling thread, and it is left current: the callers
+    /// make the context they need current next (`Driver::enter`, inside a
+    /// scope that puts the thread's previous context back;
+    /// `Driver::ensure_context`, on a thread that had none).
+    ///
+    /// A racing loser's copy is released at once (its drop makes it current
+    /// too; the winner's retain keeps it alive). If the priority query fails,
+    /// the retain is released again; were it the only one, the context would
+    /// be destroyed while current on this thread, which the driver reports
+    /// on the next call (`CUDA_ERROR_CONTEXT_IS_DESTROYED`) and gpupool never
+    /// puts back ([`Driver::pin_current`]).
     #[cold]
-    fn retain_primary(&self) -> Result<&Primary, CudaError> {
-        // `CudaContext::new` makes the context current (and so would dropping
-        // a copy that lost the race below); put the caller's context back,
-        // whatever happens (the guard's drop does it on a panic).
-        let previous = result::ctx::get_current()?;
-        let guard = Restore::new(previous, set_current_back);
-        let made = CudaContext::new(self.ordinal as usize).and_then(|ctx| {
-            let (least, greatest) = result::stream::get_priority_range()?;
-            Ok(Primary {
-                ctx,
-                least,
-                greatest,
-            })
-        });
-        let out = made.map(|p| self.primary.get_or_init(|| p));
-        guard.finish()?;
-        Ok(out?)
+    fn retain(&self) -> Result<&Primary, CudaError> {
+        let ctx = CudaContext::new(self.ordinal as usize)?;
+        let (least, greatest) = result::stream::get_priority_range()?;
+        Ok(self.primary.get_or_init(|| Primary {
+            ctx,
+            least,
+            greatest,
+        }))
+    }
+
+    /// `cuDevicePrimaryCtxGetState`: whether the device's primary context is
+    /// active (retained by someone), so that retaining it initialises
+    /// nothing.
+    fn primary_is_active(&self) -> Result<bool, CudaError> {
+        let mut flags: std::ffi::c_uint = 0;
+        let mut active: std::ffi::c_int = 0;
+        // SAFETY: a device handle from `cuDeviceGet`; `flags` and `active`
+        // are valid places for the driver to write to.
+        check(unsafe { sys::cuDevicePrimaryCtxGetState(self.cu_device, &mut flags, &mut active) })?;
+        Ok(active != 0)
     }
 }
 
@@ -255,6 +423,11 @@ impl Primary {
     /// cudarc's handle to the context.
     pub(crate) fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// The driver's handle of the context.
+    pub(crate) fn cu_ctx(&self) -> sys::CUcontext {
+        self.ctx.cu_ctx()
     }
 
     /// `priority` moved into the device's range (`greatest..=least`).
@@ -292,6 +465,12 @@ impl<T, F: FnMut(T) -> Result<(), CudaError>> Restore<T, F> {
         Restore { pending, put }
     }
 
+    /// The same guard, putting back `value` if it had nothing to put back.
+    fn or_put(mut self, value: T) -> Self {
+        self.pending.get_or_insert(value);
+        self
+    }
+
     /// Puts the value back now, reporting a failure.
     fn finish(mut self) -> Result<(), CudaError> {
         match self.pending.take() {
@@ -327,37 +506,21 @@ fn scoped<T, C, F: FnMut(C) -> Result<(), CudaError>>(
 
 /// Makes `prev` current again on the calling thread.
 ///
-/// Only ever called by a [`Restore`] guard with the context that was current
-/// on this thread when the guard was made (`ContextScope::enter`,
-/// `Device::retain_primary`): the caller keeps its own context alive across
-/// a backend call, and primary contexts are never released.
+/// Only ever called by a [`ContextScope`] guard, whose value is a primary
+/// context that the process-wide table retains (never released): the
+/// thread's previous context as [`Driver::pin_current`] vouched for it, or
+/// the device's own ([`Driver::with_context_around_user_code`]).
 fn set_current_back(prev: sys::CUcontext) -> Result<(), CudaError> {
-    // SAFETY: `prev` was current on this thread before the guarded scope and
-    // is still alive (see above); setting it current again is what the thread
-    // had.
+    // SAFETY: `prev` is a primary context the table retains and never
+    // releases (see above), so it is alive whatever ran meanwhile.
     unsafe { result::ctx::set_current(prev) }?;
     Ok(())
 }
 
 /// A context made current for one call (rule 2): the guard that puts the
 /// previous one back ([`Restore::finish`] on the normal path, its drop on a
-/// panic).
+/// panic), made by [`Driver::enter`].
 type ContextScope = Restore<sys::CUcontext, fn(sys::CUcontext) -> Result<(), CudaError>>;
-
-impl ContextScope {
-    /// Makes `ctx` current, remembering what to restore: nothing when it
-    /// already was current, or when the thread had no context before (rule
-    /// 1 keeps the new one).
-    fn enter(ctx: sys::CUcontext) -> Result<Self, CudaError> {
-        let current = result::ctx::get_current()?;
-        if current == Some(ctx) {
-            return Ok(Self::new(None, set_current_back));
-        }
-        // SAFETY: `ctx` is a retained primary context, never released.
-        unsafe { result::ctx::set_current(ctx) }?;
-        Ok(Self::new(current, set_current_back))
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -421,6 +584,76 @@ mod tests {
         // Nothing to restore: nothing called.
         assert_eq!(scoped(Restore::new(None, put), || Ok(3)), Ok(3));
         assert_eq!(*calls.borrow(), 2);
+    }
+
+    #[test]
+    fn or_put_fills_only_an_empty_guard() {
+        let restored = RefCell::new(Vec::new());
+        let put = |v: u32| {
+            restored.borrow_mut().push(v);
+            Ok(())
+        };
+        // Nothing to put back (the thread had no context, or the device's
+        // own was current): the fallback is put back.
+        assert_eq!(scoped(Restore::new(None, put).or_put(9), || Ok(())), Ok(()));
+        // Something to put back: it wins.
+        assert_eq!(
+            scoped(Restore::new(Some(4), put).or_put(9), || Ok(())),
+            Ok(())
+        );
+        // Also when the scope panics.
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            scoped(
+                Restore::new(None, put).or_put(8),
+                || -> Result<(), CudaError> { panic!("the caller's code panics") },
+            )
+        }));
+        assert!(caught.is_err());
+        assert_eq!(*restored.borrow(), [9, 4, 8]);
+    }
+
+    /// A made-up context handle: `pinned` only compares them.
+    fn ctx(n: usize) -> sys::CUcontext {
+        n as sys::CUcontext
+    }
+
+    #[test]
+    fn only_a_retained_primary_context_is_pinned() {
+        let prev = ctx(0x100);
+        let dev: sys::CUdevice = 3;
+        // The table's primary context of the asked device is `prev`.
+        let asked = |d: sys::CUdevice| {
+            assert_eq!(d, dev, "the device cuCtxGetDevice named");
+            Ok(Some(prev))
+        };
+        assert_eq!(pinned(prev, Ok(dev), asked), Ok(Some(prev)));
+        // Another context of that device (a non-primary one).
+        assert_eq!(pinned(prev, Ok(dev), |_| Ok(Some(ctx(0x200)))), Ok(None));
+        // A device gpupool does not know, or whose primary context is not
+        // active (so not `prev`): nothing retained, nothing pinned.
+        assert_eq!(pinned(prev, Ok(dev), |_| Ok(None)), Ok(None));
+    }
+
+    #[test]
+    fn a_context_destroyed_while_current_is_not_pinned_and_not_looked_up() {
+        let destroyed =
+            CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED));
+        let r = pinned(ctx(0x100), Err(destroyed), |_| -> Result<_, CudaError> {
+            panic!("no table lookup (nor retain) for a destroyed context")
+        });
+        assert_eq!(r, Ok(None));
+    }
+
+    #[test]
+    fn other_failures_are_reported_before_anything_is_retained() {
+        let deinit = CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_DEINITIALIZED));
+        let r = pinned(ctx(0x100), Err(deinit), |_| -> Result<_, CudaError> {
+            panic!("no table lookup after a failed cuCtxGetDevice")
+        });
+        assert_eq!(r, Err(deinit));
+        // A failed retain is reported too (the scope is not entered).
+        let failed = CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(pinned(ctx(0x100), Ok(0), |_| Err(failed)), Err(failed));
     }
 
     #[test]

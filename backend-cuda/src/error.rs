@@ -3,7 +3,8 @@
 //! Most failures are the driver's own, kept as cudarc's [`DriverError`] so the
 //! `CUresult` is there to match on. The others are found before the driver is
 //! asked: no `libcuda` on this machine, a device ordinal out of range, one of
-//! CUDA's special streams where a real one is needed.
+//! CUDA's special streams where a real one is needed, another backend's
+//! stream, a capturing stream where the driver would refuse the call.
 
 use core::fmt;
 
@@ -57,6 +58,13 @@ pub enum CudaError {
     /// needed ([`with_cudarc_owned_stream`](crate::with_cudarc_owned_stream)).
     /// Nothing was called.
     ForeignStream(StreamHandle),
+    /// The stream is in a graph capture (active, or invalidated and not yet
+    /// ended), and the call is one the driver refuses on a capturing stream,
+    /// breaking the capture as it does
+    /// ([`LeasedStream::synchronize`](crate::LeasedStream::synchronize)).
+    /// Refused before the driver was asked: only the stream's capture status
+    /// was read.
+    StreamCapturing(StreamHandle),
 }
 
 impl CudaError {
@@ -129,6 +137,11 @@ impl fmt::Display for CudaError {
                 "stream handle {:#x} was made by another backend, not the CUDA one",
                 s.as_raw()
             ),
+            CudaError::StreamCapturing(s) => write!(
+                f,
+                "stream {:#x} is capturing a graph: synchronizing it would break the capture",
+                s.as_raw()
+            ),
         }
     }
 }
@@ -146,6 +159,7 @@ impl fmt::Debug for CudaError {
                 .finish(),
             CudaError::SpecialStream(s) => f.debug_tuple("SpecialStream").field(s).finish(),
             CudaError::ForeignStream(s) => f.debug_tuple("ForeignStream").field(s).finish(),
+            CudaError::StreamCapturing(s) => f.debug_tuple("StreamCapturing").field(s).finish(),
         }
     }
 }
@@ -249,6 +263,7 @@ mod tests {
             },
             CudaError::SpecialStream(stream),
             CudaError::ForeignStream(stream),
+            CudaError::StreamCapturing(stream),
         ];
         for e in all {
             let messages = chain(&e);

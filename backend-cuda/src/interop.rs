@@ -1,67 +1,276 @@
 //! cudarc interop for pooled streams: [`with_cudarc_stream`] and
-//! [`with_cudarc_owned_stream`] (safe, scoped), and [`cudarc_stream`]
-//! (`unsafe`, unscoped).
+//! [`with_cudarc_owned_stream`] (safe, scoped), which lend a closure the
+//! stream as a [`LeasedStream`], and [`cudarc_stream`] (`unsafe`, unscoped).
 //!
 //! ## Why the scoped form is safe
 //!
+//! Two things must hold for a closure that gets the stream through safe code.
+//! It must not keep the stream past the call (the lease then goes back to its
+//! pool). And it must not make the stream begin or join a graph capture:
+//! gpupool's pools and scratchpads know that a stream may be capturing only
+//! through calls gpupool makes ([`AccessOrder::wait`](gpupool_core::AccessOrder::wait),
+//! [`StreamLease::note_capture`]), so a capture begun or joined in the closure
+//! and ended before gpupool looks would be invisible to them, and scratch
+//! memory used in it would be reused while the graph replays it.
+//!
 //! cudarc's `CudaContext::wrap_borrowed_stream` makes an `Arc<CudaStream>`
-//! that does not destroy the stream when dropped but has no lifetime: the
-//! compiler cannot hold it, or anything that keeps a clone of it, to the
-//! lease. The scoped functions keep that `Arc` to themselves and hand the
-//! closure only a `&CudaStream`, then drop the `Arc` when the closure returns
-//! or unwinds. In cudarc 0.19.10 (checked against its source):
+//! that does not destroy the stream when dropped but has no lifetime. The
+//! scoped functions keep that `Arc` to themselves, lend the closure a
+//! [`LeasedStream`] that borrows it, and drop it when the closure returns or
+//! unwinds. `LeasedStream` is a type of this crate, with no `Deref`, no public
+//! field, and no method that hands out the `&CudaStream` or an `Arc` of it, so
+//! the closure reaches cudarc's `CudaStream` only through these methods (in
+//! cudarc 0.19.10, checked against its source: every method of `CudaStream`,
+//! and of the `LaunchArgs` that `launch_builder` returns):
 //!
-//! - every method that stores a clone of the stream in what it returns takes
-//!   `self: &Arc<CudaStream>`: the allocations and copies that make or use a
-//!   `CudaSlice` (`alloc`, `alloc_zeros`, `null`, `clone_htod`, `clone_dtoh`,
-//!   `clone_dtod`, `memcpy_htod`, `memcpy_dtoh`, `memcpy_dtod`,
-//!   `memset_zeros`, `upgrade_device_ptr`), `end_capture` (a `CudaGraph`
-//!   keeps the stream), `alloc_unified`'s attach. None of them can be called
-//!   with a `&CudaStream`, and no method turns a `&CudaStream` into an
-//!   `Arc` (nor can safe code: `Arc`'s constructors take the value);
-//! - what is callable with `&self` keeps nothing: `launch_builder` returns a
-//!   `LaunchArgs` that borrows the stream, `synchronize`, `wait`, `join`,
-//!   `record_event` (the `CudaEvent` keeps the context only), `fork` (a new
-//!   stream of cudarc's own, which waits for ours once and keeps nothing of
-//!   it), `begin_capture` (a capture left open is ended when the closure
-//!   returns or unwinds: it cannot be ended with a `&CudaStream`),
-//!   `capture_status`, `context`, `cu_stream`;
-//! - the closure's type, `FnOnce(&CudaStream) -> R` for every lifetime of
-//!   the reference, keeps any borrow of the stream out of `R`, and a thread
-//!   the closure starts can hold the reference only within a
-//!   `std::thread::scope`, which ends before the closure does.
+//! - [`launch_builder`](LeasedStream::launch_builder): cudarc's
+//!   `LaunchArgs`, which borrows the stream through a private field and has
+//!   `arg`, `record_kernel_launch` and the `unsafe` `launch` and
+//!   `launch_cooperative`; none hands the stream out. A launch first makes
+//!   the stream wait on the events cudarc keeps in its tracked arguments,
+//!   which would make it join a capture that recorded one of them: that is
+//!   excluded by the launch's `unsafe` contract (see `launch_builder`).
+//! - [`record_event`](LeasedStream::record_event): recording begins no capture
+//!   and joins none (waiting does), and the `CudaEvent` keeps the context,
+//!   not the stream.
+//! - [`synchronize`](LeasedStream::synchronize) (refused on a capturing
+//!   stream before the driver is asked), [`capture_status`](LeasedStream::capture_status),
+//!   [`context`](LeasedStream::context) (the device's primary context, which
+//!   [`CudaBackend::context`] hands out anyway; nothing reachable from it
+//!   names this stream) and [`cu_stream`](LeasedStream::cu_stream) (the raw
+//!   handle: every cudarc function that takes a raw `CUstream` is `unsafe`).
 //!
-//! So nothing cudarc makes inside the closure uses the stream after the call,
-//! and the lease (or owned stream), borrowed for the whole call, cannot be
-//! returned, detached, put back or destroyed during it. Work queued through
-//! cudarc stays queued on the stream in its order, as if issued through the
-//! raw handle; an event a kernel launch records into a `CudaSlice` made
-//! elsewhere marks a point of this stream's work and stays valid after the
-//! stream is reused.
+//! Left out, so not callable in the closure:
 //!
-//! What the closure cannot do for this reason: copies between the host and
-//! cudarc's `CudaSlice`s (they need the `Arc`). Use gpupool's scratch memory
-//! and its copies ([`Scratchpad`](gpupool_core::Scratchpad)) for the data and
-//! the closure for kernels ([`DeviceSliceExt::kernel_arg`](crate::DeviceSliceExt)),
+//! - `wait(&CudaEvent)` and `join(&CudaStream)`: waiting on an event recorded
+//!   on a capturing stream makes this stream join that capture;
+//! - `begin_capture`: begins one (and `end_capture` takes the `Arc`);
+//! - `fork`: a new stream of cudarc's that waits on this one, so it would join
+//!   a capture this stream is in (one its owner began), with no way to join
+//!   it back;
+//! - everything that takes `self: &Arc<CudaStream>` because what it returns
+//!   keeps a clone of the stream: the allocations and copies of `CudaSlice`s
+//!   (`alloc`, `alloc_zeros`, `null`, `clone_htod`, `clone_dtoh`,
+//!   `clone_dtod`, `memcpy_*`, `memset_zeros`, `upgrade_device_ptr`),
+//!   `end_capture`, `UnifiedSlice::attach`; and the functions that take a
+//!   `&CudaStream` argument (`CudaEvent::record`, the `device_ptr` and
+//!   `view_ptr` of cudarc's slices), which cannot be given one.
+//!
+//! The closure's type, `FnOnce(&LeasedStream<'_>) -> R` for every lifetime,
+//! keeps any borrow of the wrapper (a `LaunchArgs`, say) out of `R`, and a
+//! thread the closure starts can hold the wrapper only within a
+//! `std::thread::scope`, which ends before the closure does.
+//!
+//! So nothing cudarc makes inside the closure uses the stream after the call;
+//! the lease (or owned stream), borrowed for the whole call, cannot be
+//! returned, detached, put back or destroyed during it; and the stream is in
+//! a graph capture after the call only if it was before (one that its owner
+//! began and told gpupool of). Work queued through cudarc stays queued on the
+//! stream in its order, as if issued through the raw handle; an event a
+//! kernel launch records into a `CudaSlice` made elsewhere marks a point of
+//! this stream's work and stays valid after the stream is reused.
+//!
+//! What the closure cannot do for these reasons: copies between the host and
+//! cudarc's `CudaSlice`s (they need the `Arc`), and waits on other streams.
+//! Use gpupool's scratch memory and its copies
+//! ([`Scratchpad`](gpupool_core::Scratchpad)) for the data, gpupool's orders
+//! ([`AccessOrder::wait`](gpupool_core::AccessOrder::wait)) for the waits,
+//! and the closure for kernels ([`DeviceSliceExt::kernel_arg`](crate::DeviceSliceExt)),
 //! or [`cudarc_stream`] with its contract.
+//!
+//! ## The thread's context
+//!
+//! The closure runs with the stream's device's primary context current.
+//! Afterwards, also after a panic, the context current before the call is
+//! current again if it was a primary context: gpupool's process-wide table
+//! retains it (from that moment on, if it did not yet), so the closure cannot
+//! destroy it meanwhile, even by dropping the application's last
+//! `Arc<CudaContext>` of it. Otherwise the device's primary context is
+//! current afterwards: when the thread had none, and when it had a
+//! non-primary context (cudarc's safe `CudaContext::new_non_primary` and
+//! `new_cig` make one, and dropping their last `Arc` destroys it, inside the
+//! closure as well as anywhere else), which nobody but its creator can keep
+//! alive, so gpupool never makes it current again. cudarc's safe API makes its
+//! own context current before each call and does not notice; code that uses
+//! the driver or the runtime directly on a non-primary context makes it
+//! current again after the call. (The same holds for every gpupool call that
+//! switches contexts: see [`CudaBackend`]'s "The thread's current context".)
 
 use std::sync::Arc;
 
-use cudarc::driver::result::{self, DriverError};
-use cudarc::driver::safe::CudaStream;
+use cudarc::driver::safe::{CudaContext, CudaEvent, CudaFunction, CudaStream, LaunchArgs};
 use cudarc::driver::sys;
-use gpupool_core::{Backend, DeviceId, OwnedStream, StreamHandle, StreamLease};
+use gpupool_core::{Backend, CaptureStatus, DeviceId, OwnedStream, StreamHandle, StreamLease};
 
 use crate::backend::CudaBackend;
 use crate::driver::{driver, raw_stream};
 use crate::error::CudaError;
+use crate::streams_events::capture_status_of;
 
-/// Runs `f` with the leased stream as cudarc's [`CudaStream`], for cudarc's
-/// kernel launches (`launch_builder`), `synchronize`, `wait`, `join`,
-/// `record_event` and `fork`. Safe: the closure gets a `&CudaStream`, so
-/// nothing it makes through cudarc can keep the stream past the call (the
-/// argument is in the [module documentation](crate::interop)); the wrapper
-/// is dropped when `f` returns, or while a panic in `f` unwinds.
+/// A pooled stream lent to the closure of [`with_cudarc_stream`] or
+/// [`with_cudarc_owned_stream`], with the part of cudarc's `CudaStream` that
+/// cannot begin or join a graph capture nor keep the stream past the call:
+/// kernel launches ([`launch_builder`](Self::launch_builder)), events
+/// recorded on it, synchronization, its capture status, its context and its
+/// raw handle. Why that part and no more: the
+/// [module documentation](crate::interop).
+///
+/// What it does not offer does not compile. No capture can be begun:
+///
+/// ```compile_fail,E0599
+/// use gpupool_cuda::cudarc::driver::sys::CUstreamCaptureMode;
+/// use gpupool_cuda::LeasedStream;
+///
+/// fn begin(s: &LeasedStream<'_>) {
+///     let _ = s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
+/// }
+/// ```
+///
+/// nor joined by waiting on an event or another stream:
+///
+/// ```compile_fail,E0599
+/// use gpupool_cuda::cudarc::driver::CudaEvent;
+/// use gpupool_cuda::LeasedStream;
+///
+/// fn wait(s: &LeasedStream<'_>, capturing: &CudaEvent) {
+///     let _ = s.wait(capturing);
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// use gpupool_cuda::cudarc::driver::CudaStream;
+/// use gpupool_cuda::LeasedStream;
+///
+/// fn join(s: &LeasedStream<'_>, capturing: &CudaStream) {
+///     let _ = s.join(capturing);
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// use gpupool_cuda::LeasedStream;
+///
+/// fn fork(s: &LeasedStream<'_>) {
+///     let _ = s.fork();
+/// }
+/// ```
+///
+/// and cudarc's stream itself is not reachable from it:
+///
+/// ```compile_fail,E0308
+/// use gpupool_cuda::cudarc::driver::CudaStream;
+/// use gpupool_cuda::LeasedStream;
+///
+/// fn unwrap<'a>(s: &'a LeasedStream<'_>) -> &'a CudaStream {
+///     s
+/// }
+/// ```
+///
+/// What it offers, in a closure:
+///
+/// ```no_run
+/// use gpupool_core::CaptureStatus;
+/// use gpupool_cuda::with_cudarc_stream;
+///
+/// let lease = gpupool_cuda::streams().get(0)?;
+/// with_cudarc_stream(&lease, |s| {
+///     assert_eq!(s.cu_stream() as usize, lease.handle().as_raw());
+///     assert_eq!(s.capture_status()?, CaptureStatus::NotCapturing);
+///     let done = s.record_event(None)?; // after the work queued so far
+///     s.synchronize()?;
+///     assert!(done.is_complete());
+///     Ok::<_, gpupool_cuda::CudaError>(())
+/// })??;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct LeasedStream<'a> {
+    /// Borrowed from the `Arc` that `scoped` keeps; never handed out (the
+    /// soundness argument of the module documentation rests on it).
+    stream: &'a CudaStream,
+    /// The same stream as gpupool's handle, for errors.
+    handle: StreamHandle,
+}
+
+impl LeasedStream<'_> {
+    /// cudarc's kernel launch builder for `func` on this stream
+    /// (`CudaStream::launch_builder`): add the arguments with cudarc's
+    /// `PushKernelArg::arg`, then `launch`, which is `unsafe`.
+    ///
+    /// Besides what cudarc's `launch` asks (argument types, bounds, the
+    /// mutability the kernel really has), its contract here includes one
+    /// thing: cudarc's tracked arguments (`&CudaSlice`, `&mut CudaSlice`,
+    /// `CudaView`, `CudaViewMut`, `UnifiedSlice` and its views) make the
+    /// launch first make this stream *wait* on the events cudarc keeps for
+    /// them (their last write, and for a mutable one its last read too;
+    /// only while cudarc's context tracks events across streams). If such an
+    /// event was recorded by work captured into a graph (the argument was
+    /// used on a capturing stream), the wait makes this stream join that
+    /// capture, which gpupool would not know of. The caller of `launch`
+    /// promises that no argument was last used in a graph capture. Plain
+    /// values and gpupool's scratch memory
+    /// ([`KernelPtr`](crate::KernelPtr), from
+    /// [`DeviceSliceExt::kernel_arg`](crate::DeviceSliceExt::kernel_arg))
+    /// carry no events.
+    ///
+    /// The events a launch records for its tracked arguments (and
+    /// `record_kernel_launch`'s) are recorded on this stream, which is
+    /// harmless.
+    pub fn launch_builder<'s>(&'s self, func: &'s CudaFunction) -> LaunchArgs<'s> {
+        self.stream.launch_builder(func)
+    }
+
+    /// A new cudarc event (`flags`: cudarc's default, timing disabled, for
+    /// `None`) recorded on this stream after the work queued so far
+    /// (`CudaStream::record_event`). Recording begins and joins no capture;
+    /// on a capturing stream the record is captured, as any work is.
+    pub fn record_event(&self, flags: Option<sys::CUevent_flags>) -> Result<CudaEvent, CudaError> {
+        Ok(self.stream.record_event(flags)?)
+    }
+
+    /// Waits on the host until the work queued on this stream is done
+    /// (`cuStreamSynchronize`). The capture status is asked first: a
+    /// capturing stream (active, or invalidated and not yet ended) gives
+    /// [`CudaError::StreamCapturing`] and nothing else is called, where the
+    /// driver would refuse the call and break the capture. (The status can
+    /// change between the question and the call only if another thread makes
+    /// this stream join a capture meanwhile, through the lease's order: then
+    /// the driver refuses, as it would without the question.)
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        if self.capture_status()?.is_capturing() {
+            return Err(CudaError::StreamCapturing(self.handle));
+        }
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// Whether the stream is in a graph capture (`cuStreamIsCapturing`:
+    /// allowed during every capture, and it breaks none). Only the owner of a
+    /// capture that this stream was in before the call can have put it
+    /// there: nothing in the closure can.
+    pub fn capture_status(&self) -> Result<CaptureStatus, CudaError> {
+        Ok(capture_status_of(self.stream.capture_status()?))
+    }
+
+    /// The stream's context: its device's primary context, the one
+    /// [`CudaBackend::context`] gives (load modules there).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.stream.context()
+    }
+
+    /// The driver's handle of the stream (the lease's
+    /// [`handle`](StreamLease::handle)). Using it needs `unsafe` code: every
+    /// cudarc function that takes a raw `CUstream` is `unsafe`, and the
+    /// handle is the lease's, not the caller's, after the call.
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+}
+
+/// Runs `f` with the leased stream lent as a [`LeasedStream`], for cudarc's
+/// kernel launches ([`launch_builder`](LeasedStream::launch_builder)), events
+/// recorded on it and synchronization. Safe: nothing `f` can do through it
+/// keeps the stream past the call, or begins or joins a graph capture (the
+/// argument is in the [module documentation](crate::interop)); the wrapper is
+/// dropped when `f` returns, or while a panic in `f` unwinds.
 ///
 /// The stream belongs to the device's primary context
 /// ([`CudaBackend::context`]): load modules there. Work issued through cudarc
@@ -70,21 +279,20 @@ use crate::error::CudaError;
 /// memory made in the lease's order ([`Scratchpad`](gpupool_core::Scratchpad)
 /// on [`lease.order()`](StreamLease::order)) is right for kernels launched
 /// here. cudarc's copies to and from its own `CudaSlice`s need the
-/// `Arc<CudaStream>` and so are not available in `f` (see
-/// [`cudarc_stream`]). A graph capture begun in `f` cannot be ended through
-/// cudarc with a `&CudaStream` (`end_capture` needs the `Arc`), so do not
-/// begin one here: one that `f` leaves open is ended and its graph discarded
-/// when `f` returns (or unwinds), so that the stream never goes back to the
-/// pool capturing, and the call fails with
-/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (`f`'s result is dropped).
+/// `Arc<CudaStream>` and so are not available in `f` (see [`cudarc_stream`]).
+/// If the lease's stream is in a graph capture that its owner began (and told
+/// the lease of, [`StreamLease::note_capture`]), kernels launched in `f` are
+/// captured, and [`LeasedStream::synchronize`] is refused.
 ///
 /// `f` runs with the device's primary context current (cudarc's calls make
-/// it current anyway); the thread's previous context is current again
-/// afterwards, also when `f` panics.
+/// it current anyway). Afterwards, also when `f` panics, the thread's previous
+/// context is current again if it was a primary context, and the device's
+/// primary context otherwise (see "The thread's context" in the
+/// [module documentation](crate::interop)).
 ///
 /// Errors, before `f` runs: [`CudaError::NoDriver`] and the driver's, from
-/// retaining the device's primary context on first use. After it: a capture
-/// left open (above), or a failure to restore the thread's context.
+/// retaining the device's primary context on first use. After it: a failure
+/// to make the thread's context current again.
 ///
 /// ```no_run
 /// use gpupool_core::Scratchpad;
@@ -107,7 +315,8 @@ use crate::error::CudaError;
 ///     let y_arg = y.kernel_arg();
 ///     launch.arg(&y_arg).arg(&v).arg(&n);
 ///     // SAFETY: `fill` takes (float *, float, unsigned); `y` holds `n`
-///     // floats of scratch memory in this stream's order.
+///     // floats of scratch memory in this stream's order; no argument
+///     // carries cudarc events.
 ///     unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }?;
 ///     stream.synchronize()
 /// })??;
@@ -115,18 +324,14 @@ use crate::error::CudaError;
 /// ```
 pub fn with_cudarc_stream<R>(
     lease: &StreamLease<'_, CudaBackend>,
-    f: impl FnOnce(&CudaStream) -> R,
+    f: impl FnOnce(&LeasedStream<'_>) -> R,
 ) -> Result<R, CudaError> {
     // SAFETY: a lease of a `StreamPool<CudaBackend>` holds a live created
     // stream of a backend with `CudaBackend`'s id (the pool refuses streams
     // of other ids, and every `CudaBackend` shares one), made on the primary
     // context of `lease.device()`; the lease is borrowed for the whole call,
     // so the stream stays leased to this caller alone until it returns.
-    let out = unsafe { scoped(lease.handle(), lease.device(), f) };
-    // cudarc's `wait` may have made the stream join a graph capture: the
-    // lease's return asks before it queries.
-    lease.note_capture();
-    out
+    unsafe { scoped(lease.handle(), lease.device(), f) }
 }
 
 /// [`with_cudarc_stream`] for a stream the caller owns
@@ -138,7 +343,7 @@ pub fn with_cudarc_stream<R>(
 /// [`CudaBackend`]'s); otherwise as for [`with_cudarc_stream`].
 pub fn with_cudarc_owned_stream<R>(
     stream: &OwnedStream,
-    f: impl FnOnce(&CudaStream) -> R,
+    f: impl FnOnce(&LeasedStream<'_>) -> R,
 ) -> Result<R, CudaError> {
     if stream.backend_id() != CudaBackend::new().id() {
         return Err(CudaError::ForeignStream(stream.handle()));
@@ -151,7 +356,9 @@ pub fn with_cudarc_owned_stream<R>(
     unsafe { scoped(stream.handle(), stream.device(), f) }
 }
 
-/// Wraps `handle` for the length of `f`.
+/// Lends `handle` to `f` as a [`LeasedStream`], with `device`'s primary
+/// context current and the thread's context put back afterwards (see "The
+/// thread's context" in the module documentation).
 ///
 /// # Safety
 /// `handle` is a live stream created by a `CudaBackend` on `device`'s primary
@@ -159,101 +366,23 @@ pub fn with_cudarc_owned_stream<R>(
 unsafe fn scoped<R>(
     handle: StreamHandle,
     device: DeviceId,
-    f: impl FnOnce(&CudaStream) -> R,
+    f: impl FnOnce(&LeasedStream<'_>) -> R,
 ) -> Result<R, CudaError> {
-    let ctx = CudaBackend::new().context(device)?;
-    // SAFETY: `handle` is a live stream of `ctx`, `device`'s primary context
-    // (this function's contract), alive until this returns; the wrapper does
-    // not destroy a borrowed stream, and it never leaves this function: `f`
-    // sees only a `&CudaStream`, through which cudarc keeps no clone (module
-    // documentation), and the `Arc` is dropped below, or during unwinding if
-    // `f` panics.
-    let stream: Arc<CudaStream> = unsafe { ctx.wrap_borrowed_stream(raw_stream(handle)) };
-    // `device`'s primary context current for `f` and the capture check, the
-    // thread's own restored afterwards (also on a panic).
-    let out = driver()?.with_context(device, |_| {
-        let capture = OpenCapture::watch(handle)?;
-        let out = f(&stream);
-        capture.end()?;
-        Ok(out)
-    });
-    drop(stream);
-    out
-}
-
-/// Ends a graph capture that the closure began on the stream and left open:
-/// by [`end`](Self::end), which reports it, or by its drop if the closure
-/// panics. Otherwise the stream would go back to its pool (or owner) still
-/// capturing, and every later user's work on it would be captured instead of
-/// run, or fail. A stream that was already in a capture when the closure
-/// began (a side stream of a fork made with `AccessOrder::wait`, say) is left
-/// as it is: that capture is its owner's to end.
-struct OpenCapture {
-    stream: sys::CUstream,
-    /// The stream was in a capture before the closure ran.
-    was_capturing: bool,
-}
-
-impl OpenCapture {
-    /// Notes whether `stream` is capturing before the closure runs. Called
-    /// by `scoped` only, with its live created stream and a context current.
-    fn watch(stream: StreamHandle) -> Result<Self, CudaError> {
-        // SAFETY: `scoped`'s stream, live for the call, context current.
-        let status = unsafe { CudaBackend::raw_capture_status(stream) }?;
-        Ok(OpenCapture {
-            stream: raw_stream(stream),
-            was_capturing: status.is_capturing(),
-        })
-    }
-
-    /// `Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)` if the closure left a
-    /// capture open (ended now, its graph destroyed), or the driver's error.
-    fn end(self) -> Result<(), CudaError> {
-        let this = core::mem::ManuallyDrop::new(self);
-        if this.was_capturing {
-            return Ok(());
-        }
-        // SAFETY: made by `scoped` for its stream, a created stream that is
-        // live while the guard exists (`scoped`'s contract).
-        unsafe { end_open_capture(this.stream) }
-    }
-}
-
-impl Drop for OpenCapture {
-    fn drop(&mut self) {
-        if self.was_capturing {
-            return;
-        }
-        // Unwinding: nobody to report to; the capture is ended all the same.
-        // SAFETY: as in `end`.
-        let _ = unsafe { end_open_capture(self.stream) };
-    }
-}
-
-/// If `stream` is capturing a graph (or its capture was invalidated but not
-/// ended), ends the capture and destroys the graph. A created stream carries
-/// its context; the calls need only some context current (`scoped` makes the
-/// primary one current, and cudarc's calls in the closure keep one current).
-///
-/// # Safety
-/// `stream` is a live created stream (not a special one).
-unsafe fn end_open_capture(stream: sys::CUstream) -> Result<(), CudaError> {
-    // SAFETY: a live stream (this function's contract).
-    let status = unsafe { result::stream::is_capturing(stream) }?;
-    if status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-        return Ok(());
-    }
-    // SAFETY: as above; the capture is one this call ends (the closure that
-    // began it can no longer end it).
-    let graph = unsafe { result::stream::end_capture(stream) }?;
-    if !graph.is_null() {
-        // SAFETY: the graph `end_capture` just returned, ours alone: nothing
-        // was instantiated from it.
-        let _ = unsafe { result::graph::destroy(graph) };
-    }
-    Err(CudaError::Driver(DriverError(
-        sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-    )))
+    driver()?.with_context_around_user_code(device, |primary| {
+        // SAFETY: `handle` is a live stream of `primary`, `device`'s primary
+        // context (this function's contract), alive until this returns; the
+        // wrapper does not destroy a borrowed stream, and it never leaves
+        // this closure: `f` sees only a `LeasedStream` borrowing it, through
+        // which nothing keeps a clone (module documentation), and the `Arc`
+        // is dropped when this closure returns, or during unwinding if `f`
+        // panics.
+        let stream: Arc<CudaStream> =
+            unsafe { primary.context().wrap_borrowed_stream(raw_stream(handle)) };
+        Ok(f(&LeasedStream {
+            stream: &stream,
+            handle,
+        }))
+    })
 }
 
 /// The leased stream as cudarc's [`CudaStream`], for all of cudarc's safe API
@@ -283,12 +412,16 @@ unsafe fn end_open_capture(stream: sys::CUstream) -> Result<(), CudaError> {
 /// 2. Work issued through cudarc is ordered with the lease's other work by
 ///    stream order only: cudarc's own cross-stream tracking does not know
 ///    about gpupool's streams.
+/// 3. A graph capture begun or joined through it (`begin_capture`, `wait`,
+///    `join`, a launch that waits on a captured event) is told to the lease
+///    ([`StreamLease::note_capture`]) right after it begins, as for one begun
+///    through the raw handle.
 ///
 /// ```no_run
 /// let lease = gpupool_cuda::streams().get(0)?;
 /// {
 ///     // SAFETY: `stream` and the slice made on it are dropped at the end of
-///     // this block, before the lease.
+///     // this block, before the lease; nothing here captures.
 ///     let stream = unsafe { gpupool_cuda::cudarc_stream(&lease) }?;
 ///     let x = stream.clone_htod(&[1.0f32, 2.0, 3.0])?;
 ///     let back = stream.clone_dtoh(&x)?;
@@ -312,52 +445,97 @@ pub unsafe fn cudarc_stream(
 
 #[cfg(test)]
 mod tests {
-    use std::panic::{catch_unwind, AssertUnwindSafe};
-
+    use cudarc::driver::{result, LaunchConfig, PushKernelArg};
+    use cudarc::nvrtc::Ptx;
     use gpupool_core::{Scratchpad, StreamPool};
 
     use super::*;
+    use crate::DeviceSliceExt;
 
-    fn capture_status(lease: &StreamLease<'_, CudaBackend>) -> sys::CUstreamCaptureStatus {
-        with_cudarc_stream(lease, |s| s.capture_status())
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn a_closure_launching_a_kernel_and_synchronizing_works() {
+        const N: usize = 100_003; // several blocks, the last one partly full
+        let gpu = CudaBackend::new();
+        let pool = StreamPool::new(gpu);
+        let lease = pool.get(0).unwrap();
+        let module = gpu
+            .context(lease.device())
             .unwrap()
-            .unwrap()
+            .load_module(Ptx::from_src(crate::testing::AFFINE_PTX))
+            .unwrap();
+        let affine = module.load_function("affine").unwrap();
+        let host_x: Vec<f32> = (0..N).map(|i| i as f32).collect();
+        let scratch = Scratchpad::new(&gpu, lease.order()).unwrap();
+        let x = scratch.to_device(&host_x).unwrap();
+        let y = scratch.device::<f32>(N).unwrap();
+        let n = N as u32;
+
+        let status = with_cudarc_stream(&lease, |s| {
+            assert_eq!(s.cu_stream() as usize, lease.handle().as_raw());
+            assert_eq!(
+                s.context().cu_ctx(),
+                gpu.context(lease.device())?.cu_ctx(),
+                "the device's primary context"
+            );
+            let (y_arg, x_arg) = (y.kernel_arg(), x.kernel_arg());
+            let mut launch = s.launch_builder(&affine);
+            launch.arg(&y_arg).arg(&x_arg).arg(&n);
+            // SAFETY: `affine(float *y, const float *x, unsigned n)`: `y` and
+            // `x` hold `n` floats each of scratch memory in this stream's
+            // order, the grid covers `n` threads, and no argument carries
+            // cudarc events.
+            unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }?;
+            let done = s.record_event(None)?;
+            s.synchronize()?;
+            assert!(
+                done.is_complete(),
+                "recorded after the launch, synchronized"
+            );
+            s.capture_status()
+        })
+        .expect("the primary context")
+        .expect("the launch and the synchronization");
+        assert_eq!(status, CaptureStatus::NotCapturing);
+
+        let host_y = scratch.to_host(&y).expect("read y back");
+        assert_eq!(host_y.len(), N);
+        let wrong: Vec<(usize, f32)> = host_y
+            .iter()
+            .enumerate()
+            .filter(|&(i, &v)| v != 2.0 * host_x[i] + 1.0)
+            .map(|(i, &v)| (i, v))
+            .take(5)
+            .collect();
+        assert!(wrong.is_empty(), "first wrong (index, value): {wrong:?}");
     }
 
     #[test]
     #[ignore = "needs a CUDA GPU"]
-    fn a_capture_left_open_is_ended_before_the_stream_goes_back() {
-        const NONE: sys::CUstreamCaptureStatus =
-            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    fn synchronize_is_refused_on_a_capturing_stream_and_the_capture_survives() {
         let gpu = CudaBackend::new();
         let pool = StreamPool::new(gpu);
         let lease = pool.get(0).unwrap();
+        let raw = raw_stream(lease.handle());
+        let relaxed = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: the lease's live stream; the capture is told to the lease
+        // at once and ended below, before the lease ends.
+        unsafe { result::stream::begin_capture(raw, relaxed) }.unwrap();
+        lease.note_capture();
 
-        // Left open when the closure returns: ended, and reported.
-        let r = with_cudarc_stream(&lease, |s| s.begin_capture(mode));
-        assert_eq!(
-            r.map_err(|e| e.code()),
-            Err(Some(sys::CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED))
-        );
-        assert_eq!(capture_status(&lease), NONE);
+        let (status, synced) =
+            with_cudarc_stream(&lease, |s| (s.capture_status(), s.synchronize())).unwrap();
+        assert_eq!(status, Ok(CaptureStatus::Active));
+        assert_eq!(synced, Err(CudaError::StreamCapturing(lease.handle())));
 
-        // Left open by a panic: ended while unwinding.
-        let caught = catch_unwind(AssertUnwindSafe(|| {
-            with_cudarc_stream(&lease, |s| {
-                s.begin_capture(mode).unwrap();
-                panic!("inside the capture")
-            })
-        }));
-        assert!(caught.is_err());
-        assert_eq!(capture_status(&lease), NONE);
-
-        // The stream runs work again: a round trip through scratch memory in
-        // its order, and a closure that captures nothing succeeds.
-        let scratch = Scratchpad::new(&gpu, lease.order()).unwrap();
-        let x = scratch.to_device(&[1u32, 2, 3]).unwrap();
-        assert_eq!(scratch.to_host(&x).unwrap(), [1, 2, 3]);
-        drop(scratch);
-        assert_eq!(with_cudarc_stream(&lease, |s| s.synchronize()), Ok(Ok(())));
+        // Nothing broke the capture: it ends without an error.
+        // SAFETY: the capture begun above, on the lease's live stream.
+        let graph = unsafe { result::stream::end_capture(raw) }.expect("an intact capture");
+        if !graph.is_null() {
+            // SAFETY: the graph just returned, ours alone.
+            unsafe { result::graph::destroy(graph) }.unwrap();
+        }
+        let after = with_cudarc_stream(&lease, |s| (s.capture_status(), s.synchronize()));
+        assert_eq!(after, Ok((Ok(CaptureStatus::NotCapturing), Ok(()))));
     }
 }

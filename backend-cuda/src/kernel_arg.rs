@@ -121,7 +121,8 @@ mod sealed {
 /// let n = 3u32;
 /// with_cudarc_stream(&lease, |stream| {
 ///     // SAFETY: `affine(float *y, const float *x, unsigned n)`; `y` and `x`
-///     // hold `n` floats each, scratch memory of this stream's order.
+///     // hold `n` floats each, scratch memory of this stream's order; no
+///     // argument carries cudarc events.
 ///     unsafe {
 ///         stream
 ///             .launch_builder(&affine)

@@ -21,10 +21,11 @@
 //!   backend never changes the device's default memory pool, so other users
 //!   of `cudaMallocAsync` in the process see no difference.
 //! - **cudarc interop** ([`interop`]): [`with_cudarc_stream`] runs a closure
-//!   with a lease's stream as cudarc's `CudaStream` (kernel launches, no
-//!   `unsafe` needed for the stream); [`DeviceSliceExt::kernel_arg`] passes
-//!   scratch memory to a kernel; [`CudaBackend::context`] gives the context to
-//!   load modules on; [`cudarc_stream`] is the `unsafe`, unscoped form.
+//!   with a lease's stream lent as a [`LeasedStream`] (cudarc's kernel
+//!   launches, events and synchronization on it; no `unsafe` needed for the
+//!   stream); [`DeviceSliceExt::kernel_arg`] passes scratch memory to a
+//!   kernel; [`CudaBackend::context`] gives the context to load modules on;
+//!   [`cudarc_stream`] is the `unsafe`, unscoped form.
 //! - [`testing`]: kernels that keep a stream busy, for tests and benchmarks.
 //!
 //! ## Choosing the CUDA version
@@ -103,7 +104,7 @@ use gpupool_core::{EventPool, StreamPool};
 pub use backend::CudaBackend;
 pub use error::CudaError;
 pub use graph::{CudaGraph, CudaGraphExec};
-pub use interop::{cudarc_stream, with_cudarc_owned_stream, with_cudarc_stream};
+pub use interop::{cudarc_stream, with_cudarc_owned_stream, with_cudarc_stream, LeasedStream};
 pub use kernel_arg::{DeviceSliceExt, KernelPtr};
 pub use memory::MemoryStats;
 

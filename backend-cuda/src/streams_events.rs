@@ -232,8 +232,13 @@ impl StreamBackend for CudaBackend {
         // SAFETY: a live created stream (this call's contract); `ctx` is a
         // valid place for the driver to write the context to.
         check(unsafe { sys::cuStreamGetCtx(raw_stream(stream), &mut ctx) })?;
-        // SAFETY: the context of a live stream, just returned by the driver.
-        unsafe { drv.device_of_context(ctx) }
+        // A `CudaBackend` creates streams only on primary contexts that the
+        // process-wide table retains (`create_stream`), so the context is
+        // recognised by its handle; no other context is handed to the driver.
+        drv.device_of_primary(ctx)
+            .ok_or(CudaError::Driver(DriverError(
+                sys::CUresult::CUDA_ERROR_INVALID_CONTEXT,
+            )))
     }
 }
 
@@ -249,13 +254,16 @@ impl CudaBackend {
         // SAFETY: the caller's contract; `status` is a valid place for the
         // answer.
         check(unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) })?;
-        Ok(match status {
-            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => {
-                CaptureStatus::NotCapturing
-            }
-            sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active,
-            _ => CaptureStatus::Invalidated,
-        })
+        Ok(capture_status_of(status))
+    }
+}
+
+/// The driver's capture status as a [`CaptureStatus`].
+pub(crate) fn capture_status_of(status: sys::CUstreamCaptureStatus) -> CaptureStatus {
+    match status {
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => CaptureStatus::NotCapturing,
+        sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE => CaptureStatus::Active,
+        _ => CaptureStatus::Invalidated,
     }
 }
 
