@@ -668,11 +668,15 @@ fn graph_allocations_stay_reserved_until_the_graph_drops() {
         "reserved for the graph"
     );
 
-    // Nobody else may use it: work outside the graph is a hazard...
+    // Nobody else may use it: work outside the graph is refused, and
+    // recorded as a hazard...
     let other = stream(&mock, D0);
-    mock.use_memory(other, std::ptr::without_provenance(addr), 8)
-        .unwrap();
+    assert_eq!(
+        mock.use_memory(other, std::ptr::without_provenance(addr), 8),
+        Err(MockError::HeldByGraph { addr, len: 8 })
+    );
     assert_eq!(mock.hazards()[0].kind, HazardKind::HeldByGraph);
+    assert_eq!(mock.pending_work(other), Ok(0), "nothing queued");
     mock.clear_hazards();
     mock.complete_everything();
     // ...nor free it again.
@@ -704,10 +708,17 @@ fn a_graph_allocation_without_a_free_node_is_freed_with_the_graph() {
     // SAFETY: a live stream of this mock's device 0.
     let p = unsafe { mock.allocate_async(MemoryKind::Device, D0, 64, 64, s) }.unwrap();
     let graph = mock.end_capture(s).unwrap();
-    // Usable outside the graph: it is not reserved.
-    mock.use_memory(s, p.as_ptr(), 64).unwrap();
-    mock.complete_all(s).unwrap();
-    assert!(mock.hazards().is_empty());
+    // Not usable outside the graph, though its graph did not free it: it
+    // exists for the graph's launches.
+    assert_eq!(
+        mock.use_memory(s, p.as_ptr(), 64),
+        Err(MockError::HeldByGraph {
+            addr: p.as_ptr().addr(),
+            len: 64
+        })
+    );
+    assert_eq!(mock.hazards()[0].kind, HazardKind::HeldByGraph);
+    mock.clear_hazards();
     mock.destroy_graph(graph).unwrap();
     assert_eq!(mock.live_bytes(MemoryKind::Device), 0);
 
@@ -773,7 +784,13 @@ fn host_visible_blocks_freed_in_a_capture_are_held_for_the_graph() {
         let graph = mock.end_capture(s).unwrap();
         assert_eq!(mock.live_bytes(kind), 128, "{kind:?}: held for the graph");
         // The host may not touch it: a replay may read it.
-        mock.host_access(p.as_ptr(), 8).unwrap();
+        assert_eq!(
+            mock.host_access(p.as_ptr(), 8),
+            Err(MockError::HeldByGraph {
+                addr: p.as_ptr().addr(),
+                len: 8
+            })
+        );
         assert_eq!(mock.hazards()[0].kind, HazardKind::HeldByGraph);
         mock.clear_hazards();
         // A fresh block is another block.
