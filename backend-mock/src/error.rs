@@ -182,6 +182,14 @@ pub enum MockError {
     /// [`ThreadLocal`](crate::CaptureMode::ThreadLocal) capture of this one.
     /// Those captures are invalidated.
     CaptureProhibited(CaptureMode),
+    /// The legacy default stream (`stream`: [`StreamHandle::LEGACY`], or
+    /// [`StreamHandle::NULL`], which names it) waited on an event recorded
+    /// in an open capture: the wait would make it join the capture, and CUDA
+    /// does not let the legacy stream be part of one (its
+    /// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` names this dependency). The
+    /// capture is invalidated. The per-thread default stream
+    /// ([`StreamHandle::PER_THREAD`]) may join a capture.
+    CaptureImplicit(StreamHandle),
     /// A dependency across the boundary of a capture: a stream of one capture
     /// waiting on an event of another, or a capturing stream waiting on an
     /// event recorded outside any capture. The captures concerned are
@@ -317,6 +325,12 @@ impl fmt::Display for MockError {
                 f,
                 "a potentially unsafe call while a {mode:?} graph capture is open \
                  (the capture is invalidated)"
+            ),
+            MockError::CaptureImplicit(s) => write!(
+                f,
+                "stream {:#x} (the legacy default stream) cannot join a graph capture \
+                 (the capture is invalidated)",
+                s.as_raw()
             ),
             MockError::CaptureIsolation => f.write_str(
                 "the wait would cross the boundary of a graph capture (the capture is invalidated)",

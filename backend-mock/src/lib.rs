@@ -37,7 +37,9 @@
 //!   stream per device: all three handles name the same one. Backend calls take
 //!   its device from their `device` argument; the test-harness calls
 //!   (`enqueue_work`, …) and `stream_device` use the mock-wide current device.
-//!   They cannot be destroyed and are not counted as live streams.
+//!   They cannot be destroyed and are not counted as live streams. Only the
+//!   per-thread handle (2) may join a graph capture (see
+//!   [Capture](#capture)).
 //! - **Handles** come from monotonic counters and are never reused: streams from
 //!   `0x1000` up, events from `usize::MAX / 2 + 1` up.
 //! - **Accounting**: every backend call is counted by kind ([`calls`](MockBackend::calls)),
@@ -207,6 +209,14 @@
 //!   after its last captured item (directly, or through other streams of the
 //!   capture). A wait across two captures, or by a capturing stream on an
 //!   event recorded outside any capture, is [`MockError::CaptureIsolation`].
+//!   The legacy default stream ([`StreamHandle::LEGACY`], and
+//!   [`StreamHandle::NULL`], which names it) cannot be part of a capture: its
+//!   wait on a captured event is [`MockError::CaptureImplicit`], a misuse
+//!   that invalidates the capture. The per-thread default stream
+//!   ([`StreamHandle::PER_THREAD`]) joins like a created stream (it cannot
+//!   begin a capture: [`begin_capture`](MockBackend::begin_capture) takes a
+//!   created stream); as the three handles name one implicit stream, the
+//!   others then name a capturing stream too.
 //!   Once the capture has ended its events are events never recorded.
 //! - **Captured, not queued.** Work issued on a capturing stream
 //!   ([`enqueue_work`](MockBackend::enqueue_work),
