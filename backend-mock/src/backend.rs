@@ -472,7 +472,9 @@ impl MemoryBackend for MockBackend {
     /// ranges until it completes. On a capturing stream, after the same
     /// checks, it is an item of the capture and copies nothing. `dst` must lie inside a live block; `src`
     /// inside a live block or outside every block (foreign host memory, not
-    /// tracked); the ranges must not overlap.
+    /// tracked); the ranges must not overlap. A range of a block the mock
+    /// has freed (and still remembers), or of a graph's block outside the
+    /// graph, is refused (see [Refusals](crate#refusals)).
     unsafe fn copy_async(
         &self,
         dst: NonNull<u8>,
@@ -490,9 +492,11 @@ impl MemoryBackend for MockBackend {
             // SAFETY: the trait's contract makes `src` valid for reads and
             // `dst` valid for writes of `size` bytes (every kind is host
             // memory in this mock) until the copy has run, which is now. The
-            // checks above found `dst` inside a live block of this mock and
-            // the ranges disjoint, which `copy_nonoverlapping` requires; we
-            // hold the state's write lock, so no free of this mock can run
+            // checks above found `dst` inside a live block of this mock, `src`
+            // inside one or outside every block it tracks or remembers (so
+            // never in memory the mock freed while it can tell), and the
+            // ranges disjoint, which `copy_nonoverlapping` requires; we hold
+            // the state's write lock, so no free of this mock can run
             // meanwhile.
             // `u8` needs no alignment.
             unsafe { core::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr(), size) };

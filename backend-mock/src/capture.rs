@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use gpupool_core::{BackendOp as CallKind, CaptureStatus, DeviceId, MemoryKind};
 
 use crate::error::MockError;
-use crate::memory::{hazard, HazardKind, Place};
+use crate::memory::{hazard, misplaced, HazardKind, Place};
 use crate::queue::StreamKey;
 use crate::state::State;
 use crate::sync::{current_thread, ThreadId};
@@ -461,8 +461,7 @@ impl State {
                         .map(|other| (HazardKind::ConcurrentUse, Some(other))),
                 }
             }
-            Some(Place::Bad { touches_live: true }) => Some((HazardKind::OutOfBounds, None)),
-            _ => Some((HazardKind::UsedAfterFree, None)),
+            other => Some((misplaced(other), None)),
         };
         if let Some((kind, conflict)) = found {
             let h = hazard(kind, u.addr, u.len, Some(key), conflict);

@@ -69,12 +69,14 @@ pub enum MockError {
         align: usize,
     },
     /// A free named an address where no block of this mock starts: never
-    /// allocated, inside a block rather than at its start, or already returned
-    /// to the system allocator (a double free the mock can no longer tell from
-    /// a wild pointer, since the address may have been reused by then).
+    /// allocated, inside a block rather than at its start, or reclaimed so
+    /// long ago that the mock has forgotten it (a double free it can no
+    /// longer tell from a wild pointer, since the address may have been
+    /// reused by then; see [Refusals](crate#refusals)).
     InvalidPointer(usize),
-    /// A free named a block that is already freed in stream order and not yet
-    /// reclaimed.
+    /// A free named a block that is already freed: in stream order and not
+    /// yet reclaimed, reserved for a graph, or reclaimed and still
+    /// remembered (see [Refusals](crate#refusals)).
     DoubleFree(usize),
     /// A free named a block with another kind, device, size or alignment than
     /// it was allocated with.
@@ -106,6 +108,31 @@ pub enum MockError {
     /// [`Scratchpad::to_host`](gpupool_core::Scratchpad::to_host) does.
     UntrackedDestination {
         /// The destination's start.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A call named a range that reaches memory this mock has reclaimed (a
+    /// block whose stream passed its free, freed synchronously, or freed with
+    /// the graph that owned it) and lies inside no live block: a use after
+    /// free. Refused: nothing is read, written or queued. The mock remembers
+    /// only the last blocks it reclaimed (see [Refusals](crate#refusals));
+    /// a range freed longer ago is foreign memory to it.
+    UseAfterFree {
+        /// The start of the range.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// Work that is not a graph's (not an item of its capture, not a launch
+    /// of it) named a range inside a block of that graph: a graph allocation
+    /// (made in stream order in its capture, which exists for the graph's
+    /// launches only), before or after the capture ended, or a block
+    /// reserved for the graph's replays; or the host named a block reserved
+    /// for a graph. Refused: nothing is read, written or queued (see
+    /// [Refusals](crate#refusals) and [Capture](crate#capture)).
+    HeldByGraph {
+        /// The start of the range.
         addr: usize,
         /// Its length in bytes.
         len: usize,
@@ -155,6 +182,14 @@ pub enum MockError {
     /// [`ThreadLocal`](crate::CaptureMode::ThreadLocal) capture of this one.
     /// Those captures are invalidated.
     CaptureProhibited(CaptureMode),
+    /// The legacy default stream (`stream`: [`StreamHandle::LEGACY`], or
+    /// [`StreamHandle::NULL`], which names it) waited on an event recorded
+    /// in an open capture: the wait would make it join the capture, and CUDA
+    /// does not let the legacy stream be part of one (its
+    /// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` names this dependency). The
+    /// capture is invalidated. The per-thread default stream
+    /// ([`StreamHandle::PER_THREAD`]) may join a capture.
+    CaptureImplicit(StreamHandle),
     /// A dependency across the boundary of a capture: a stream of one capture
     /// waiting on an event of another, or a capturing stream waiting on an
     /// event recorded outside any capture. The captures concerned are
@@ -258,6 +293,14 @@ impl fmt::Display for MockError {
                  it writes only into its own blocks, whose use by the copy it can track \
                  (stage through a pinned block)"
             ),
+            MockError::UseAfterFree { addr, len } => write!(
+                f,
+                "the {len} bytes at {addr:#x} reach memory this mock has freed (use after free)"
+            ),
+            MockError::HeldByGraph { addr, len } => write!(
+                f,
+                "the {len} bytes at {addr:#x} belong to a graph, and only its own work may use them"
+            ),
             MockError::OverlappingCopy { dst, src, len } => write!(
                 f,
                 "copy of {len} bytes from {src:#x} to {dst:#x}: the ranges overlap"
@@ -282,6 +325,12 @@ impl fmt::Display for MockError {
                 f,
                 "a potentially unsafe call while a {mode:?} graph capture is open \
                  (the capture is invalidated)"
+            ),
+            MockError::CaptureImplicit(s) => write!(
+                f,
+                "stream {:#x} (the legacy default stream) cannot join a graph capture \
+                 (the capture is invalidated)",
+                s.as_raw()
             ),
             MockError::CaptureIsolation => f.write_str(
                 "the wait would cross the boundary of a graph capture (the capture is invalidated)",
@@ -314,8 +363,10 @@ impl std::error::Error for MockError {}
 /// A call that handed the mock a bad handle, device, pointer or range: a
 /// double destroy, an unknown or destroyed handle, a device out of range, a
 /// handle used with the wrong device, a bad layout, a double free or a free of
-/// an unknown pointer, a free that misnames its block, a copy of a bad range;
-/// or a call that a graph capture refuses (see [Capture](crate#capture)).
+/// an unknown pointer, a free that misnames its block, a copy of a bad range
+/// (freed memory and a graph's memory included: see
+/// [Refusals](crate#refusals)); or a call that a graph capture refuses (see
+/// [Capture](crate#capture)).
 /// Injected failures and [`MockError::OutOfMemory`] are not misuses.
 ///
 /// The pools must never cause one; tests assert

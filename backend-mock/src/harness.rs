@@ -7,6 +7,7 @@ use crate::error::{Misuse, MockError};
 use crate::memory::Hazard;
 #[cfg(doc)]
 use crate::memory::HazardKind;
+use crate::quarantine;
 #[cfg(doc)]
 use crate::queue::CompletionPolicy;
 use crate::queue::StreamKey;
@@ -92,6 +93,11 @@ impl MockBackend {
     /// checked against nothing. The pointer is only compared, never read.
     /// On a stream in a graph capture the item is captured instead (see
     /// [Capture](crate#capture)).
+    ///
+    /// Refused, with the hazard recorded and nothing queued (see
+    /// [Refusals](crate#refusals)): a range of a reclaimed block
+    /// ([`MockError::UseAfterFree`]), or of a graph's block when the stream
+    /// is not in that graph's capture ([`MockError::HeldByGraph`]).
     pub fn use_memory(
         &self,
         stream: StreamHandle,
@@ -100,7 +106,7 @@ impl MockBackend {
     ) -> Result<(), MockError> {
         let mut state = write(&self.inner.state);
         let key = state.harness_key(stream)?;
-        state.use_memory(key, ptr.addr(), len);
+        state.use_memory(key, ptr.addr(), len)?;
         state.reclaim();
         Ok(())
     }
@@ -111,11 +117,15 @@ impl MockBackend {
     /// range is not inside a live block ([`UsedAfterFree`](HazardKind::UsedAfterFree)
     /// or [`OutOfBounds`](HazardKind::OutOfBounds)), or if the block is
     /// [`MemoryKind::Device`] memory ([`HostAccessToDevice`](HazardKind::HostAccessToDevice)).
-    /// An empty range is checked against nothing. Never fails today; the
-    /// `Result` leaves room for checks to come.
+    /// An empty range is checked against nothing. The pointer is only
+    /// compared, never read.
+    ///
+    /// Refused, with the hazard recorded (see [Refusals](crate#refusals)):
+    /// a range of a reclaimed block ([`MockError::UseAfterFree`]), or of a
+    /// block reserved for a graph ([`MockError::HeldByGraph`]).
     pub fn host_access(&self, ptr: *const u8, len: usize) -> Result<(), MockError> {
         let mut state = write(&self.inner.state);
-        state.host_access(ptr.addr(), len);
+        state.host_access(ptr.addr(), len)?;
         state.reclaim();
         Ok(())
     }
@@ -159,6 +169,32 @@ impl MockBackend {
         let mut state = write(&self.inner.state);
         state.reclaim();
         state.memory.live_blocks()
+    }
+
+    /// At most this many reclaimed blocks are remembered (their memory kept
+    /// allocated), so that a call naming one is refused as a use after free
+    /// (see [Refusals](crate#refusals)): 256, or 64 under Miri.
+    pub const QUARANTINE_BLOCKS: usize = quarantine::MAX_BLOCKS;
+
+    /// At most this many bytes of reclaimed blocks are kept (see
+    /// [`QUARANTINE_BLOCKS`](Self::QUARANTINE_BLOCKS)): 16 MiB, or 4 MiB
+    /// under Miri. A larger block is freed at once and not remembered.
+    pub const QUARANTINE_BYTES: usize = quarantine::MAX_BYTES;
+
+    /// How many reclaimed blocks the mock remembers now, their memory still
+    /// allocated (not counted by [`live_blocks`](Self::live_blocks)).
+    pub fn quarantined_blocks(&self) -> usize {
+        let mut state = write(&self.inner.state);
+        state.reclaim();
+        state.memory.quarantine.len()
+    }
+
+    /// How many bytes those blocks hold (not counted by
+    /// [`live_bytes`](Self::live_bytes)).
+    pub fn quarantined_bytes(&self) -> usize {
+        let mut state = write(&self.inner.state);
+        state.reclaim();
+        state.memory.quarantine.bytes()
     }
 
     // ---- accounting --------------------------------------------------------

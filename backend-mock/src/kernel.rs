@@ -51,7 +51,14 @@ impl MockBackend {
     /// [`MockError::LengthMismatch`] when the lengths differ;
     /// [`MockError::NotDeviceMemory`] for a slice not inside one live block of
     /// device memory of this machine; [`MockError::CrossDevice`] for device
-    /// memory of another device than the stream's.
+    /// memory of another device than the stream's. The [refusals](crate#refusals)
+    /// are recorded as hazards of the stream too: [`MockError::UseAfterFree`]
+    /// for a slice whose block was reclaimed, [`MockError::HeldByGraph`] for a
+    /// slice of a graph's block when the stream is not in that graph's
+    /// capture (a scratchpad made in a capture and used after it); and so is
+    /// a slice of this machine whose block is freed otherwise
+    /// ([`NotDeviceMemory`](MockError::NotDeviceMemory), recorded as
+    /// [`UsedAfterFree`](crate::HazardKind::UsedAfterFree)).
     ///
     /// ```
     /// use gpupool_core::{AccessOrder, DeviceId, Scratchpad, StreamBackend};
@@ -113,8 +120,8 @@ impl MockBackend {
         let input: Vec<T> = {
             let mut state = write(&self.inner.state);
             let key = state.stream_key(stream, device)?;
-            state.check_device_range(src_range.0, src_range.1, device)?;
-            state.check_device_range(dst_range.0, dst_range.1, device)?;
+            state.check_device_range(key, src_range.0, src_range.1, device)?;
+            state.check_device_range(key, dst_range.0, dst_range.1, device)?;
             if state.captures.of_stream(key).is_some() {
                 state.kernel_use(key, src_range, dst_range);
                 return Ok(());
@@ -147,8 +154,8 @@ impl MockBackend {
         // queue the work item, write the destination.
         let mut state = write(&self.inner.state);
         let key = state.stream_key(stream, device)?;
-        state.check_device_range(src_range.0, src_range.1, device)?;
-        state.check_device_range(dst_range.0, dst_range.1, device)?;
+        state.check_device_range(key, src_range.0, src_range.1, device)?;
+        state.check_device_range(key, dst_range.0, dst_range.1, device)?;
         let captured = state.captures.of_stream(key).is_some();
         state.kernel_use(key, src_range, dst_range);
         if captured {

@@ -37,7 +37,9 @@
 //!   stream per device: all three handles name the same one. Backend calls take
 //!   its device from their `device` argument; the test-harness calls
 //!   (`enqueue_work`, …) and `stream_device` use the mock-wide current device.
-//!   They cannot be destroyed and are not counted as live streams.
+//!   They cannot be destroyed and are not counted as live streams. Only the
+//!   per-thread handle (2) may join a graph capture (see
+//!   [Capture](#capture)).
 //! - **Handles** come from monotonic counters and are never reused: streams from
 //!   `0x1000` up, events from `usize::MAX / 2 + 1` up.
 //! - **Accounting**: every backend call is counted by kind ([`calls`](MockBackend::calls)),
@@ -92,17 +94,28 @@
 //! - **A simulated kernel** ([`launch_map`](MockBackend::launch_map)) computes
 //!   `dst[i] = f(src[i])` over scratch device slices on a stream, at once,
 //!   and leaves a work item using both ranges, like a copy.
-//! - **Synchronous free**: the block goes back to `std::alloc` at once.
+//! - **Synchronous free**: the block is reclaimed at once.
 //! - **Bad frees** (synchronous or stream-ordered) are errors and [`Misuse`]s
 //!   with no effect: an address where no block starts, or whose block was
 //!   already reclaimed ([`MockError::InvalidPointer`]), a free-pending block
 //!   ([`MockError::DoubleFree`]), or a kind, device, size or alignment other
 //!   than the allocation's ([`MockError::BlockMismatch`]).
 //! - **Stream-ordered free**: the block becomes *free-pending* at the stream's
-//!   current position and goes back to `std::alloc` only once the stream has
+//!   current position and is reclaimed only once the stream has
 //!   completed everything queued before the free; this is checked after every
 //!   call, and happens as soon as the stream drains or is destroyed. Until then
 //!   the memory is not handed out again, so a reuse cannot alias it.
+//! - **Reclaimed blocks are remembered**: a reclaimed block is no live
+//!   memory any more, but its memory stays allocated in a *quarantine*, its
+//!   range remembered, so that a call naming the range is refused as a use
+//!   after free (see [Refusals](#refusals)) instead of reading or writing
+//!   freed memory. The quarantine keeps the last
+//!   [`QUARANTINE_BLOCKS`](MockBackend::QUARANTINE_BLOCKS) blocks, at most
+//!   [`QUARANTINE_BYTES`](MockBackend::QUARANTINE_BYTES) in all, first in,
+//!   first out; the oldest then goes back to `std::alloc` and is forgotten
+//!   (a larger block goes back at once). Once a range is forgotten the
+//!   allocator may hand it to anything, so it is foreign memory to the mock
+//!   again; one it hands to a new mock block is that block's.
 //! - **Uses**: a simulated kernel ([`use_memory`](MockBackend::use_memory)) or a
 //!   `copy_async` queues a work item that *uses* its ranges until it completes.
 //!   A use on stream `U` is *ordered before* a later item or free on stream `S`
@@ -110,7 +123,9 @@
 //!   recorded on `U` after the use (followed transitively through the waits of
 //!   the awaited streams). A resolved wait needs no tracking: its work is done.
 //! - **Hazards** ([`hazards`](MockBackend::hazards), see [`HazardKind`]) are
-//!   recorded, never returned as errors: a synchronous free of a block in use;
+//!   recorded, and the operation goes ahead (but for the
+//!   [refusals](#refusals) of the harness calls, recorded here too): a
+//!   synchronous free of a block in use;
 //!   a stream-ordered free while another stream's use is not ordered before it;
 //!   work on a range not inside a live block (used after free, free-pending
 //!   included) or overlapping another stream's unordered use (one of the two
@@ -121,14 +136,16 @@
 //!   call (unless it is captured: see [Capture](#capture)), so a host → device → host round trip is observable as soon as the
 //!   calls return. Callers must still synchronize before the host reads the
 //!   result, as on a GPU; `host_access` flags a read that did not. A source
-//!   outside every mock block is foreign host memory (a caller's pageable
-//!   slice) and is not tracked; a destination must lie inside a live block
-//!   (one outside every block, a `Vec` say, is
+//!   outside every mock block, live or remembered, is foreign host memory (a
+//!   caller's pageable slice) and is not tracked; a destination must lie
+//!   inside a live block (one outside every block, a `Vec` say, is
 //!   [`MockError::UntrackedDestination`]: the mock could not track the copy's
 //!   use of it; stage through a pinned block, as `Scratchpad::to_host` does).
+//!   Freed memory and a graph's memory are refused (see [Refusals](#refusals)).
 //! - **Accounting**: live, free-pending and peak bytes per kind, live blocks.
 //!   Dropping the last clone of the mock returns every block still allocated
-//!   to `std::alloc`, so a test that leaks simulated memory leaks no real memory.
+//!   (the quarantine's too) to `std::alloc`, so a test that leaks simulated
+//!   memory leaks no real memory.
 //!
 //! ```
 //! use gpupool_core::{DeviceId, EventBackend, MemoryBackend, MemoryKind, StreamBackend};
@@ -197,6 +214,14 @@
 //!   after its last captured item (directly, or through other streams of the
 //!   capture). A wait across two captures, or by a capturing stream on an
 //!   event recorded outside any capture, is [`MockError::CaptureIsolation`].
+//!   The legacy default stream ([`StreamHandle::LEGACY`], and
+//!   [`StreamHandle::NULL`], which names it) cannot be part of a capture: its
+//!   wait on a captured event is [`MockError::CaptureImplicit`], a misuse
+//!   that invalidates the capture. The per-thread default stream
+//!   ([`StreamHandle::PER_THREAD`]) joins like a created stream (it cannot
+//!   begin a capture: [`begin_capture`](MockBackend::begin_capture) takes a
+//!   created stream); as the three handles name one implicit stream, the
+//!   others then name a capturing stream too.
 //!   Once the capture has ended its events are events never recorded.
 //! - **Captured, not queued.** Work issued on a capturing stream
 //!   ([`enqueue_work`](MockBackend::enqueue_work),
@@ -243,10 +268,14 @@
 //!   [`destroy_graph`](MockBackend::destroy_graph)) frees what it owns (its
 //!   graph allocations, freed by the graph or not, if nobody freed them, and
 //!   the blocks reserved for it), each once the work of the graph's launches
-//!   no longer uses it; a failed capture frees them when it ends. Work
-//!   outside the graph or the host touching a reserved block is a
-//!   [`HazardKind::HeldByGraph`] hazard; freeing it again a
-//!   [`MockError::DoubleFree`].
+//!   no longer uses it; a failed capture frees them when it ends. A graph
+//!   allocation, and a block reserved for a graph, is the graph's: only the
+//!   items of its capture and the launches of its graph may use it. Work
+//!   that is not the graph's (on a stream outside the capture, in another
+//!   capture, or after the capture ended, the graph alive or not) and the
+//!   host touching a reserved block are refused (see [Refusals](#refusals));
+//!   freeing a reserved block again is a [`MockError::DoubleFree`] (an
+//!   unfreed graph allocation may be freed outside the graph).
 //!
 //! ```
 //! use gpupool_core::{CaptureStatus, DeviceId, EventBackend, MemoryBackend, MemoryKind,
@@ -285,6 +314,41 @@
 //! assert_eq!(gpu.live_bytes(MemoryKind::Device), 0);
 //! assert!(gpu.misuses().is_empty() && gpu.hazards().is_empty());
 //! ```
+//!
+//! ## Refusals
+//!
+//! Some memory is not the caller's to touch at all, and every call that
+//! takes an address refuses it with an error, reading, writing and queueing
+//! nothing:
+//!
+//! - **freed memory** ([`MockError::UseAfterFree`]): a range that reaches a
+//!   block the mock has reclaimed and still remembers (see
+//!   [Memory](#memory): its stream passed a stream-ordered free, it was freed
+//!   synchronously, or the graph that owned it was dropped), and lies inside
+//!   no live block. A free of such a block is a [`MockError::DoubleFree`];
+//! - **a graph's memory** ([`MockError::HeldByGraph`]): for work (a copy, a
+//!   simulated kernel, [`use_memory`](MockBackend::use_memory)), a range in
+//!   a graph allocation or a block reserved for a graph, when the work is
+//!   not an item of that graph's capture; for the host
+//!   ([`host_access`](MockBackend::host_access)), a range in a block
+//!   reserved for a graph (the host may fill a host-visible block a capture
+//!   allocated, as `to_device` fills its staging in a capture).
+//!
+//! How a refusal is recorded follows the crate's split between backend calls
+//! and the test harness. `copy_async`, a backend call, logs it as a
+//! [`Misuse`], as every bad range, and records no hazard (a refused backend
+//! call has no effect). The harness calls
+//! ([`use_memory`](MockBackend::use_memory),
+//! [`launch_map`](MockBackend::launch_map),
+//! [`host_access`](MockBackend::host_access)), whose errors are not
+//! misuses, record it as a hazard instead:
+//! [`UsedAfterFree`](HazardKind::UsedAfterFree) or
+//! [`HeldByGraph`](HazardKind::HeldByGraph), naming the stream (`None` for
+//! the host). A graph launch is not refused (it reads and writes nothing):
+//! each of its items that uses such a range is recorded as that hazard, as
+//! any hazard of a launch. A block that is free-pending, or released by its
+//! graph's end under a launch still running, is still allocated: using it
+//! is a hazard as before, and a copy of it [`MockError::InvalidRange`].
 //!
 //! [`Backend`]: gpupool_core::Backend
 //! [`StreamBackend`]: gpupool_core::StreamBackend
@@ -345,6 +409,7 @@ mod heap;
 mod kernel;
 mod memory;
 mod memory_calls;
+mod quarantine;
 mod queue;
 mod state;
 mod sync;
@@ -417,13 +482,15 @@ use sync::{write, Arc, RwLock};
 ///
 /// What the mock cannot check is memory it does not own, so two obligations
 /// of [`MemoryBackend`](gpupool_core::MemoryBackend) stay with the caller:
-/// - a successful `deallocate` or `deallocate_async` returns the block to
-///   `std::alloc` (at once, or when the stream passes the free): nothing may
-///   use it afterwards, as on a GPU (a stream use is recorded as a
-///   [`Hazard`], but a host read through a pointer is a read of freed memory);
+/// - a successful `deallocate` or `deallocate_async` reclaims the block (at
+///   once, or when the stream passes the free): nothing may use it
+///   afterwards, as on a GPU (a call of the mock that names it is refused
+///   while the mock remembers it, see [Refusals](crate#refusals), but a host
+///   read through a pointer is the caller's: of the quarantined memory, and
+///   of freed memory once the mock has forgotten the block);
 /// - `copy_async` copies the bytes during the call: `dst` is checked to lie
-///   inside a live block of this mock, but a `src` outside every block is
-///   foreign host memory and is read as it is, so it must be valid for
+///   inside a live block of this mock, but a `src` outside every block (live
+///   or remembered) is foreign host memory and is read as it is, so it must be valid for
 ///   `size` bytes; the source's bytes are initialised (as the trait asks:
 ///   device memory is read back as any bit pattern); and neither range may
 ///   be accessed by another thread meanwhile.
@@ -451,6 +518,7 @@ impl fmt::Debug for MockBackend {
             .field("live_streams", &state.streams.created().count())
             .field("live_events", &state.events.len())
             .field("live_blocks", &state.memory.live_blocks())
+            .field("quarantined_blocks", &state.memory.quarantine.len())
             .field("hazards", &state.memory.hazards.len())
             .field("open_captures", &state.captures.open_count())
             .field("misuses", &state.misuses.len())

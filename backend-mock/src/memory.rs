@@ -4,8 +4,10 @@
 //!
 //! A block is *live* from its allocation to its free; a block freed in stream
 //! order is *free-pending* until its stream reaches the free, and is then
-//! *reclaimed*: its memory goes back to `std::alloc` (a synchronous free
-//! reclaims at once). Each queued work item that touches a block (a
+//! *reclaimed*: it is no longer tracked, and its memory goes to the
+//! [`Quarantine`], which keeps it allocated and remembers its range for a
+//! while, so that a later use of the range is refused rather than reading
+//! freed memory (a synchronous free reclaims at once). Each queued work item that touches a block (a
 //! [`use_memory`](crate::MockBackend::use_memory) or a `copy_async`) leaves a
 //! [`Use`] on the block: the range, whether it writes, and the item's [`Point`]
 //! (reached when the item has completed). A use is *pending* until its point
@@ -21,6 +23,7 @@ use gpupool_core::{DeviceId, MemoryKind, StreamHandle};
 use crate::error::BlockLayout;
 use crate::error::MockError;
 use crate::heap::Allocation;
+use crate::quarantine::Quarantine;
 use crate::queue::{Frontier, Point, StreamKey, Streams};
 
 /// What went wrong, in a [`Hazard`].
@@ -33,7 +36,9 @@ pub enum HazardKind {
     /// freeing stream has not waited for. `conflict` names the stream using it.
     FreedWhileInUse,
     /// Work or the host used a range that is not inside a live block: the block
-    /// is freed or free-pending, or the range is no memory of this mock.
+    /// is freed or free-pending, or the range is no memory of this mock. A
+    /// harness call refuses a range of a block already reclaimed (see
+    /// [Refusals](crate#refusals)) and records this.
     UsedAfterFree,
     /// Work used a range that overlaps a live block without lying inside it.
     OutOfBounds,
@@ -45,16 +50,21 @@ pub enum HazardKind {
     /// The host accessed [`MemoryKind::Device`] memory, which a real host
     /// cannot dereference.
     HostAccessToDevice,
-    /// Work outside a graph, or the host, used a block that a graph holds:
-    /// one freed inside a graph capture (a free node), which stays reserved
-    /// for the graph's replays until the graph is dropped (see
-    /// [Capture](crate#capture)). A replay may read or write it at any time.
+    /// Work outside a graph, or the host, used a block that a graph holds
+    /// (see [Capture](crate#capture)): for work, a graph allocation (made in
+    /// stream order in the graph's capture) or a block freed inside the
+    /// capture; for the host, a block freed inside the capture (a free
+    /// node), which stays reserved for the graph's replays until the graph
+    /// is dropped. A replay may read or write it at any time. A harness call
+    /// refuses such a use (see [Refusals](crate#refusals)) and records this.
     HeldByGraph,
 }
 
 /// A stream-order hazard found by the mock: something a real GPU would turn
-/// into a data race or a use of freed memory. Recorded, never returned as an
-/// error: the operation goes ahead. See [`MockBackend::hazards`](crate::MockBackend::hazards).
+/// into a data race or a use of freed memory. Recorded, and the operation
+/// goes ahead, but for the harness calls' [refusals](crate#refusals), which
+/// return an error and are recorded here too. See
+/// [`MockBackend::hazards`](crate::MockBackend::hazards).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Hazard {
     /// What happened.
@@ -114,10 +124,10 @@ pub(crate) enum Holder {
     /// An ordinary block: no graph has any claim on it.
     Nobody,
     /// Allocated in stream order inside capture `graph` (a graph
-    /// allocation). `freed`: a free node of that capture freed it, so it is
-    /// reserved for the graph's replays. Unfreed, it is usable by anyone and
-    /// may be freed like any block; the graph frees it when dropped if
-    /// nobody has.
+    /// allocation): only the capture's items and the graph's launches may
+    /// use it. `freed`: a free node of that capture freed it, so it is
+    /// reserved for the graph's replays. Unfreed, it may be freed like any
+    /// block; the graph frees it when dropped if nobody has.
     Graph { graph: u64, freed: bool },
     /// A host-visible block freed inside capture `graph` that it had not
     /// allocated: reserved for the graph's replays.
@@ -131,6 +141,17 @@ impl Holder {
         match self {
             Holder::Graph { graph, freed: true } | Holder::Held(graph) => Some(graph),
             _ => None,
+        }
+    }
+
+    /// The graph whose memory the block is, if any: its graph allocation
+    /// (freed in the capture or not) or a block reserved for it. Work that is
+    /// not that graph's (an item of its capture, a launch of it) may not use
+    /// it.
+    pub(crate) fn graph(self) -> Option<u64> {
+        match self {
+            Holder::Graph { graph, .. } | Holder::Held(graph) => Some(graph),
+            Holder::Nobody => None,
         }
     }
 
@@ -208,22 +229,31 @@ impl Block {
     }
 }
 
-/// Where a range lies with respect to the blocks.
+/// Where a range lies with respect to the blocks, in this order of
+/// precedence.
 pub(crate) enum Place {
     /// Inside the live block starting at this address.
     Inside(usize),
+    /// Not inside a live block, and overlapping a reclaimed block that the
+    /// [`Quarantine`] remembers: freed memory.
+    Reclaimed,
     /// Inside a free-pending block, or overlapping blocks without lying inside
     /// a live one; `true` if the range overlaps a live block.
     Bad { touches_live: bool },
-    /// Overlapping no block.
+    /// Overlapping no block, tracked or remembered: foreign memory (or a block
+    /// reclaimed so long ago that the quarantine has let it go).
     Foreign,
 }
 
-/// Every block not yet reclaimed, and the memory counters.
+/// Every block not yet reclaimed, the reclaimed ones still remembered, and
+/// the memory counters.
 #[derive(Debug, Default)]
 pub(crate) struct Memory {
     /// By start address. Addresses are compared, never turned into pointers.
     pub(crate) blocks: BTreeMap<usize, Block>,
+    /// The last blocks reclaimed, their memory still allocated (disjoint from
+    /// `blocks`).
+    pub(crate) quarantine: Quarantine,
     /// The free-pending blocks, per freeing stream, as (free position, start
     /// address) in the order of the frees, hence of their positions: a stream
     /// reaches them front to back.
@@ -265,7 +295,8 @@ impl Memory {
     }
 
     /// Where `[addr, addr + len)` lies; `None` if it wraps around. An empty
-    /// range is foreign.
+    /// range is foreign. The one place that tells live memory from freed and
+    /// foreign memory.
     pub(crate) fn place(&self, addr: usize, len: usize) -> Option<Place> {
         let end = addr.checked_add(len)?;
         if len == 0 {
@@ -278,16 +309,12 @@ impl Memory {
             .next_back()
             .filter(|(_, b)| b.end() > addr)
             .map(|(_, b)| b);
-        if let Some(block) = first {
-            if end <= block.end() {
-                return Some(if !block.is_freed() {
-                    Place::Inside(block.memory.addr())
-                } else {
-                    Place::Bad {
-                        touches_live: false,
-                    }
-                });
-            }
+        if let Some(block) = first.filter(|b| end <= b.end() && !b.is_freed()) {
+            return Some(Place::Inside(block.memory.addr()));
+        }
+        // Freed memory wherever the range reaches it: a use after free.
+        if self.quarantine.overlaps(addr, end) {
+            return Some(Place::Reclaimed);
         }
         // `addr < end`, so `addr + 1` does not overflow and the range is valid.
         let mut touching = first
@@ -301,13 +328,18 @@ impl Memory {
         Some(Place::Bad { touches_live })
     }
 
-    /// The live block a free names, checked against what the free says.
+    /// The live block a free names, checked against what the free says. A
+    /// block reclaimed and still remembered is freed already
+    /// ([`MockError::DoubleFree`]).
     pub(crate) fn block_to_free(
         &mut self,
         given: BlockLayout,
         ptr: NonNull<u8>,
     ) -> Result<&mut Block, MockError> {
         let addr = ptr.as_ptr().addr();
+        if self.quarantine.starts_at(addr) {
+            return Err(MockError::DoubleFree(addr));
+        }
         let block = self
             .blocks
             .get_mut(&addr)
@@ -327,7 +359,8 @@ impl Memory {
         Ok(block)
     }
 
-    /// Removes a block and returns its memory to `std::alloc`.
+    /// Removes a block and puts its memory in the quarantine, which returns
+    /// it to `std::alloc` when it evicts it.
     pub(crate) fn reclaim(&mut self, addr: usize) {
         if let Some(block) = self.blocks.remove(&addr) {
             let kind = block.kind.index();
@@ -335,7 +368,18 @@ impl Memory {
             if block.is_freed() {
                 self.pending_free[kind] -= block.size();
             }
+            self.quarantine.admit(block.memory);
         }
+    }
+}
+
+/// The hazard a use of a range that is not inside a live block is (`place`:
+/// where the range lies): out of bounds if it reaches a live block, else a
+/// use after free (a freed block, or no memory of this mock).
+pub(crate) fn misplaced(place: Option<Place>) -> HazardKind {
+    match place {
+        Some(Place::Bad { touches_live: true }) => HazardKind::OutOfBounds,
+        _ => HazardKind::UsedAfterFree,
     }
 }
 

@@ -1,8 +1,10 @@
 //! The memory calls of the simulated machine: [`State`]'s allocations, frees,
 //! copies, simulated kernels and host accesses, over the blocks and the
 //! hazard detector of [`crate::memory`] and the streams of
-//! [`crate::queue`]. Apart from `memory.rs` so that the memory model sits
-//! below [`State`], which holds it, and these calls above both.
+//! [`crate::queue`], and the one decision of which ranges a call may not
+//! touch at all ([`State::touchable`], see [Refusals](crate#refusals)).
+//! Apart from `memory.rs` so that the memory model sits below [`State`],
+//! which holds it, and these calls above both.
 
 use core::alloc::Layout;
 use core::ptr::NonNull;
@@ -12,9 +14,42 @@ use gpupool_core::{BackendOp as CallKind, DeviceId, MemoryKind, StreamHandle};
 use crate::capture::{CaptureId, Node, NodeUse};
 use crate::error::{BlockLayout, MockError};
 use crate::heap::Allocation;
-use crate::memory::{hazard, Block, HazardKind, Holder, Place, Use};
+use crate::memory::{hazard, misplaced, Block, Hazard, HazardKind, Holder, Place, Use};
 use crate::queue::{Frontier, Point, StreamKey};
 use crate::state::State;
+
+/// Who touches memory, for [`State::touchable`].
+#[derive(Copy, Clone, Debug)]
+enum Toucher {
+    /// The host ([`MockBackend::host_access`](crate::MockBackend::host_access)).
+    Host,
+    /// Work on `stream`: an item of capture `graph` (or a launch of its
+    /// graph), if any.
+    Work {
+        stream: StreamKey,
+        graph: Option<CaptureId>,
+    },
+}
+
+impl Toucher {
+    /// The stream a hazard names: `None` for the host.
+    fn stream(self) -> Option<StreamKey> {
+        match self {
+            Toucher::Host => None,
+            Toucher::Work { stream, .. } => Some(stream),
+        }
+    }
+}
+
+/// The hazard that records a refusal of [`State::touchable`] of
+/// `[addr, addr + len)` to `who`.
+fn refusal_hazard(refused: &MockError, who: Toucher, addr: usize, len: usize) -> Hazard {
+    let kind = match refused {
+        MockError::HeldByGraph { .. } => HazardKind::HeldByGraph,
+        _ => HazardKind::UsedAfterFree,
+    };
+    hazard(kind, addr, len, who.stream(), None)
+}
 
 impl State {
     /// Reclaims the free-pending blocks whose free point is reached, after
@@ -190,10 +225,65 @@ impl State {
         Ok(())
     }
 
+    /// Where `[addr, addr + len)` lies (`None`: it wraps around), unless
+    /// `who` may not touch it at all (see [Refusals](crate#refusals)): a
+    /// range that reaches a reclaimed block the mock still remembers and
+    /// lies in no live block ([`MockError::UseAfterFree`]), or one inside a
+    /// block of a graph when `who` is not that graph's work
+    /// ([`MockError::HeldByGraph`]: for work, a graph allocation or a block
+    /// reserved for a graph; for the host, which may fill a host-visible
+    /// block a capture allocated, a block reserved for a graph).
+    ///
+    /// The one place that decides it, over [`Memory::place`](crate::memory::Memory::place),
+    /// which says where a range lies. It records nothing.
+    fn touchable(&self, addr: usize, len: usize, who: Toucher) -> Result<Option<Place>, MockError> {
+        let place = self.memory.place(addr, len);
+        let holder = match place {
+            Some(Place::Reclaimed) => return Err(MockError::UseAfterFree { addr, len }),
+            Some(Place::Inside(start)) => self.memory.blocks.get(&start).map(|b| b.holder),
+            _ => None,
+        };
+        let foreign_graph = match (holder, who) {
+            (Some(holder), Toucher::Host) => holder.reserved_for().is_some(),
+            (Some(holder), Toucher::Work { graph, .. }) => {
+                holder.graph().is_some_and(|g| Some(g) != graph)
+            }
+            (None, _) => false,
+        };
+        if foreign_graph {
+            return Err(MockError::HeldByGraph { addr, len });
+        }
+        Ok(place)
+    }
+
+    /// [`touchable`](Self::touchable) for a test-harness call, whose errors
+    /// are not misuses: a refusal is recorded as a hazard of `who` too.
+    fn touchable_recorded(
+        &mut self,
+        addr: usize,
+        len: usize,
+        who: Toucher,
+    ) -> Result<Option<Place>, MockError> {
+        self.touchable(addr, len, who).inspect_err(|refused| {
+            let h = refusal_hazard(refused, who, addr, len);
+            self.memory.hazards.push(h);
+        })
+    }
+
+    /// Work on `key`, as a [`Toucher`]: of the capture `key` is in, if any.
+    fn work_on(&self, key: StreamKey) -> Toucher {
+        Toucher::Work {
+            stream: key,
+            graph: self.captures.of_stream(key),
+        }
+    }
+
     /// Records hazards for a work item about to be queued on `key` that
     /// uses `[addr, addr + len)`, and returns the live block it lies in.
-    /// `graph`: the graph the item replays, which may use the blocks
-    /// reserved for it (no other work may).
+    /// `graph`: the graph the item replays, which may use its own blocks (no
+    /// other work may). A range [`touchable`](Self::touchable) refuses is
+    /// recorded as a hazard here (only a graph launch reaches this with one:
+    /// every other call refused it already).
     fn check_work_use(
         &mut self,
         key: StreamKey,
@@ -203,24 +293,32 @@ impl State {
         write: bool,
         graph: Option<CaptureId>,
     ) -> Option<usize> {
-        let place = self.memory.place(addr, len);
+        let who = Toucher::Work { stream: key, graph };
+        let place = match self.touchable(addr, len, who) {
+            Ok(place) => place,
+            Err(refused) => {
+                let h = refusal_hazard(&refused, who, addr, len);
+                self.memory.hazards.push(h);
+                // The launch goes ahead: its use of another graph's live
+                // block is tracked like any use (a reclaimed range has no
+                // block to track it on).
+                return match self.memory.place(addr, len) {
+                    Some(Place::Inside(start)) => Some(start),
+                    _ => None,
+                };
+            }
+        };
         let (kind, start, conflict) = match place {
             Some(Place::Inside(start)) => {
                 let streams = &self.streams;
                 let block = self.memory.blocks.get_mut(&start)?;
                 block.prune(streams);
-                let reserved = block.holder.reserved_for();
-                if reserved.is_some() && reserved != graph {
-                    (HazardKind::HeldByGraph, Some(start), None)
-                } else {
-                    match block.unordered_use(frontier, addr, len, write) {
-                        None => return Some(start),
-                        Some(other) => (HazardKind::ConcurrentUse, Some(start), Some(other)),
-                    }
+                match block.unordered_use(frontier, addr, len, write) {
+                    None => return Some(start),
+                    Some(other) => (HazardKind::ConcurrentUse, Some(start), Some(other)),
                 }
             }
-            Some(Place::Bad { touches_live: true }) => (HazardKind::OutOfBounds, None, None),
-            _ => (HazardKind::UsedAfterFree, None, None),
+            other => (misplaced(other), None, None),
         };
         let h = hazard(kind, addr, len, Some(key), conflict);
         self.memory.hazards.push(h);
@@ -247,8 +345,17 @@ impl State {
         }
     }
 
-    /// [`MockBackend::use_memory`](crate::MockBackend::use_memory).
-    pub(crate) fn use_memory(&mut self, key: StreamKey, addr: usize, len: usize) {
+    /// [`MockBackend::use_memory`](crate::MockBackend::use_memory): refused
+    /// (and recorded) for a range the work may not touch, else captured or
+    /// queued.
+    pub(crate) fn use_memory(
+        &mut self,
+        key: StreamKey,
+        addr: usize,
+        len: usize,
+    ) -> Result<(), MockError> {
+        let who = self.work_on(key);
+        self.touchable_recorded(addr, len, who)?;
         if let Some(id) = self.captures.of_stream(key) {
             let uses = vec![NodeUse {
                 addr,
@@ -256,7 +363,7 @@ impl State {
                 write: true,
             }];
             self.capture_item(id, key, uses);
-            return;
+            return Ok(());
         }
         self.streams.settle(self.policy);
         let mut block = None;
@@ -265,6 +372,7 @@ impl State {
             block = self.check_work_use(key, &frontier, addr, len, true, None);
         }
         self.push_use(key, &[(block, addr, len, true)]);
+        Ok(())
     }
 
     /// [`MockBackend::enqueue_work`](crate::MockBackend::enqueue_work): one
@@ -322,7 +430,13 @@ impl State {
             return Ok(capture.is_none());
         }
         let bad = |addr| MockError::InvalidRange { addr, len: size };
-        match self.memory.place(dst, size) {
+        // Freed memory and a graph's memory are refused before anything
+        // else: nothing is read or written.
+        let who = Toucher::Work {
+            stream: key,
+            graph: capture,
+        };
+        match self.touchable(dst, size, who)? {
             Some(Place::Inside(_)) => {}
             Some(Place::Foreign) => {
                 return Err(MockError::UntrackedDestination {
@@ -332,10 +446,11 @@ impl State {
             }
             _ => return Err(bad(dst)),
         }
-        match self.memory.place(src, size) {
-            Some(Place::Inside(_) | Place::Foreign) => {}
+        let src_tracked = match self.touchable(src, size, who)? {
+            Some(Place::Inside(_)) => true,
+            Some(Place::Foreign) => false,
             _ => return Err(bad(src)),
-        }
+        };
         if dst < src + size && src < dst + size {
             return Err(MockError::OverlappingCopy {
                 dst,
@@ -343,7 +458,6 @@ impl State {
                 len: size,
             });
         }
-        let src_tracked = matches!(self.memory.place(src, size), Some(Place::Inside(_)));
         if let Some(id) = capture {
             let mut uses = vec![NodeUse {
                 addr: dst,
@@ -375,10 +489,14 @@ impl State {
     }
 
     /// `Ok` if `[addr, addr + len)` lies inside one live block of device
-    /// memory of `device` (an empty range always does), for a simulated
-    /// kernel on a stream of `device`.
+    /// memory of `device` (an empty range always does) that a simulated
+    /// kernel on `key`, a stream of `device`, may touch. A range it may not
+    /// touch at all ([`touchable`](Self::touchable)), or not inside a live
+    /// block (its block freed: the slice is this machine's), is recorded
+    /// as a hazard of `key` too.
     pub(crate) fn check_device_range(
-        &self,
+        &mut self,
+        key: StreamKey,
         addr: usize,
         len: usize,
         device: DeviceId,
@@ -386,9 +504,14 @@ impl State {
         if len == 0 {
             return Ok(());
         }
-        let block = match self.memory.place(addr, len) {
+        let who = self.work_on(key);
+        let block = match self.touchable_recorded(addr, len, who)? {
             Some(Place::Inside(start)) => self.memory.blocks.get(&start),
-            _ => None,
+            other => {
+                let h = hazard(misplaced(other), addr, len, Some(key), None);
+                self.memory.hazards.push(h);
+                return Err(MockError::NotDeviceMemory { addr, len });
+            }
         };
         match block {
             Some(b) if b.kind == MemoryKind::Device && b.device == device => Ok(()),
@@ -432,23 +555,23 @@ impl State {
         self.push_use(key, &ranges);
     }
 
-    /// [`MockBackend::host_access`](crate::MockBackend::host_access).
-    pub(crate) fn host_access(&mut self, addr: usize, len: usize) {
+    /// [`MockBackend::host_access`](crate::MockBackend::host_access):
+    /// refused (and recorded) for a range the host may not touch at all,
+    /// else a hazard is recorded for whatever else is wrong.
+    pub(crate) fn host_access(&mut self, addr: usize, len: usize) -> Result<(), MockError> {
         if len == 0 {
-            return;
+            return Ok(());
         }
         self.streams.settle(self.policy);
-        let found = match self.memory.place(addr, len) {
+        let found = match self.touchable_recorded(addr, len, Toucher::Host)? {
             Some(Place::Inside(start)) => {
                 let streams = &self.streams;
                 let Some(block) = self.memory.blocks.get_mut(&start) else {
-                    return;
+                    return Ok(());
                 };
                 block.prune(streams);
                 if block.kind == MemoryKind::Device {
                     Some((HazardKind::HostAccessToDevice, None))
-                } else if block.holder.reserved_for().is_some() {
-                    Some((HazardKind::HeldByGraph, None))
                 } else {
                     block
                         .uses
@@ -457,12 +580,12 @@ impl State {
                         .map(|u| (HazardKind::HostAccessWhileInUse, Some(u.at.stream)))
                 }
             }
-            Some(Place::Bad { touches_live: true }) => Some((HazardKind::OutOfBounds, None)),
-            _ => Some((HazardKind::UsedAfterFree, None)),
+            other => Some((misplaced(other), None)),
         };
         if let Some((kind, conflict)) = found {
             let h = hazard(kind, addr, len, None, conflict);
             self.memory.hazards.push(h);
         }
+        Ok(())
     }
 }

@@ -401,6 +401,18 @@ impl State {
         let target = self.event(event, None)?.target;
         let raw = event.as_raw();
         match (self.captures.of_event(raw), self.captures.of_stream(key)) {
+            // The legacy default stream cannot be part of a capture, so it
+            // cannot wait on a captured event (the per-thread default stream
+            // can: it joins like a created stream).
+            (Some(theirs), mine)
+                if stream == StreamHandle::NULL || stream == StreamHandle::LEGACY =>
+            {
+                self.captures.invalidate(theirs);
+                if let Some(mine) = mine {
+                    self.captures.invalidate(mine);
+                }
+                return Err(MockError::CaptureImplicit(stream));
+            }
             // A fork (the stream joins the capture) or a wait inside it: an
             // ordering of the graph, nothing queued.
             (Some(theirs), mine) if mine.is_none_or(|m| m == theirs) => {

@@ -286,6 +286,75 @@ fn captured_events_are_complete_once_the_capture_ends() {
     assert!(mock.misuses().is_empty());
 }
 
+// ---- the special streams -----------------------------------------------------
+
+/// The legacy default stream (and the null stream, which names it) cannot be
+/// part of a capture: a wait on a captured event, which would make it join,
+/// is refused, logged, and invalidates the capture, as CUDA refuses it.
+#[test]
+fn the_legacy_stream_cannot_join_a_capture() {
+    for legacy in [StreamHandle::NULL, StreamHandle::LEGACY] {
+        let (mock, s) = mock_with_stream(1);
+        mock.begin_capture(s, CaptureMode::Relaxed).unwrap();
+        let e = event(&mock, D0);
+        // SAFETY: live handles of this mock's device 0 (a special handle
+        // always is one).
+        let waited = unsafe {
+            mock.record_event(e, s, D0).unwrap();
+            mock.stream_wait_event(legacy, D0, e)
+        };
+        let refused = MockError::CaptureImplicit(legacy);
+        assert_eq!(waited, Err(refused.clone()));
+        assert_misuses(&mock, &[(CallKind::StreamWaitEvent, refused)]);
+        assert_eq!(status(&mock, s), Invalidated);
+        assert_eq!(
+            mock.capture_status_of(legacy),
+            Ok(NotCapturing),
+            "not joined"
+        );
+        assert_eq!(
+            mock.end_capture(s).unwrap_err(),
+            MockError::CaptureInvalidated
+        );
+    }
+}
+
+/// The per-thread default stream may join a capture (CUDA can capture it)
+/// and be joined back; it cannot begin one (`begin_capture` takes a created
+/// stream). The mock models the three special handles as one implicit
+/// stream per device, so while it is in the capture the null and legacy
+/// handles name a capturing stream too: this pins what the model does.
+#[test]
+fn the_per_thread_stream_joins_a_capture_but_does_not_begin_one() {
+    let (mock, s) = mock_with_stream(1);
+    let per_thread = StreamHandle::PER_THREAD;
+    assert_eq!(
+        mock.begin_capture(per_thread, CaptureMode::Global),
+        Err(MockError::InvalidStream(per_thread))
+    );
+    mock.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    fork(&mock, s, per_thread);
+    assert_eq!(mock.capture_status_of(per_thread), Ok(Active));
+    assert_eq!(
+        mock.capture_status_of(StreamHandle::NULL),
+        Ok(Active),
+        "one implicit stream"
+    );
+    mock.enqueue_work(per_thread).unwrap();
+    assert_eq!(mock.pending_work(per_thread), Ok(0), "captured");
+    join(&mock, s, per_thread);
+    let graph = mock.end_capture(s).unwrap();
+    assert_eq!(graph.node_count(), 1);
+    assert_eq!(mock.capture_status_of(per_thread), Ok(NotCapturing));
+    assert_misuses(
+        &mock,
+        &[(
+            CallKind::CaptureStatus,
+            MockError::InvalidStream(per_thread),
+        )],
+    );
+}
+
 // ---- refused calls -----------------------------------------------------------
 
 /// Each call a capture refuses on its own stream or event, in each mode:
@@ -674,11 +743,15 @@ fn graph_allocations_stay_reserved_until_the_graph_drops() {
         "reserved for the graph"
     );
 
-    // Nobody else may use it: work outside the graph is a hazard...
+    // Nobody else may use it: work outside the graph is refused, and
+    // recorded as a hazard...
     let other = stream(&mock, D0);
-    mock.use_memory(other, std::ptr::without_provenance(addr), 8)
-        .unwrap();
+    assert_eq!(
+        mock.use_memory(other, std::ptr::without_provenance(addr), 8),
+        Err(MockError::HeldByGraph { addr, len: 8 })
+    );
     assert_eq!(mock.hazards()[0].kind, HazardKind::HeldByGraph);
+    assert_eq!(mock.pending_work(other), Ok(0), "nothing queued");
     mock.clear_hazards();
     mock.complete_everything();
     // ...nor free it again.
@@ -710,10 +783,17 @@ fn a_graph_allocation_without_a_free_node_is_freed_with_the_graph() {
     // SAFETY: a live stream of this mock's device 0.
     let p = unsafe { mock.allocate_async(MemoryKind::Device, D0, 64, 64, s) }.unwrap();
     let graph = mock.end_capture(s).unwrap();
-    // Usable outside the graph: it is not reserved.
-    mock.use_memory(s, p.as_ptr(), 64).unwrap();
-    mock.complete_all(s).unwrap();
-    assert!(mock.hazards().is_empty());
+    // Not usable outside the graph, though its graph did not free it: it
+    // exists for the graph's launches.
+    assert_eq!(
+        mock.use_memory(s, p.as_ptr(), 64),
+        Err(MockError::HeldByGraph {
+            addr: p.as_ptr().addr(),
+            len: 64
+        })
+    );
+    assert_eq!(mock.hazards()[0].kind, HazardKind::HeldByGraph);
+    mock.clear_hazards();
     mock.destroy_graph(graph).unwrap();
     assert_eq!(mock.live_bytes(MemoryKind::Device), 0);
 
@@ -779,7 +859,13 @@ fn host_visible_blocks_freed_in_a_capture_are_held_for_the_graph() {
         let graph = mock.end_capture(s).unwrap();
         assert_eq!(mock.live_bytes(kind), 128, "{kind:?}: held for the graph");
         // The host may not touch it: a replay may read it.
-        mock.host_access(p.as_ptr(), 8).unwrap();
+        assert_eq!(
+            mock.host_access(p.as_ptr(), 8),
+            Err(MockError::HeldByGraph {
+                addr: p.as_ptr().addr(),
+                len: 8
+            })
+        );
         assert_eq!(mock.hazards()[0].kind, HazardKind::HeldByGraph);
         mock.clear_hazards();
         // A fresh block is another block.

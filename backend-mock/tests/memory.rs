@@ -249,10 +249,10 @@ fn bad_frees_are_misuses_with_no_effect() {
             Err(MockError::DoubleFree(a))
         );
         mock.complete_all(s).unwrap();
-        // Reclaimed: the address is unknown now.
+        // Reclaimed, and still remembered: a double free all the same.
         assert_eq!(
             mock.deallocate(Host, D0, p, 64, 16),
-            Err(MockError::InvalidPointer(a))
+            Err(MockError::DoubleFree(a))
         );
     }
 
@@ -562,9 +562,16 @@ fn hazard_use_after_free() {
     free_on(&mock, Device, p, 64, s).unwrap();
     mock.use_memory(s, a, 64).unwrap();
     mock.host_access(a, 1).unwrap();
-    // Reclaimed.
+    // Reclaimed: refused, and recorded all the same.
     mock.complete_all(s).unwrap();
-    mock.use_memory(s, a, 64).unwrap();
+    assert_eq!(
+        mock.use_memory(s, a, 64),
+        Err(MockError::UseAfterFree {
+            addr: a.addr(),
+            len: 64
+        })
+    );
+    assert_eq!(mock.pending_work(s), Ok(0), "nothing queued");
     let h = mock.hazards();
     assert_eq!(h.len(), 3);
     assert!(
