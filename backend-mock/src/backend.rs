@@ -467,6 +467,30 @@ impl MemoryBackend for MockBackend {
         self.free_in_order(given, ptr, stream, true)
     }
 
+    /// Keeps the block for the graphs that may use it: only graphs' work may
+    /// touch it from now on, and it is freed once no live graph (nor an open
+    /// capture) has an item that uses its range, at once if none has. A
+    /// graph's own allocation is left to its graph. Refused like a free
+    /// (a block that is not live, or of another layout).
+    unsafe fn keep_for_ended_captures(
+        &self,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) -> Result<(), MockError> {
+        let given = BlockLayout {
+            kind,
+            device,
+            size,
+            align,
+        };
+        self.call(CallKind::KeepForGraph, |st| {
+            st.keep_for_ended_captures(given, ptr)
+        })
+    }
+
     /// Copies the bytes **at once** (so a round trip is observable as soon as
     /// the call returns) and queues one work item on `stream` that uses both
     /// ranges until it completes. On a capturing stream, after the same

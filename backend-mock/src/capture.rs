@@ -391,6 +391,13 @@ impl Captures {
         Some((ended, error))
     }
 
+    /// The memory uses of every open capture's items.
+    pub(crate) fn node_uses(&self) -> impl Iterator<Item = &NodeUse> {
+        self.open
+            .values()
+            .flat_map(|c| c.nodes.iter().flat_map(|n| n.uses.iter()))
+    }
+
     /// The events captured in capture `id` (raw handles).
     pub(crate) fn events_of(&self, id: CaptureId) -> Vec<usize> {
         self.open
@@ -493,6 +500,7 @@ impl State {
         id: CaptureId,
         key: StreamKey,
         addr: usize,
+        for_graph: bool,
     ) -> Result<(), MockError> {
         use crate::memory::Holder;
         let Some(block) = self.memory.blocks.get_mut(&addr) else {
@@ -503,7 +511,10 @@ impl State {
             Holder::Graph { graph, .. } if graph == id => {
                 block.holder = Holder::Graph { graph, freed: true };
             }
-            Holder::Nobody if kind != MemoryKind::Device => {
+            // A host-visible block, or any block kept for the graph
+            // (`keep_for_graph`: a device block allocated before the
+            // capture, which the graph's replays may use).
+            Holder::Nobody if kind != MemoryKind::Device || for_graph => {
                 block.holder = Holder::Held(id);
                 if let Some(c) = self.captures.get_mut(id) {
                     c.blocks.push(addr);
@@ -548,7 +559,12 @@ impl State {
         }
         match self.captures.end(id) {
             None => Err(not_origin),
-            Some((ended, None)) => Ok(ended),
+            Some((ended, None)) => {
+                // What its launches use, for the blocks kept for graphs.
+                let uses = ended.nodes.iter().flat_map(|n| n.uses.iter().copied());
+                self.graph_ranges.insert(ended.id, uses.collect());
+                Ok(ended)
+            }
             Some((ended, Some(error))) => {
                 self.release_graph(ended.id, &ended.blocks);
                 Err(error)
@@ -561,23 +577,90 @@ impl State {
     /// released, and reclaimed once no work of the graph's launches uses it
     /// any more.
     pub(crate) fn release_graph(&mut self, id: CaptureId, blocks: &[usize]) {
-        let streams = &self.streams;
+        self.graph_ranges.remove(&id);
         for &addr in blocks {
-            let Some(block) = self.memory.blocks.get_mut(&addr) else {
+            let Some(block) = self.memory.blocks.get(&addr) else {
                 continue;
             };
             if !block.holder.owned_by(id) || block.is_freed() {
                 continue;
             }
-            block.released = true;
-            block.prune(streams);
-            let idle = block.uses.is_empty();
-            let (kind, size) = (block.kind.index(), block.size());
-            self.memory.pending_free[kind] += size;
-            if idle {
-                self.memory.reclaim(addr);
+            if matches!(
+                block.holder,
+                crate::memory::Holder::Graph { freed: false, .. }
+            ) {
+                // Nobody freed this graph allocation: its owner may still
+                // name it (`keep_for_ended_captures`).
+                self.memory.freed_by_graph.insert(addr);
+            }
+            self.release_block(addr);
+        }
+        self.release_unused_kept();
+    }
+
+    /// Frees a block that no new use may reach any more (its graph's end, or
+    /// kept blocks no graph uses now): reclaimed at once, or once the work
+    /// that still uses it completes.
+    fn release_block(&mut self, addr: usize) {
+        let Some(block) = self.memory.blocks.get_mut(&addr) else {
+            return;
+        };
+        block.released = true;
+        block.prune(&self.streams);
+        let idle = block.uses.is_empty();
+        let (kind, size) = (block.kind.index(), block.size());
+        self.memory.pending_free[kind] += size;
+        if idle {
+            self.memory.reclaim(addr);
+        } else {
+            self.memory.after_uses.push(addr);
+        }
+    }
+
+    /// `MemoryBackend::keep_for_ended_captures`: keeps a block for the graphs
+    /// captured earlier that may use it ([`Holder::Kept`]), freed once none
+    /// does; at once if none does now. A graph allocation is its graph's to
+    /// free (or was freed by it already): nothing to do. Errors as for a
+    /// free (the block must be live, unfreed, of this layout).
+    ///
+    /// [`Holder::Kept`]: crate::memory::Holder::Kept
+    pub(crate) fn keep_for_ended_captures(
+        &mut self,
+        given: crate::error::BlockLayout,
+        ptr: core::ptr::NonNull<u8>,
+    ) -> Result<(), MockError> {
+        use crate::memory::Holder;
+        let addr = ptr.as_ptr().addr();
+        if self.memory.freed_by_graph.remove(&addr) {
+            return Ok(());
+        }
+        if let Some(block) = self.memory.blocks.get(&addr) {
+            if matches!(block.holder, Holder::Graph { freed: false, .. }) && !block.is_freed() {
+                return Ok(());
+            }
+        }
+        let block = self.memory.block_to_free(given, ptr)?;
+        block.holder = Holder::Kept;
+        self.memory.kept.push(addr);
+        self.release_unused_kept();
+        Ok(())
+    }
+
+    /// Frees the kept blocks that no graph (alive, or being captured) uses
+    /// any more: a graph's nodes name the ranges its launches use.
+    pub(crate) fn release_unused_kept(&mut self) {
+        let kept = core::mem::take(&mut self.memory.kept);
+        for addr in kept {
+            let Some(len) = self.memory.blocks.get(&addr).map(|b| b.size()) else {
+                continue;
+            };
+            let overlaps = |u: &NodeUse| u.addr < addr + len && addr < u.addr + u.len;
+            let used = self.graph_ranges.values().flatten().any(overlaps)
+                || self.captures.node_uses().any(overlaps);
+            if used {
+                self.memory.kept.push(addr);
             } else {
-                self.memory.after_uses.push(addr);
+                self.release_block(addr);
             }
         }
     }

@@ -129,9 +129,15 @@ pub(crate) enum Holder {
     /// reserved for the graph's replays. Unfreed, it may be freed like any
     /// block; the graph frees it when dropped if nobody has.
     Graph { graph: u64, freed: bool },
-    /// A host-visible block freed inside capture `graph` that it had not
-    /// allocated: reserved for the graph's replays.
+    /// A block freed inside capture `graph` that it had not allocated:
+    /// reserved for the graph's replays.
     Held(u64),
+    /// A block given to
+    /// [`keep_for_ended_captures`](gpupool_core::MemoryBackend::keep_for_ended_captures):
+    /// graphs captured earlier may use it, so only graphs' work may touch
+    /// it, and it is freed once no graph (nor an open capture) uses its
+    /// range any more (see `State::release_unused_kept`).
+    Kept,
 }
 
 impl Holder {
@@ -144,6 +150,12 @@ impl Holder {
         }
     }
 
+    /// Whether the block is reserved for graphs' work: for one graph, or
+    /// kept for the graphs that may use it.
+    pub(crate) fn is_reserved(self) -> bool {
+        self.reserved_for().is_some() || self == Holder::Kept
+    }
+
     /// The graph whose memory the block is, if any: its graph allocation
     /// (freed in the capture or not) or a block reserved for it. Work that is
     /// not that graph's (an item of its capture, a launch of it) may not use
@@ -151,7 +163,7 @@ impl Holder {
     pub(crate) fn graph(self) -> Option<u64> {
         match self {
             Holder::Graph { graph, .. } | Holder::Held(graph) => Some(graph),
-            Holder::Nobody => None,
+            Holder::Nobody | Holder::Kept => None,
         }
     }
 
@@ -262,6 +274,14 @@ pub(crate) struct Memory {
     /// still used them (start addresses): each is reclaimed once none of its
     /// uses is pending.
     pub(crate) after_uses: Vec<usize>,
+    /// The blocks kept for graphs captured earlier ([`Holder::Kept`]), by
+    /// start address.
+    pub(crate) kept: Vec<usize>,
+    /// Start addresses of graph allocations their graph freed (it was
+    /// dropped before anyone else freed them): a later
+    /// `keep_for_ended_captures` of one has nothing left to do. Forgotten
+    /// when a new block is allocated over one.
+    pub(crate) freed_by_graph: std::collections::BTreeSet<usize>,
     /// Bytes not yet reclaimed, per kind (free-pending included).
     pub(crate) live: [usize; 4],
     /// Bytes free-pending, per kind.
@@ -344,8 +364,9 @@ impl Memory {
             .blocks
             .get_mut(&addr)
             .ok_or(MockError::InvalidPointer(addr))?;
-        // A block reserved for a graph was freed inside its capture.
-        if block.is_freed() || block.holder.reserved_for().is_some() {
+        // A block reserved for a graph was freed inside its capture (or kept
+        // for graphs).
+        if block.is_freed() || block.holder.is_reserved() {
             return Err(MockError::DoubleFree(addr));
         }
         let allocated = block.layout();

@@ -123,6 +123,16 @@ impl State {
         let memory = Allocation::new(layout).ok_or(MockError::OutOfMemory { size, align })?;
         let ptr = memory.ptr();
         let addr = ptr.as_ptr().addr();
+        // A graph allocation freed by its graph may have lived here.
+        let stale: Vec<usize> = self
+            .memory
+            .freed_by_graph
+            .range(addr..addr + size)
+            .copied()
+            .collect();
+        for a in stale {
+            self.memory.freed_by_graph.remove(&a);
+        }
         let holder = match capture {
             Some((id, _)) => Holder::Graph {
                 graph: id,
@@ -204,7 +214,7 @@ impl State {
                 self.captures.invalidate(id);
                 return Err(MockError::CaptureUnsupported);
             }
-            return self.capture_free(id, key, ptr.as_ptr().addr());
+            return self.capture_free(id, key, ptr.as_ptr().addr(), for_graph);
         }
         self.streams.settle(self.policy);
         let at = self.streams.head(key);
@@ -244,7 +254,8 @@ impl State {
             _ => None,
         };
         let foreign_graph = match (holder, who) {
-            (Some(holder), Toucher::Host) => holder.reserved_for().is_some(),
+            (Some(holder), Toucher::Host) => holder.is_reserved(),
+            (Some(Holder::Kept), Toucher::Work { graph, .. }) => graph.is_none(),
             (Some(holder), Toucher::Work { graph, .. }) => {
                 holder.graph().is_some_and(|g| Some(g) != graph)
             }

@@ -146,6 +146,11 @@ pub(crate) struct State {
     pub(crate) memory: Memory,
     /// The open graph captures (see [Capture](crate#capture)).
     pub(crate) captures: Captures,
+    /// The memory the launches of each live graph use (its nodes' ranges),
+    /// by graph id: what keeps a block kept for graphs
+    /// (`keep_for_ended_captures`) from being freed.
+    pub(crate) graph_ranges:
+        std::collections::BTreeMap<crate::capture::CaptureId, Vec<crate::capture::NodeUse>>,
     /// The next handle to hand out: monotonic, never reused.
     next_stream: usize,
     next_event: usize,
@@ -171,6 +176,7 @@ impl State {
             events: BTreeMap::new(),
             memory: Memory::default(),
             captures: Captures::default(),
+            graph_ranges: Default::default(),
             next_stream: FIRST_STREAM,
             next_event: FIRST_EVENT,
             calls: Calls::new(),

@@ -21,18 +21,9 @@ use gpupool_mock::{
 };
 
 mod common;
-use common::{event, mock_with_stream, stream, D0, D1};
+use common::{begin, event, mock_with_stream, stream, D0, D1};
 
 use CaptureStatus::{Active, Invalidated, NotCapturing};
-
-/// Begins a capture on a stream of the test's own through the mock's
-/// harness.
-fn begin(mock: &MockBackend, stream: StreamHandle, mode: CaptureMode) -> Result<(), MockError> {
-    // SAFETY: the tests' streams are created by the tests themselves; no
-    // gpupool lease or owned stream holds them (and the mock checks every
-    // handle).
-    unsafe { mock.begin_capture(stream, mode) }
-}
 
 const MODES: [CaptureMode; 3] = [
     CaptureMode::Global,
@@ -295,7 +286,7 @@ fn captured_events_are_complete_once_the_capture_ends() {
 fn the_legacy_stream_cannot_join_a_capture() {
     for legacy in [StreamHandle::NULL, StreamHandle::LEGACY] {
         let (mock, s) = mock_with_stream(1);
-        mock.begin_capture(s, CaptureMode::Relaxed).unwrap();
+        begin(&mock, s, CaptureMode::Relaxed).unwrap();
         let e = event(&mock, D0);
         // SAFETY: live handles of this mock's device 0 (a special handle
         // always is one).
@@ -329,10 +320,10 @@ fn the_per_thread_stream_joins_a_capture_but_does_not_begin_one() {
     let (mock, s) = mock_with_stream(1);
     let per_thread = StreamHandle::PER_THREAD;
     assert_eq!(
-        mock.begin_capture(per_thread, CaptureMode::Global),
+        begin(&mock, per_thread, CaptureMode::Global),
         Err(MockError::InvalidStream(per_thread))
     );
-    mock.begin_capture(s, CaptureMode::Relaxed).unwrap();
+    begin(&mock, s, CaptureMode::Relaxed).unwrap();
     fork(&mock, s, per_thread);
     assert_eq!(mock.capture_status_of(per_thread), Ok(Active));
     assert_eq!(

@@ -35,3 +35,17 @@ pub fn mock_with_stream(devices: u32) -> (MockBackend, StreamHandle) {
     let s = stream(&mock, D0);
     (mock, s)
 }
+
+/// Begins a capture on a stream of the test's own through the mock's
+/// harness.
+#[allow(dead_code)] // not every test file captures
+pub fn begin(
+    mock: &gpupool_mock::MockBackend,
+    stream: gpupool_core::StreamHandle,
+    mode: gpupool_mock::CaptureMode,
+) -> Result<(), gpupool_mock::MockError> {
+    // SAFETY: the tests' streams are created by the tests themselves; no
+    // gpupool lease or owned stream holds them (and the mock checks every
+    // handle).
+    unsafe { mock.begin_capture(stream, mode) }
+}
