@@ -65,6 +65,14 @@ pub enum CudaError {
     /// Refused before the driver was asked: only the stream's capture status
     /// was read.
     StreamCapturing(StreamHandle),
+    /// A copy named device memory that a graph capture allocated (a graph's
+    /// own allocation, valid only while that graph's work runs) on a stream
+    /// that is not capturing: its address means nothing outside the graph.
+    /// Refused before the driver was asked.
+    GraphMemory {
+        /// The start of the range named.
+        addr: usize,
+    },
 }
 
 impl CudaError {
@@ -142,6 +150,10 @@ impl fmt::Display for CudaError {
                 "stream {:#x} is capturing a graph: synchronizing it would break the capture",
                 s.as_raw()
             ),
+            CudaError::GraphMemory { addr } => write!(
+                f,
+                "device address {addr:#x} is a graph's allocation, valid only in that graph's work"
+            ),
         }
     }
 }
@@ -160,6 +172,10 @@ impl fmt::Debug for CudaError {
             CudaError::SpecialStream(s) => f.debug_tuple("SpecialStream").field(s).finish(),
             CudaError::ForeignStream(s) => f.debug_tuple("ForeignStream").field(s).finish(),
             CudaError::StreamCapturing(s) => f.debug_tuple("StreamCapturing").field(s).finish(),
+            CudaError::GraphMemory { addr } => f
+                .debug_struct("GraphMemory")
+                .field("addr", &format_args!("{addr:#x}"))
+                .finish(),
         }
     }
 }
@@ -264,6 +280,7 @@ mod tests {
             CudaError::SpecialStream(stream),
             CudaError::ForeignStream(stream),
             CudaError::StreamCapturing(stream),
+            CudaError::GraphMemory { addr: 0x7f00 },
         ];
         for e in all {
             let messages = chain(&e);

@@ -30,12 +30,16 @@
 //!
 //! [`StreamLease::begin_capture`]: gpupool_core::StreamLease::begin_capture
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
 use cudarc::driver::sys;
 use gpupool_core::{AccessOrder, CaptureBackend, CaptureMode, DeviceId, StreamHandle};
 
 use crate::backend::CudaBackend;
 use crate::driver::{driver, raw_stream};
 use crate::error::{check, CudaError};
+use crate::memory::CAPTURES_ENDING;
 
 /// A graph a capture ended in (`CUgraph`), owned: destroyed when dropped.
 /// Every executable graph made from it ([`instantiate`](Self::instantiate))
@@ -161,6 +165,46 @@ impl Drop for CudaGraphExec {
     }
 }
 
+/// How many captures gpupool began in a mode that restricts other calls
+/// (global or thread-local) and has not ended: while there is one, the
+/// backend's own calls run in relaxed interaction mode ([`unrestricted`]).
+static RESTRICTING_CAPTURES: AtomicUsize = AtomicUsize::new(0);
+
+/// The origin streams (raw handles) of those captures.
+static RESTRICTING_ORIGINS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+/// Runs `op`, a backend call of the kind a capture in global or
+/// thread-local mode refuses ("potentially unsafe": queries,
+/// synchronizations, synchronous allocations, stream-ordered allocations
+/// outside the capture), with the calling thread's capture interaction mode
+/// relaxed while a capture gpupool began in such a mode is open
+/// (`cuThreadExchangeStreamCaptureMode`). The driver then neither refuses
+/// the call nor invalidates the capture. gpupool never makes these calls on
+/// a capturing stream (it asks first), so they cannot touch the capture; the
+/// user's own calls keep the mode they chose. With no such capture open
+/// (every program that does not capture), one atomic load.
+pub(crate) fn unrestricted<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
+    // Relaxed: a hint. A call that races the beginning of a capture on
+    // another thread is as unordered with it as it would be without
+    // gpupool; `begin_capture` counts the capture before beginning it.
+    if RESTRICTING_CAPTURES.load(Ordering::Relaxed) == 0 {
+        return op();
+    }
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: `mode` is a valid place; the call swaps the thread's mode.
+    check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) })?;
+    /// Puts the thread's mode back, also if `op` panics.
+    struct Restore(sys::CUstreamCaptureMode);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: as above; the mode the thread had.
+            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
+        }
+    }
+    let _restore = Restore(mode);
+    op()
+}
+
 /// The driver's capture mode.
 fn raw_mode(mode: CaptureMode) -> sys::CUstreamCaptureMode {
     match mode {
@@ -184,11 +228,28 @@ impl CaptureBackend for CudaBackend {
         device: DeviceId,
         mode: CaptureMode,
     ) -> Result<(), CudaError> {
-        driver()?.on_stream(stream, device, || {
-            // SAFETY: the caller's contract: a live created stream of
-            // `device` (it carries its context), not capturing.
-            check(unsafe { sys::cuStreamBeginCapture_v2(raw_stream(stream), raw_mode(mode)) })
-        })
+        let restricting = mode != CaptureMode::Relaxed;
+        if restricting {
+            // Counted first: the backend's calls on other threads relax
+            // from now on (see `unrestricted`).
+            RESTRICTING_CAPTURES.fetch_add(1, Ordering::Relaxed);
+        }
+        let begun = driver().and_then(|drv| {
+            drv.on_stream(stream, device, || {
+                // SAFETY: the caller's contract: a live created stream of
+                // `device` (it carries its context), not capturing.
+                check(unsafe { sys::cuStreamBeginCapture_v2(raw_stream(stream), raw_mode(mode)) })
+            })
+        });
+        if restricting {
+            match begun {
+                Ok(()) => origins().push(stream.as_raw()),
+                Err(_) => {
+                    RESTRICTING_CAPTURES.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+        begun
     }
 
     /// # Safety
@@ -199,12 +260,41 @@ impl CaptureBackend for CudaBackend {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<CudaGraph, CudaError> {
-        driver()?.on_stream(stream, device, || {
+        // No block is being handed to this capture's graph meanwhile (see
+        // `CAPTURES_ENDING`).
+        let _ending = CAPTURES_ENDING.write().unwrap_or_else(|e| e.into_inner());
+        let ended = driver()?.on_stream(stream, device, || {
             let mut graph: sys::CUgraph = core::ptr::null_mut();
             // SAFETY: the caller's contract: a live created stream; `graph`
             // is a valid place for the handle.
-            check(unsafe { sys::cuStreamEndCapture(raw_stream(stream), &mut graph) })?;
-            Ok(CudaGraph { graph, device })
-        })
+            let r = check(unsafe { sys::cuStreamEndCapture(raw_stream(stream), &mut graph) });
+            if r.is_err() && !graph.is_null() {
+                // SAFETY: the driver handed the graph over; nothing uses it.
+                let _ = unsafe { sys::cuGraphDestroy(graph) };
+            }
+            r.map(|()| CudaGraph { graph, device })
+        });
+        // Failed or not, the capture has ended if the stream is no longer
+        // in one (a joined stream's end fails and leaves it open).
+        // SAFETY: as above.
+        let over =
+            unsafe { CudaBackend::raw_capture_status(stream) }.map_or(true, |s| !s.is_capturing());
+        if over {
+            let mut origins = origins();
+            if let Some(i) = origins.iter().position(|&o| o == stream.as_raw()) {
+                origins.swap_remove(i);
+                RESTRICTING_CAPTURES.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        ended
     }
+}
+
+/// The origins of the restricting captures gpupool began.
+fn origins() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    // A panic while the lock was held left the list whole (each change is
+    // one push or one removal): go on with it.
+    RESTRICTING_ORIGINS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }

@@ -174,8 +174,10 @@ use crate::backend::CudaBackend;
 use crate::block_pool::ThreadBlocks;
 use crate::driver::{driver, raw_stream, Driver};
 use crate::error::{check, invalid_value, out_of_memory, CudaError};
+use crate::graph::unrestricted;
 use crate::shards::LocalShards;
 use capture::GiveBack;
+pub(crate) use capture::CAPTURES_ENDING;
 use state::{state, DeviceMemory};
 
 thread_local! {
@@ -481,7 +483,7 @@ impl MemoryBackend for CudaBackend {
     ) -> Result<NonNull<u8>, CudaError> {
         let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: no stream.
-        unsafe { mem.allocate(drv, kind, device, size, align, None) }
+        unrestricted(|| unsafe { mem.allocate(drv, kind, device, size, align, None) })
     }
 
     /// Device memory: `cuMemFreeAsync` on the backend's private stream (no
@@ -500,7 +502,7 @@ impl MemoryBackend for CudaBackend {
     ) -> Result<(), CudaError> {
         let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: the caller's contract (the trait's).
-        unsafe { mem.deallocate(drv, kind, device, ptr, size, align, None) }
+        unrestricted(|| unsafe { mem.deallocate(drv, kind, device, ptr, size, align, None) })
     }
 
     /// Device memory: a block of the device cache freed on the same stream
@@ -521,7 +523,7 @@ impl MemoryBackend for CudaBackend {
     ) -> Result<NonNull<u8>, CudaError> {
         let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: this call's contract.
-        unsafe { mem.allocate(drv, kind, device, size, align, Some(stream)) }
+        unrestricted(|| unsafe { mem.allocate(drv, kind, device, size, align, Some(stream)) })
     }
 
     /// Device memory: kept by the device cache for `stream` (a created
@@ -556,13 +558,17 @@ impl MemoryBackend for CudaBackend {
     ) -> Result<(), CudaError> {
         let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: the caller's contract (the trait's).
-        unsafe { mem.deallocate(drv, kind, device, ptr, size, align, Some(stream)) }
+        unrestricted(|| unsafe {
+            mem.deallocate(drv, kind, device, ptr, size, align, Some(stream))
+        })
     }
 
     /// `cuMemcpyAsync` on `stream`: unified addressing tells the driver what
     /// kind each side is. From pageable host memory the driver stages the
     /// data before returning; into pageable host memory it returns after the
-    /// copy.
+    /// copy. A side that lies in a graph's own allocation (device memory
+    /// allocated on a capturing stream, not freed) is refused with
+    /// [`CudaError::GraphMemory`] unless `stream` is capturing.
     ///
     /// # Safety
     /// The contract of [`MemoryBackend::copy_async`] (see the impl's
@@ -575,10 +581,20 @@ impl MemoryBackend for CudaBackend {
         stream: StreamHandle,
         device: DeviceId,
     ) -> Result<(), CudaError> {
-        let drv = driver()?;
-        drv.device(device)?;
+        let (drv, mem) = state(device)?;
         if size == 0 {
             return Ok(());
+        }
+        // A graph's own allocation means nothing outside its graph's work: a
+        // copy that names one is refused unless it is captured (a stream in
+        // a capture records it, and the capture decides).
+        for addr in [dst.as_ptr() as usize, src.as_ptr() as usize] {
+            if mem.touches_graph_allocation(addr, size)
+                // SAFETY: the caller's contract: a usable stream of `device`.
+                && !unsafe { DeviceMemory::capturing(drv, stream, device) }?
+            {
+                return Err(CudaError::GraphMemory { addr });
+            }
         }
         drv.on_stream(stream, device, || {
             // SAFETY: the caller's contract: both ranges are valid for `size`

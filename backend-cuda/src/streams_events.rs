@@ -21,6 +21,7 @@ use gpupool_core::{
 use crate::backend::CudaBackend;
 use crate::driver::{driver, raw_event, raw_stream, Driver};
 use crate::error::{check, teardown_ok, CudaError};
+use crate::graph::unrestricted;
 use crate::memory;
 
 /// The driver, and `device` checked against it.
@@ -140,10 +141,12 @@ impl StreamBackend for CudaBackend {
         device: DeviceId,
     ) -> Result<Completion, CudaError> {
         let drv = checked(device)?;
-        drv.on_stream(stream, device, || {
-            // SAFETY: a live stream of `device` (this call's contract), or a
-            // special stream of the context made current by `on_stream`.
-            completion(unsafe { sys::cuStreamQuery(raw_stream(stream)) })
+        unrestricted(|| {
+            drv.on_stream(stream, device, || {
+                // SAFETY: a live stream of `device` (this call's contract), or
+                // a special stream of the context made current by `on_stream`.
+                completion(unsafe { sys::cuStreamQuery(raw_stream(stream)) })
+            })
         })
     }
 
@@ -158,10 +161,12 @@ impl StreamBackend for CudaBackend {
         device: DeviceId,
     ) -> Result<(), CudaError> {
         let drv = checked(device)?;
-        drv.on_stream(stream, device, || {
-            // SAFETY: as in `query_stream`.
-            unsafe { result::stream::synchronize(raw_stream(stream)) }?;
-            Ok(())
+        unrestricted(|| {
+            drv.on_stream(stream, device, || {
+                // SAFETY: as in `query_stream`.
+                unsafe { result::stream::synchronize(raw_stream(stream)) }?;
+                Ok(())
+            })
         })
     }
 
@@ -336,7 +341,7 @@ impl EventBackend for CudaBackend {
         let drv = checked(device)?;
         drv.ensure_context(device)?;
         // SAFETY: a live event (this call's contract).
-        completion(unsafe { sys::cuEventQuery(raw_event(event)) })
+        unrestricted(|| completion(unsafe { sys::cuEventQuery(raw_event(event)) }))
     }
 
     /// `cuEventSynchronize`.
@@ -351,8 +356,10 @@ impl EventBackend for CudaBackend {
     ) -> Result<(), CudaError> {
         let drv = checked(device)?;
         drv.ensure_context(device)?;
-        // SAFETY: a live event (this call's contract).
-        unsafe { result::event::synchronize(raw_event(event)) }?;
-        Ok(())
+        unrestricted(|| {
+            // SAFETY: a live event (this call's contract).
+            unsafe { result::event::synchronize(raw_event(event)) }?;
+            Ok(())
+        })
     }
 }

@@ -272,7 +272,11 @@ impl StreamBackend for MockBackend {
 /// Graph capture through the trait: the harness calls
 /// [`MockBackend::begin_capture`] and [`MockBackend::end_capture`] (a bad
 /// handle is an error and a [`Misuse`], as there), after checking that
-/// `stream` is a stream of `device`.
+/// `stream` is a stream of `device`. While a capture begun this way in the
+/// global or thread-local mode is open, the backend's own calls are
+/// refused by no capture on the ground of its mode, as the CUDA backend's
+/// are not (it relaxes its calling thread's interaction mode around them):
+/// the mode restricts the caller's own calls only.
 impl CaptureBackend for MockBackend {
     type Graph = crate::MockGraph;
 
@@ -283,9 +287,10 @@ impl CaptureBackend for MockBackend {
         mode: CaptureMode,
     ) -> Result<(), MockError> {
         self.check_stream_device(stream, device)?;
-        // SAFETY: the trait's caller begins the capture through gpupool,
-        // which notes it (`StreamLease::begin_capture`).
-        unsafe { MockBackend::begin_capture(self, stream, mode) }
+        // Begun through gpupool, which notes it (`StreamLease::begin_capture`);
+        // the backend's own calls run relaxed while it is open, as the CUDA
+        // backend's do.
+        self.begin_capture_as(stream, mode, true)
     }
 
     unsafe fn end_capture(

@@ -143,6 +143,11 @@ pub(crate) struct Capture {
     mode: CaptureMode,
     /// The thread that began it.
     thread: ThreadId,
+    /// Begun through gpupool (`CaptureBackend::begin_capture`): while such
+    /// a capture in a restricting mode is open, the backend's calls run in
+    /// relaxed interaction mode, as the CUDA backend's do, so no capture
+    /// prohibits them (see `prohibiting`).
+    through_gpupool: bool,
     invalidated: bool,
     /// Every stream in it, the origin included.
     members: BTreeMap<StreamKey, Member>,
@@ -207,7 +212,13 @@ impl Captures {
 
     /// Opens a capture with origin `key` (in no capture), begun by the
     /// calling thread.
-    pub(crate) fn begin(&mut self, key: StreamKey, device: DeviceId, mode: CaptureMode) {
+    pub(crate) fn begin(
+        &mut self,
+        key: StreamKey,
+        device: DeviceId,
+        mode: CaptureMode,
+        through_gpupool: bool,
+    ) {
         let id = self.next;
         self.next += 1;
         let mut members = BTreeMap::new();
@@ -219,6 +230,7 @@ impl Captures {
                 device,
                 mode,
                 thread: current_thread(),
+                through_gpupool,
                 invalidated: false,
                 members,
                 events: BTreeMap::new(),
@@ -337,6 +349,16 @@ impl Captures {
     /// `ThreadLocal`): every open `Global` capture, and the calling thread's
     /// own `ThreadLocal` ones.
     fn prohibiting(&self) -> (Vec<CaptureId>, Option<CaptureMode>) {
+        // The backend relaxes its calls while gpupool has a restricting
+        // capture open (the CUDA backend's `unrestricted`): none prohibits
+        // them then.
+        let relaxed = self
+            .open
+            .values()
+            .any(|c| c.through_gpupool && c.mode != CaptureMode::Relaxed);
+        if relaxed {
+            return (Vec::new(), None);
+        }
         let me = current_thread();
         let mut ids = Vec::new();
         let mut mode = None;

@@ -142,6 +142,17 @@ impl MockBackend {
         stream: StreamHandle,
         mode: CaptureMode,
     ) -> Result<(), MockError> {
+        self.begin_capture_as(stream, mode, false)
+    }
+
+    /// `begin_capture`; `through_gpupool`: begun by
+    /// `CaptureBackend::begin_capture` (see `Capture::through_gpupool`).
+    pub(crate) fn begin_capture_as(
+        &self,
+        stream: StreamHandle,
+        mode: CaptureMode,
+        through_gpupool: bool,
+    ) -> Result<(), MockError> {
         self.harness_call(HarnessCall::BeginCapture, |st| {
             let key = StreamKey::Created(stream.as_raw());
             let device = match st.streams.get(key) {
@@ -151,7 +162,7 @@ impl MockBackend {
             if st.captures.of_stream(key).is_some() {
                 return Err(MockError::AlreadyCapturing(stream));
             }
-            st.captures.begin(key, device, mode);
+            st.captures.begin(key, device, mode, through_gpupool);
             Ok(())
         })
     }

@@ -36,7 +36,7 @@ impl DeviceMemory {
         })
     }
 
-    fn graph_allocations(&self) -> MutexGuard<'_, std::collections::HashSet<usize>> {
+    fn graph_allocations(&self) -> MutexGuard<'_, std::collections::BTreeMap<usize, usize>> {
         // A panic while the lock was held left the set whole (each change is
         // one insert or remove): go on with it.
         self.graphs
@@ -47,9 +47,9 @@ impl DeviceMemory {
 
     /// Notes a device block the driver allocated on a capturing stream: an
     /// allocation node of the graph being captured.
-    pub(super) fn note_graph_allocation(&self, addr: usize) {
+    pub(super) fn note_graph_allocation(&self, addr: usize, size: usize) {
         let mut set = self.graph_allocations();
-        set.insert(addr);
+        set.insert(addr, size);
         // Release, with the Acquire of `forget_graph_allocation`: a free
         // that sees the count sees the entry (the address was handed out
         // after this store).
@@ -67,11 +67,28 @@ impl DeviceMemory {
             return false;
         }
         let mut set = self.graph_allocations();
-        let found = set.remove(&addr);
+        let found = set.remove(&addr).is_some();
         self.graphs
             .allocations_len
             .store(set.len(), Ordering::Release);
         found
+    }
+
+    /// Whether `[addr, addr + len)` reaches into a device block allocated on
+    /// a capturing stream and not freed (a graph's own allocation). Zero
+    /// graph allocations (every program that never captures): no lock.
+    pub(super) fn touches_graph_allocation(&self, addr: usize, len: usize) -> bool {
+        // Acquire: see `note_graph_allocation`.
+        if len == 0 || self.graphs.allocations_len.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let end = addr.saturating_add(len);
+        let set = self.graph_allocations();
+        // The last block starting before the range's end is the only one
+        // that can reach into it from the left; any starting inside it does.
+        set.range(..end)
+            .next_back()
+            .is_some_and(|(&start, &size)| start.saturating_add(size) > addr)
     }
 
     /// Keeps a block that was freed in the order of `stream` while `stream`
@@ -200,6 +217,12 @@ impl DeviceMemory {
     }
 }
 
+/// Taken for reading while a graph being captured is given a reference
+/// (`hold_in_graph`), and for writing while gpupool ends a capture
+/// (`CaptureBackend::end_capture`): the graph a capture info call returned
+/// is still being captured, and alive, when the reference is moved to it.
+pub(crate) static CAPTURES_ENDING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// How a block kept for a graph is given back once the graph is gone.
 #[derive(Copy, Clone, Debug)]
 pub(super) enum GiveBack {
@@ -229,6 +252,10 @@ pub(super) struct GraphHeld {
 /// `stream` is a usable stream that is capturing, with its context current
 /// if it is a special stream.
 unsafe fn hold_in_graph(stream: StreamHandle, held: GraphHeld) -> Result<(), GraphHeld> {
+    // No capture that gpupool ends (`StreamLease::end_capture`) ends while
+    // this call holds the graph's handle: the graph stays the one being
+    // captured, and alive, until the reference is moved to it.
+    let _no_end = CAPTURES_ENDING.read().unwrap_or_else(|e| e.into_inner());
     // SAFETY: the caller's contract.
     let Some(graph) = (unsafe { capture_graph(stream) }) else {
         return Err(held);
@@ -258,10 +285,11 @@ unsafe fn hold_in_graph(stream: StreamHandle, held: GraphHeld) -> Result<(), Gra
     let moved = {
         let _one_at_a_time = RETAIN.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: `graph` is the graph being captured on `stream`, live
-        // while the capture is (the caller's contract: `stream` is capturing
-        // for the whole call; a capture ended by another thread meanwhile
-        // would be the caller's race); no other gpupool call on it runs now
-        // (`RETAIN`); the move gives it the one reference this call owns.
+        // while the capture is: no capture gpupool ends can end meanwhile
+        // (`CAPTURES_ENDING`, read above), and one ended through the raw
+        // handle is that `unsafe` call's contract (see `docs/safety.md`);
+        // no other gpupool call on it runs now (`RETAIN`); the move gives it
+        // the one reference this call owns.
         check(unsafe {
             sys::cuGraphRetainUserObject(
                 graph,

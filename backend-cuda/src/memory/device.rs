@@ -191,7 +191,7 @@ impl DeviceMemory {
             // of the graph: only a free in the same capture may name it.
             // SAFETY: `s` is the caller's stream (this function's contract).
             if unsafe { Self::capturing(drv, s, device) }? {
-                self.note_graph_allocation(addr);
+                self.note_graph_allocation(addr, size);
             }
         }
         if !cached {

@@ -4,7 +4,7 @@
 //! them, made on the first memory call. The parent module's calls and its
 //! other children work on this state.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Mutex, OnceLock};
 
@@ -52,9 +52,9 @@ pub(super) struct DeviceMemory {
 /// out again while a graph can use them; see `capture.rs`).
 #[derive(Debug, Default)]
 pub(super) struct GraphMemory {
-    /// Addresses of device blocks allocated on a capturing stream and not
-    /// freed yet.
-    pub(super) allocations: Mutex<HashSet<usize>>,
+    /// Device blocks allocated on a capturing stream and not freed yet:
+    /// start address to size.
+    pub(super) allocations: Mutex<BTreeMap<usize, usize>>,
     /// `allocations.len()`, readable without the lock (written under it).
     pub(super) allocations_len: AtomicUsize,
     /// Blocks kept for graphs.

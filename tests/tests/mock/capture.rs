@@ -55,10 +55,7 @@ fn fork_join_inside_a_capture_returns_the_side_stream_after_the_end() {
         Ok(CaptureStatus::Active)
     );
 
-    // While the capture is open nobody gets the side stream. (The leases are
-    // kept until the capture has ended: returning one that never waited
-    // queries its stream, which a Global capture refuses, see
-    // `a_lease_returned_during_a_global_capture_leaves_it_valid`.)
+    // While the capture is open nobody gets the side stream.
     let here = streams.get(0).unwrap();
     assert_ne!(here.handle(), side_stream);
     let there =
@@ -260,7 +257,7 @@ fn pinned_reset_inside_a_capture(batched: bool) {
     assert_clean(&gpu);
 }
 
-// ---- the driver's limits, and the modes that avoid them --------------------
+// ---- other threads during a capture ------------------------------------------
 
 /// A lease that never waited, returned on another thread while a capture is
 /// open, queries its stream. A Global capture forbids every thread that
@@ -284,12 +281,15 @@ fn a_lease_returned_on_another_thread_during_a_thread_local_capture_leaves_it_va
     assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
 }
 
-/// The same return during a Global capture: the driver refuses the query
-/// and the capture is invalidated (what CUDA does; the rule the
-/// documentation gives is to capture in ThreadLocal or Relaxed mode when
-/// other threads use streams meanwhile).
+/// The same return during a Global capture begun through gpupool: the
+/// driver would refuse another thread's query in a global capture and
+/// invalidate it, but the backend runs its own calls with the thread's
+/// interaction mode relaxed while a capture gpupool began is open (the CUDA
+/// backend's `unrestricted`; the mock models it), so the capture stays valid.
+/// (A capture begun through the raw handle still restricts every call, as
+/// `gpupool_mock`'s own capture tests show.)
 #[test]
-fn a_lease_returned_on_another_thread_during_a_global_capture_breaks_it_as_cuda_does() {
+fn a_lease_returned_on_another_thread_during_a_global_capture_leaves_it_valid() {
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
     origin.begin_capture(CaptureMode::Global).unwrap();
@@ -298,13 +298,13 @@ fn a_lease_returned_on_another_thread_during_a_global_capture_breaks_it_as_cuda_
     });
     assert_eq!(
         gpu.capture_status_of(origin.handle()),
-        Ok(CaptureStatus::Invalidated)
+        Ok(CaptureStatus::Active),
+        "{:?}",
+        gpu.misuses()
     );
-    assert!(origin.end_capture().is_err());
-    assert_eq!(
-        streams.take_error().and_then(|e| e.backend_op()),
-        Some(BackendOp::QueryStream)
-    );
+    origin.end_capture().unwrap();
+    assert!(streams.take_error().is_none());
+    assert_clean(&gpu);
 }
 
 /// `get` with a pending stream in its busy list queries it; on another
