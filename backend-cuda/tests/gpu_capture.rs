@@ -556,3 +556,222 @@ fn kept_blocks_come_back(mode: sys::CUstreamCaptureMode, pinned: bool) {
     }
     assert!(streams.take_error().is_none());
 }
+
+// ---- captures begun through gpupool (`StreamLease::begin_capture`) ---------
+
+/// A scratchpad made before a capture begun through the lease: its block
+/// serves a round outside, then a round inside the capture (a bump from the
+/// same block), which is reset inside. The block goes to the graph; later
+/// rounds, run on the origin while the graph replays on another stream,
+/// never get it; every element of every replay and every round is checked;
+/// once the graph and its executable graph are gone, `trim_memory` gives the
+/// block back.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_scratchpad_spanning_a_capture_gives_its_block_to_the_graph() {
+    use gpupool_core::CaptureMode;
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    let kernels = Kernels::load(D0);
+    let out = Outputs::new();
+    let origin = streams.get(0).expect("origin");
+    let launch = streams.get(0).expect("launch stream");
+    let l = launch.handle().as_raw() as sys::CUstream;
+    let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
+
+    // Round 0, outside: the block is taken (and gpupool's memory pool made).
+    let x = scratch.device::<u32>(N).unwrap();
+    fill_then_twice(&origin, &kernels, out.a, x.kernel_arg().addr());
+    let block = scratch.blocks(MemoryKind::Device);
+    scratch.reset().unwrap();
+    let o = origin.handle().as_raw() as sys::CUstream;
+    // SAFETY: the lease holds this live stream of device 0.
+    check(
+        unsafe { sys::cuStreamSynchronize(o) },
+        "cuStreamSynchronize",
+    );
+    let kept_before = gpu.memory_stats(D0).unwrap().kept_for_graphs[MemoryKind::Device.index()];
+
+    // Round 1, captured: a bump from the same block, reset inside.
+    origin.begin_capture(CaptureMode::Global).unwrap();
+    let y = scratch.device::<u32>(N).unwrap();
+    let at = y.kernel_arg().addr() as usize;
+    assert!(
+        block.iter().any(|&(a, n)| a <= at && at < a + n),
+        "the old block"
+    );
+    fill_then_twice(&origin, &kernels, out.b, y.kernel_arg().addr());
+    scratch.reset().unwrap();
+    assert_eq!(scratch.stats().kept_for_graphs, 1);
+    let graph = origin.end_capture().unwrap();
+    let exec = graph.instantiate().unwrap();
+    assert_eq!(
+        gpu.memory_stats(D0).unwrap().kept_for_graphs[MemoryKind::Device.index()],
+        kept_before + 1
+    );
+
+    // Replays on `launch` while the origin's rounds use other memory.
+    for r in 0..200 {
+        out.clear(l);
+        // SAFETY: the graph's kernels use `out.b` (the test's, live until the
+        // end) and scratch memory kept for the graph.
+        unsafe { exec.launch(&launch.order()) }.unwrap();
+        let z = scratch.device::<u32>(N).unwrap();
+        let at = z.kernel_arg().addr() as usize;
+        assert!(
+            !block.iter().any(|&(a, n)| a <= at && at < a + n),
+            "round {r} was given the graph's block"
+        );
+        fill_then_twice(&origin, &kernels, out.a, z.kernel_arg().addr());
+        // SAFETY: a live stream of the origin lease.
+        check(
+            unsafe { sys::cuStreamSynchronize(o) },
+            "cuStreamSynchronize",
+        );
+        let wrong = out.wrong(l);
+        // `out.c` is not computed by this step: only a and b count.
+        let wrong: Vec<_> = wrong.into_iter().filter(|w| w.0 != 'c').collect();
+        assert!(wrong.is_empty(), "replay {r}: {wrong:?}");
+        scratch.reset().unwrap();
+    }
+    drop(scratch);
+    drop(exec);
+    drop(graph);
+    let mut back = false;
+    for _ in 0..10_000 {
+        gpu.trim_memory(D0).unwrap();
+        if gpu.memory_stats(D0).unwrap().kept_for_graphs[MemoryKind::Device.index()] == kept_before
+        {
+            back = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(back, "the graph's block came back once it was gone");
+    assert!(streams.take_error().is_none());
+}
+
+/// A scratchpad made inside a capture (its block the graph's own
+/// allocation) and used after it: the host's read-back is refused
+/// (`Error::GraphMemory`), and so is the backend's copy of the address
+/// outside the capture (`CudaError::GraphMemory`); the graph still replays
+/// right, and the scratchpad's next allocation is fresh memory.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_graph_allocation_is_refused_outside_its_capture() {
+    use gpupool_core::{CaptureMode, Error, MemoryBackend};
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    let kernels = Kernels::load(D0);
+    let out = Outputs::new();
+    let origin = streams.get(0).expect("origin");
+    {
+        // gpupool's device memory pool made before the global capture.
+        let warm = Scratchpad::new(&gpu, origin.order()).unwrap();
+        warm.device::<u32>(1).unwrap();
+    }
+    origin.begin_capture(CaptureMode::Global).unwrap();
+    let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
+    let x = scratch.device::<u32>(N).unwrap();
+    fill_then_twice(&origin, &kernels, out.b, x.kernel_arg().addr());
+    let graph = origin.end_capture().unwrap();
+
+    assert_eq!(scratch.to_host(&x), Err(Error::GraphMemory));
+    let staging = gpu.allocate(MemoryKind::Pinned, D0, N * 4, 256).unwrap();
+    // SAFETY: the lease's live stream of device 0; the destination is a
+    // pinned block of this test's, the source an address the backend handed
+    // out (it refuses it before the driver sees it).
+    let copied = unsafe {
+        gpu.copy_async(
+            staging,
+            std::ptr::NonNull::new(x.kernel_arg().addr() as usize as *mut u8).unwrap(),
+            N * 4,
+            origin.handle(),
+            D0,
+        )
+    };
+    assert!(
+        matches!(copied, Err(gpupool_cuda::CudaError::GraphMemory { .. })),
+        "{copied:?}"
+    );
+    // SAFETY: allocated above, no copy used it.
+    unsafe { gpu.deallocate(MemoryKind::Pinned, D0, staging, N * 4, 256) }.unwrap();
+
+    let y = scratch.to_device(&[5u32; 64]).unwrap();
+    assert_eq!(scratch.to_host(&y).unwrap(), [5; 64]);
+
+    let exec = graph.instantiate().unwrap();
+    let o = origin.handle().as_raw() as sys::CUstream;
+    for r in 0..20 {
+        out.clear(o);
+        // SAFETY: the graph's kernels use `out.b` and its own allocation.
+        unsafe { exec.launch(&origin.order()) }.unwrap();
+        let wrong: Vec<_> = out.wrong(o).into_iter().filter(|w| w.0 == 'b').collect();
+        assert!(wrong.is_empty(), "replay {r}: {wrong:?}");
+    }
+    drop(scratch); // the graph's allocation is kept, never freed under it
+    drop((exec, graph));
+    assert!(streams.take_error().is_none());
+}
+
+/// Another thread returns a lease (a stream query) while a capture begun
+/// through gpupool in the global mode is open: the driver would refuse the
+/// query and invalidate the capture, but the backend relaxes its own calls
+/// while such a capture is open, so the capture stays valid and ends.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn another_threads_return_keeps_a_global_capture_begun_through_gpupool() {
+    use gpupool_core::CaptureMode;
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    let origin = streams.get(0).expect("origin");
+    origin.begin_capture(CaptureMode::Global).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            make_current(D0);
+            for _ in 0..8 {
+                drop(streams.get(0).unwrap());
+            }
+        });
+    });
+    assert_eq!(capture_status(&origin), CaptureStatus::Active);
+    let graph = origin.end_capture().unwrap();
+    drop(graph);
+    assert!(streams.take_error().is_none());
+}
+
+/// The per-thread default stream is refused by a scratchpad, and a special
+/// stream of a device that does not exist by every call that takes an
+/// order, before anything reaches the driver.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn special_orders_a_scratchpad_cannot_keep_are_refused() {
+    use gpupool_core::Error;
+    let count = device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let events = EventPool::new(gpu);
+    assert!(matches!(
+        Scratchpad::new(&gpu, AccessOrder::per_thread_stream(D0)),
+        Err(Error::PerThreadStream)
+    ));
+    let missing = DeviceId(count);
+    let out_of_range = Error::DeviceOutOfRange {
+        device: missing,
+        count,
+    };
+    assert_eq!(
+        Scratchpad::new(&gpu, AccessOrder::null_stream(missing)).map(drop),
+        Err(out_of_range.clone())
+    );
+    assert_eq!(
+        AccessOrder::host().wait(&AccessOrder::legacy_stream(missing), &events),
+        Err(out_of_range)
+    );
+}

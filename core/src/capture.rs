@@ -5,8 +5,7 @@
 //! it, or it waits on an event recorded in an open capture (it *joins*). The
 //! ways safe code can do either to a stream gpupool holds all go through
 //! gpupool, which bumps the stream's note each time:
-//! - [`StreamLease::begin_capture`](crate::StreamLease::begin_capture) (and
-//!   [`end_capture`](crate::StreamLease::end_capture));
+//! - [`StreamLease::begin_capture`](crate::StreamLease::begin_capture);
 //! - [`AccessOrder::wait`](crate::AccessOrder::wait) and
 //!   [`wait_event`](crate::AccessOrder::wait_event) on an order whose other
 //!   side is capturing (the wait joins the capture);
@@ -27,7 +26,9 @@ use crate::sync::{AtomicU32, Ordering};
 
 /// A stream's capture epoch: 0 while the stream has never been in a graph
 /// capture as far as gpupool can tell; bumped each time it may have begun or
-/// joined one, and each time gpupool ends one.
+/// joined one. (Not when one ends: a round that a capture overlapped is
+/// told by the bump at its beginning, or by a stream capturing when the
+/// round began.)
 #[derive(Debug, Default)]
 pub(crate) struct CaptureNote {
     epoch: AtomicU32,
@@ -49,7 +50,7 @@ impl CaptureNote {
         }
     }
 
-    /// Notes that the stream may have begun, joined or left a capture.
+    /// Notes that the stream may have begun or joined a capture.
     /// Saturates rather than wrapping back to 0, which would say "never".
     #[inline]
     pub(crate) fn bump(&self) {

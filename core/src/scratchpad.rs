@@ -128,6 +128,11 @@ struct KindState {
     /// blocks the kind held before it (the blocks after those are the
     /// graph's); its cursor is paused meanwhile (see `capture.rs`).
     graph_epochs: Cell<Option<(u64, usize)>>,
+    /// In a round that is not quiet: the kind took its first block of the
+    /// round once no watched stream was capturing any more and no note had
+    /// moved since the round began, so none of its memory of this round can
+    /// be a graph's (see `capture.rs`). Cleared when a round begins.
+    after_capture: Cell<bool>,
 }
 
 impl KindState {
@@ -139,6 +144,7 @@ impl KindState {
             high_water: Cell::new(0),
             peak_used: Cell::new(0),
             graph_epochs: Cell::new(None),
+            after_capture: Cell::new(false),
         }
     }
 }
@@ -486,6 +492,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let settled = self.settle_fence(st, &up);
         self.note_held(kind);
         settled?;
+        self.note_first_block(kind)?;
         let taken = self.upstream_allocations.get();
         let p = st.res.allocate(&up, bytes, align);
         self.note_held(kind);
@@ -569,11 +576,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                     if self.held.get() & (1 << kind.index()) == 0 {
                         continue;
                     }
-                    if kind == MemoryKind::Host {
-                        // Pageable memory never reaches a graph.
-                        self.reset_kind(kind, device, &mut errors);
-                    } else {
-                        self.retire_kind(kind, device, end, &mut errors);
+                    match self.kind_round_end(kind, end) {
+                        RoundEnd::Clean => self.reset_kind(kind, device, &mut errors),
+                        end => self.retire_kind(kind, device, end, &mut errors),
                     }
                 }
             }
@@ -604,11 +609,11 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             // goes to the graph, or is kept (`capture.rs`).
             let mut errors = FirstError::new();
             let end = self.round_end(&mut errors);
-            if !matches!(end, RoundEnd::Clean) {
-                for kind in [MemoryKind::Pinned, MemoryKind::Device, MemoryKind::Managed] {
-                    if self.kinds[kind.index()].res.block_count() > 0 {
-                        self.retire_kind(kind, device, end, &mut errors);
-                    }
+            for kind in MemoryKind::ALL {
+                let end = self.kind_round_end(kind, end);
+                if !matches!(end, RoundEnd::Clean) && self.kinds[kind.index()].res.block_count() > 0
+                {
+                    self.retire_kind(kind, device, end, &mut errors);
                 }
             }
             if let Some(e) = errors.first.take() {

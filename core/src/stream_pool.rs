@@ -843,10 +843,8 @@ impl<'p, B: CaptureBackend> StreamLease<'p, B> {
             return Err(Error::CaptureState);
         }
         // SAFETY: as above.
-        let graph = unsafe { backend.end_capture(self.stream, self.device) }
-            .map_err(Error::backend(BackendOp::EndCapture));
-        self.capture.bump();
-        graph
+        unsafe { backend.end_capture(self.stream, self.device) }
+            .map_err(Error::backend(BackendOp::EndCapture))
     }
 }
 

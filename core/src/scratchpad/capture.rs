@@ -149,6 +149,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// capturing (the round then cannot end quietly).
     pub(super) fn begin_round(&self) -> Result<(), Error<B::Error>> {
         self.retired.borrow_mut().clear();
+        for st in &self.kinds {
+            st.after_capture.set(false);
+        }
         let w = &self.watch;
         let epochs = w.epochs();
         let captured = if epochs == 0 && !w.unseen {
@@ -198,6 +201,43 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             (None, false, 0) if !graph_mode => RoundEnd::Clean,
             _ => RoundEnd::AfterCapture,
         }
+    }
+
+    /// The end of the round for `kind`: `end`, or [`RoundEnd::Clean`] if
+    /// the kind took all its memory of this round after the capture that
+    /// overlapped the round had ended (`KindState::after_capture`) and no
+    /// note moved since the round began. Pageable host memory never reaches
+    /// a graph: always clean.
+    pub(super) fn kind_round_end(&self, kind: MemoryKind, end: RoundEnd<'b>) -> RoundEnd<'b> {
+        let st = &self.kinds[kind.index()];
+        let after = st.after_capture.get() && self.watch.epochs() == self.watch.start_epochs.get();
+        match end {
+            _ if kind == MemoryKind::Host => RoundEnd::Clean,
+            RoundEnd::AfterCapture if after => RoundEnd::Clean,
+            end => end,
+        }
+    }
+
+    /// Before `kind` takes a block from upstream in a round that is not
+    /// quiet while it holds none: if no watched stream is capturing any
+    /// more and no note moved since the round began, nothing of this round
+    /// of `kind` was handed out during the capture (it held no memory), so
+    /// its memory of the round is clean (`KindState::after_capture`). Asks
+    /// the watched streams once per kind and round, only in such a round.
+    pub(super) fn note_first_block(&self, kind: MemoryKind) -> Result<(), Error<B::Error>> {
+        let st = &self.kinds[kind.index()];
+        if kind == MemoryKind::Host
+            || self.watch.quiet()
+            || st.after_capture.get()
+            || st.res.block_count() > 0
+            || self.watch.epochs() != self.watch.start_epochs.get()
+        {
+            return Ok(());
+        }
+        if self.capturing_order()?.is_none() {
+            st.after_capture.set(true);
+        }
+        Ok(())
     }
 
     /// Gives every block of `kind` away at the end of a round that a

@@ -115,6 +115,9 @@ fn a_block_used_before_and_inside_a_capture_goes_to_the_graph_at_a_reset_inside(
         assert_eq!(scratch.to_host(&z).unwrap(), [round + 1; 64]);
         scratch.reset().unwrap();
     }
+    // The rounds after the capture (the first began inside it, but took its
+    // memory after it ended) kept nothing more.
+    assert_eq!(scratch.stats().kept_for_graphs, 1);
     gpu.complete_everything();
     assert_clean(&gpu);
     drop(graph);
