@@ -82,7 +82,7 @@ pub use self::slice::DeviceSlice;
 pub use self::stats::ScratchStats;
 
 use alloc::vec::Vec;
-use core::cell::{Cell, RefCell};
+use core::cell::Cell;
 use core::fmt;
 use core::ptr::NonNull;
 
@@ -123,16 +123,6 @@ struct KindState {
     /// The most bytes one round handed out (alignment padding included),
     /// recorded at each reset and at release: what one block must hold.
     peak_used: Cell<usize>,
-    /// Device kind only: while the kind holds blocks that a graph capture
-    /// allocated, the watched epochs when the first was taken and how many
-    /// blocks the kind held before it (the blocks after those are the
-    /// graph's); its cursor is paused meanwhile (see `capture.rs`).
-    graph_epochs: Cell<Option<(u64, usize)>>,
-    /// In a round that is not quiet: the kind took its first block of the
-    /// round once no watched stream was capturing any more and no note had
-    /// moved since the round began, so none of its memory of this round can
-    /// be a graph's (see `capture.rs`). Cleared when a round begins.
-    after_capture: Cell<bool>,
 }
 
 impl KindState {
@@ -143,8 +133,6 @@ impl KindState {
             skip_probes: Cell::new(0),
             high_water: Cell::new(0),
             peak_used: Cell::new(0),
-            graph_epochs: Cell::new(None),
-            after_capture: Cell::new(false),
         }
     }
 }
@@ -225,10 +213,6 @@ pub struct Scratchpad<'b, B: ScratchBackend> {
     watch: Watch<'b>,
     /// Blocks given to graphs (or kept for ended captures), over its life.
     kept_for_graphs: Cell<usize>,
-    /// The device blocks of a graph capture that ended during this round
-    /// (start, end): slices into them may still exist, and are refused by
-    /// the copies ([`Error::GraphMemory`]). Emptied when the round ends.
-    retired: RefCell<Vec<(usize, usize)>>,
 }
 
 // SAFETY: the scratchpad owns its blocks (raw pointers into memory nobody else
@@ -257,11 +241,30 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// move between threads); [`Error::DeviceOutOfRange`] for a special
     /// stream of a device that does not exist; a backend failure asking
     /// whether a stream that was in a graph capture still is.
-    #[inline]
+    #[inline(always)]
     pub fn new(backend: &'b B, device_order: AccessOrder<'b>) -> Result<Self, Error<B::Error>> {
         Self::check_order(backend, &device_order)?;
         let config = ScratchpadConfig::default();
-        Self::build(backend, device_order, config, device_order.device())
+        Self::build(backend, device_order, config, device_order.device()).first_round()
+    }
+
+    /// The scratchpad, once its first round has begun: at once where no
+    /// watched stream was ever in a capture (`build` began it), else after
+    /// asking whether one is capturing.
+    #[inline(always)]
+    fn first_round(self) -> Result<Self, Error<B::Error>> {
+        if self.watch.needs_asking() {
+            return self.first_round_asked();
+        }
+        Ok(self)
+    }
+
+    /// `first_round` where the streams must be asked.
+    #[cold]
+    #[inline(never)]
+    fn first_round_asked(self) -> Result<Self, Error<B::Error>> {
+        self.begin_round()?;
+        Ok(self)
     }
 
     /// The checks every order of a scratchpad passes.
@@ -301,7 +304,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 _ => {}
             }
         }
-        Self::build(backend, device_order, config, device)
+        Self::build(backend, device_order, config, device).first_round()
     }
 
     /// The scratchpad, once its orders are checked; `device` as resolved
@@ -312,13 +315,13 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         device_order: AccessOrder<'b>,
         config: ScratchpadConfig<'b>,
         device: Option<DeviceId>,
-    ) -> Result<Self, Error<B::Error>> {
+    ) -> Self {
         // Host-visible kinds released in stream order keep fenced blocks.
         let pinned = config.pinned_release.unwrap_or(device_order);
         let managed = config.managed_release.unwrap_or(device_order);
         let fenced = (u8::from(!pinned.is_host()) << MemoryKind::Pinned.index())
             | (u8::from(!managed.is_host()) << MemoryKind::Managed.index());
-        let scratchpad = Scratchpad {
+        Scratchpad {
             backend,
             id: backend.id(),
             device_order,
@@ -335,12 +338,13 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             upstream_allocations: Cell::new(0),
             upstream_releases: Cell::new(0),
             sizes: None,
-            watch: Watch::new([device_order, pinned, managed]),
+            watch: Watch::new(
+                &device_order,
+                config.pinned_release.as_ref(),
+                config.managed_release.as_ref(),
+            ),
             kept_for_graphs: Cell::new(0),
-            retired: RefCell::new(Vec::new()),
-        };
-        scratchpad.begin_round()?;
-        Ok(scratchpad)
+        }
     }
 
     /// The stream orders blocks are allocated or released in: the device
@@ -483,7 +487,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let device = self.device_id()?;
         let up = self.counting(kind, device);
         let st = &self.kinds[kind.index()];
-        let graph = kind == MemoryKind::Device && st.graph_epochs.get().is_some();
+        let graph = kind == MemoryKind::Device && self.watch.graph.get().is_some();
         if graph && self.graph_round_goes_on(device)? {
             if let Some(p) = self.graph_bump(bytes, align) {
                 return Ok(Some(p));

@@ -34,6 +34,7 @@
 //! block is taken. This costs one backend question per allocation, only
 //! while a capture is being recorded (once, before a graph's many replays).
 
+use alloc::vec::Vec;
 use core::cell::Cell;
 
 use crate::backend::{DeviceId, MemoryKind, StreamHandle};
@@ -60,6 +61,20 @@ pub(super) struct Watch<'b> {
     /// `start_epochs`, or [`NOT_QUIET`] when the round cannot be quiet
     /// (`start_captured` or `unseen`): what the reset's one comparison reads.
     start: Cell<u64>,
+    /// While the device kind holds blocks that a graph capture allocated:
+    /// the watched epochs when the first was taken, and how many blocks the
+    /// kind held before it (the blocks after those are the graph's); the
+    /// kind's cursor is paused meanwhile (module documentation).
+    pub(super) graph: Cell<Option<(u64, usize)>>,
+    /// Bit `i` set: in a round that is not quiet, kind `i` took its first
+    /// block of the round once no watched stream was capturing any more and
+    /// no note had moved since the round began, so none of its memory of
+    /// this round can be a graph's. Cleared when a round begins.
+    after_capture: Cell<u8>,
+    /// The device blocks of a graph capture that ended during this round
+    /// (start, end): slices into them may still exist, and are refused by
+    /// the copies ([`Error::GraphMemory`]). Emptied when a round begins.
+    retired: Cell<Vec<(usize, usize)>>,
 }
 
 /// Never a sum of three `u32` epochs.
@@ -68,25 +83,52 @@ const NOT_QUIET: u64 = u64::MAX;
 impl<'b> Watch<'b> {
     /// The watch of a scratchpad with these stream orders; its first round
     /// begins with [`Scratchpad::begin_round`].
-    pub(super) fn new(orders: [AccessOrder<'b>; 3]) -> Self {
-        // Each note once: a note's bump must move the sum by one.
-        let mut notes = [None; 3];
-        for (i, o) in orders.iter().enumerate() {
-            let n = o.capture_note();
-            let seen = notes[..i]
-                .iter()
-                .any(|m: &Option<&CaptureNote>| m.zip(n).is_some_and(|(m, n)| core::ptr::eq(m, n)));
-            if !seen {
-                notes[i] = n;
-            }
-        }
-        Watch {
-            notes,
-            unseen: orders.iter().any(|o| o.captures_unseen()),
+    ///
+    /// Its first round is quiet, begun here, when no watched stream was ever
+    /// in a capture (every stream of a program that never captures), so
+    /// that nothing needs asking; otherwise [`Watch::needs_asking`] says the
+    /// caller must begin it ([`Scratchpad::begin_round`]).
+    #[inline(always)]
+    pub(super) fn new(
+        device: &AccessOrder<'b>,
+        pinned: Option<&AccessOrder<'b>>,
+        managed: Option<&AccessOrder<'b>>,
+    ) -> Self {
+        // Each note once: a note's bump must move the sum by one. (The
+        // release orders are usually the device order: `None` here.)
+        let same =
+            |a: Option<&CaptureNote>, b: &CaptureNote| a.is_some_and(|a| core::ptr::eq(a, b));
+        let n0 = device.capture_note();
+        let n1 = pinned
+            .and_then(|o| o.capture_note())
+            .filter(|n| !same(n0, n));
+        let n2 = managed
+            .and_then(|o| o.capture_note())
+            .filter(|n| !same(n0, n) && !same(n1, n));
+        let unseen = device.captures_unseen()
+            || pinned.is_some_and(|o| o.captures_unseen())
+            || managed.is_some_and(|o| o.captures_unseen());
+        let w = Watch {
+            notes: [n0, n1, n2],
+            unseen,
             start_epochs: Cell::new(0),
             start_captured: Cell::new(false),
             start: Cell::new(NOT_QUIET),
+            graph: Cell::new(None),
+            after_capture: Cell::new(0),
+            retired: Cell::new(Vec::new()),
+        };
+        if !w.needs_asking() {
+            w.start.set(0);
         }
+        w
+    }
+
+    /// Whether beginning a round needs the watched streams asked: one may
+    /// be capturing (a note was ever bumped, or gpupool cannot see).
+    #[inline]
+    pub(super) fn needs_asking(&self) -> bool {
+        self.unseen || self.epochs() != 0
     }
 
     /// The sum of the watched notes' epochs now.
@@ -148,11 +190,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// is capturing (only if one may be). A failure to ask counts as
     /// capturing (the round then cannot end quietly).
     pub(super) fn begin_round(&self) -> Result<(), Error<B::Error>> {
-        self.retired.borrow_mut().clear();
-        for st in &self.kinds {
-            st.after_capture.set(false);
-        }
         let w = &self.watch;
+        w.retired.set(Vec::new());
+        w.after_capture.set(0);
         let epochs = w.epochs();
         let captured = if epochs == 0 && !w.unseen {
             Ok(false)
@@ -189,10 +229,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             }
         };
         let moved = w.epochs() - w.start_epochs.get();
-        let graph_mode = self.kinds[MemoryKind::Device.index()]
-            .graph_epochs
-            .get()
-            .is_some();
+        let graph_mode = w.graph.get().is_some();
         match (now, w.start_captured.get(), moved) {
             (Some(o), true, 0) | (Some(o), false, 1) => RoundEnd::InCapture(o),
             // Only streams gpupool cannot see, asked at both ends, never
@@ -209,8 +246,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// note moved since the round began. Pageable host memory never reaches
     /// a graph: always clean.
     pub(super) fn kind_round_end(&self, kind: MemoryKind, end: RoundEnd<'b>) -> RoundEnd<'b> {
-        let st = &self.kinds[kind.index()];
-        let after = st.after_capture.get() && self.watch.epochs() == self.watch.start_epochs.get();
+        let bit = 1 << kind.index();
+        let after = self.watch.after_capture.get() & bit != 0
+            && self.watch.epochs() == self.watch.start_epochs.get();
         match end {
             _ if kind == MemoryKind::Host => RoundEnd::Clean,
             RoundEnd::AfterCapture if after => RoundEnd::Clean,
@@ -225,17 +263,21 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// its memory of the round is clean (`KindState::after_capture`). Asks
     /// the watched streams once per kind and round, only in such a round.
     pub(super) fn note_first_block(&self, kind: MemoryKind) -> Result<(), Error<B::Error>> {
-        let st = &self.kinds[kind.index()];
-        if kind == MemoryKind::Host
-            || self.watch.quiet()
-            || st.after_capture.get()
-            || st.res.block_count() > 0
-            || self.watch.epochs() != self.watch.start_epochs.get()
+        let w = &self.watch;
+        let bit = 1 << kind.index();
+        // Only a round that began in a capture can take memory after it
+        // (one that began outside and saw a capture begin moved a note).
+        if !w.start_captured.get()
+            || kind == MemoryKind::Host
+            || w.quiet()
+            || w.after_capture.get() & bit != 0
+            || self.kinds[kind.index()].res.block_count() > 0
+            || w.epochs() != w.start_epochs.get()
         {
             return Ok(());
         }
         if self.capturing_order()?.is_none() {
-            st.after_capture.set(true);
+            w.after_capture.set(w.after_capture.get() | bit);
         }
         Ok(())
     }
@@ -257,7 +299,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // The newest blocks are the capture's own allocations, if any
         // (`take_blocks` hands them out newest first).
         let n = st.res.block_count();
-        let own = st.graph_epochs.get().map_or(0, |(_, before)| n - before);
+        let own = match kind {
+            MemoryKind::Device => self.watch.graph.get().map_or(0, |(_, before)| n - before),
+            _ => 0,
+        };
         for (i, block) in st.res.take_blocks(fit).into_iter().enumerate() {
             let given = match end {
                 // The capture's own allocation, freed in the capture (the
@@ -301,7 +346,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if let Some(f) = st.fence.get() {
             st.fence.set(Some(f.disarmed()));
         }
-        st.graph_epochs.set(None);
+        if kind == MemoryKind::Device {
+            self.watch.graph.set(None);
+        }
         self.note_held(kind);
     }
 
@@ -319,7 +366,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// and graph mode ends.
     pub(super) fn graph_round_goes_on(&self, device: DeviceId) -> Result<bool, Error<B::Error>> {
         let st = &self.kinds[MemoryKind::Device.index()];
-        let Some((since, _)) = st.graph_epochs.get() else {
+        let Some((since, _)) = self.watch.graph.get() else {
             return Ok(false);
         };
         // SAFETY: the device order is usable for the backend for the
@@ -330,12 +377,14 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         }
         // Slices into the graph's blocks may still exist (this is the
         // middle of a round): the copies refuse them from now on.
-        self.retired.borrow_mut().extend(
+        let mut retired = self.watch.retired.take();
+        retired.extend(
             st.res
                 .blocks()
                 .iter()
                 .map(|b| (b.ptr.as_ptr().addr(), b.ptr.as_ptr().addr() + b.size)),
         );
+        self.watch.retired.set(retired);
         let mut errors = FirstError::new();
         self.retire_kind(
             MemoryKind::Device,
@@ -358,8 +407,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         device: DeviceId,
     ) -> Result<(), Error<B::Error>> {
         self.graph_round_goes_on(device)?;
-        let retired = self.retired.borrow();
-        if retired.iter().any(|&(s, e)| addr < e && s < addr + len) {
+        let retired = self.watch.retired.take();
+        let hit = retired.iter().any(|&(s, e)| addr < e && s < addr + len);
+        self.watch.retired.set(retired);
+        if hit {
             return Err(Error::GraphMemory);
         }
         Ok(())
@@ -376,13 +427,13 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             // gone) may come back as this one: its range is this block's now.
             if let Some(b) = st.res.blocks().last() {
                 let (start, end) = (b.ptr.as_ptr().addr(), b.ptr.as_ptr().addr() + b.size);
-                self.retired
-                    .borrow_mut()
-                    .retain(|&(s, e)| e <= start || end <= s);
+                let mut retired = self.watch.retired.take();
+                retired.retain(|&(s, e)| e <= start || end <= s);
+                self.watch.retired.set(retired);
             }
         }
-        if !block_taken || st.graph_epochs.get().is_some() {
-            if st.graph_epochs.get().is_some() {
+        if !block_taken || self.watch.graph.get().is_some() {
+            if self.watch.graph.get().is_some() {
                 st.res.pause();
             }
             return Ok(());
@@ -390,7 +441,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // SAFETY: as in `graph_round_goes_on`.
         if unsafe { self.device_order.capturing(self.backend) }? {
             let before = st.res.block_count() - 1;
-            st.graph_epochs.set(Some((self.watch.epochs(), before)));
+            self.watch.graph.set(Some((self.watch.epochs(), before)));
             st.res.pause();
         }
         Ok(())
