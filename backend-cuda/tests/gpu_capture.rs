@@ -575,7 +575,9 @@ fn a_scratchpad_spanning_a_capture_gives_its_block_to_the_graph() {
     let gpu = CudaBackend::new();
     let streams = StreamPool::new(gpu);
     let kernels = Kernels::load(D0);
+    // The graph writes `out.a`, the rounds outside it `rounds.a` (2 (i + 1) + 1).
     let out = Outputs::new();
+    let rounds = Outputs::new();
     let origin = streams.get(0).expect("origin");
     let launch = streams.get(0).expect("launch stream");
     let l = launch.handle().as_raw() as sys::CUstream;
@@ -583,7 +585,7 @@ fn a_scratchpad_spanning_a_capture_gives_its_block_to_the_graph() {
 
     // Round 0, outside: the block is taken (and gpupool's memory pool made).
     let x = scratch.device::<u32>(N).unwrap();
-    fill_then_twice(&origin, &kernels, out.a, x.kernel_arg().addr());
+    fill_then_twice(&origin, &kernels, rounds.a, x.kernel_arg().addr());
     let block = scratch.blocks(MemoryKind::Device);
     scratch.reset().unwrap();
     let o = origin.handle().as_raw() as sys::CUstream;
@@ -602,7 +604,7 @@ fn a_scratchpad_spanning_a_capture_gives_its_block_to_the_graph() {
         block.iter().any(|&(a, n)| a <= at && at < a + n),
         "the old block"
     );
-    fill_then_twice(&origin, &kernels, out.b, y.kernel_arg().addr());
+    fill_then_twice(&origin, &kernels, out.a, y.kernel_arg().addr());
     scratch.reset().unwrap();
     assert_eq!(scratch.stats().kept_for_graphs, 1);
     let graph = origin.end_capture().unwrap();
@@ -615,7 +617,7 @@ fn a_scratchpad_spanning_a_capture_gives_its_block_to_the_graph() {
     // Replays on `launch` while the origin's rounds use other memory.
     for r in 0..200 {
         out.clear(l);
-        // SAFETY: the graph's kernels use `out.b` (the test's, live until the
+        // SAFETY: the graph's kernels use `out.a` (the test's, live until the
         // end) and scratch memory kept for the graph.
         unsafe { exec.launch(&launch.order()) }.unwrap();
         let z = scratch.device::<u32>(N).unwrap();
@@ -677,7 +679,7 @@ fn a_graph_allocation_is_refused_outside_its_capture() {
     origin.begin_capture(CaptureMode::Global).unwrap();
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.device::<u32>(N).unwrap();
-    fill_then_twice(&origin, &kernels, out.b, x.kernel_arg().addr());
+    fill_then_twice(&origin, &kernels, out.a, x.kernel_arg().addr());
     let graph = origin.end_capture().unwrap();
 
     assert_eq!(scratch.to_host(&x), Err(Error::GraphMemory));
@@ -708,9 +710,9 @@ fn a_graph_allocation_is_refused_outside_its_capture() {
     let o = origin.handle().as_raw() as sys::CUstream;
     for r in 0..20 {
         out.clear(o);
-        // SAFETY: the graph's kernels use `out.b` and its own allocation.
+        // SAFETY: the graph's kernels use `out.a` and its own allocation.
         unsafe { exec.launch(&origin.order()) }.unwrap();
-        let wrong: Vec<_> = out.wrong(o).into_iter().filter(|w| w.0 == 'b').collect();
+        let wrong: Vec<_> = out.wrong(o).into_iter().filter(|w| w.0 == 'a').collect();
         assert!(wrong.is_empty(), "replay {r}: {wrong:?}");
     }
     drop(scratch); // the graph's allocation is kept, never freed under it

@@ -252,9 +252,14 @@ mod non_primary {
             });
             if current() == Some(dead) {
                 // The driver leaves it current here: gpupool reads its device
-                // without handing it over, and gets an error.
+                // without handing it over (`cuCtxGetDevice` reads the thread's
+                // own current context). The driver of the H200 (580) answers
+                // with the device it was made on; another may refuse.
                 let asked = gpu.current_device();
-                assert!(asked.is_err(), "a destroyed context's device: {asked:?}");
+                assert!(
+                    matches!(asked, Ok(D0) | Err(_)),
+                    "a destroyed context's device: {asked:?}"
+                );
             }
             // A call that switches contexts does not put it back.
             drop(events.get(0).unwrap());

@@ -51,8 +51,11 @@ use static_assertions::assert_impl_all;
 #[derive(Copy, Clone, Debug)]
 pub struct AccessOrder<'s> {
     order: Order,
-    /// What is known of the stream's graph captures (see [`Captures`]).
-    captures: Captures<'s>,
+    /// The capture note of the lease or owned stream the order borrows, if
+    /// it is one's (see [`Captures`]; with `Order::Stream::unseen`, what is
+    /// known of the stream's captures, in 8 bytes: an order is copied
+    /// around a lot).
+    note: Option<&'s CaptureNote>,
     /// The stream (its lease or owner) this order borrows.
     _stream: PhantomData<&'s ()>,
 }
@@ -89,7 +92,7 @@ enum Captures<'s> {
     Excluded,
 }
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Copy, Clone, Debug)]
 enum Order {
     Host,
     Stream {
@@ -98,7 +101,43 @@ enum Order {
         /// The backend the stream came from; `None` for CUDA's special
         /// streams, which every backend accepts.
         owner: Option<BackendId>,
+        /// With no note: gpupool cannot see the stream's captures
+        /// ([`Captures::Unknown`]). Not part of what the order names.
+        unseen: bool,
     },
+}
+
+/// The same host, or the same stream of the same device and backend.
+impl PartialEq for Order {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.named() == other.named()
+    }
+}
+
+impl Eq for Order {}
+
+impl Hash for Order {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.named().hash(state);
+    }
+}
+
+impl Order {
+    /// What the order names: nothing for host order, else the stream, its
+    /// device and its backend.
+    #[inline]
+    fn named(&self) -> Option<(StreamHandle, DeviceId, Option<BackendId>)> {
+        match *self {
+            Order::Host => None,
+            Order::Stream {
+                stream,
+                device,
+                owner,
+                ..
+            } => Some((stream, device, owner)),
+        }
+    }
 }
 
 impl AccessOrder<'static> {
@@ -106,7 +145,7 @@ impl AccessOrder<'static> {
     pub const fn host() -> Self {
         AccessOrder {
             order: Order::Host,
-            captures: Captures::Excluded,
+            note: None,
             _stream: PhantomData,
         }
     }
@@ -116,13 +155,13 @@ impl AccessOrder<'static> {
     /// gpupool call that takes an order checks that `device` exists
     /// ([`Error::DeviceOutOfRange`]).
     pub const fn null_stream(device: DeviceId) -> Self {
-        Self::special(StreamHandle::NULL, device, Captures::Excluded)
+        Self::special(StreamHandle::NULL, device, false)
     }
 
     /// The legacy default stream of `device` (`CU_STREAM_LEGACY`). CUDA
     /// never captures it into a graph.
     pub const fn legacy_stream(device: DeviceId) -> Self {
-        Self::special(StreamHandle::LEGACY, device, Captures::Excluded)
+        Self::special(StreamHandle::LEGACY, device, false)
     }
 
     /// The per-thread default stream of `device` (`CU_STREAM_PER_THREAD`)
@@ -133,17 +172,19 @@ impl AccessOrder<'static> {
     /// gpupool cannot see its graph captures (cudarc can begin one on it),
     /// so it asks the backend wherever one matters.
     pub const fn per_thread_stream(device: DeviceId) -> Self {
-        Self::special(StreamHandle::PER_THREAD, device, Captures::Unknown)
+        Self::special(StreamHandle::PER_THREAD, device, true)
     }
 
-    const fn special(stream: StreamHandle, device: DeviceId, captures: Captures<'static>) -> Self {
+    /// `unseen`: gpupool cannot see the stream's captures.
+    const fn special(stream: StreamHandle, device: DeviceId, unseen: bool) -> Self {
         AccessOrder {
             order: Order::Stream {
                 stream,
                 device,
                 owner: None,
+                unseen,
             },
-            captures,
+            note: None,
             _stream: PhantomData,
         }
     }
@@ -170,7 +211,7 @@ impl<'s> AccessOrder<'s> {
         device: DeviceId,
     ) -> Self {
         // SAFETY: the caller's contract, 2. included.
-        unsafe { Self::raw(backend, stream, device, Captures::Excluded) }
+        unsafe { Self::raw(backend, stream, device, false) }
     }
 
     /// [`from_raw`](Self::from_raw) for a stream that may capture a graph
@@ -187,16 +228,18 @@ impl<'s> AccessOrder<'s> {
         device: DeviceId,
     ) -> Self {
         // SAFETY: the caller's contract.
-        unsafe { Self::raw(backend, stream, device, Captures::Unknown) }
+        unsafe { Self::raw(backend, stream, device, true) }
     }
 
+    /// `unseen`: gpupool cannot see the stream's captures.
+    ///
     /// # Safety
-    /// 1. of [`from_raw`](Self::from_raw), and 2. where `captures` is `Excluded`.
+    /// 1. of [`from_raw`](Self::from_raw), and 2. unless `unseen`.
     unsafe fn raw<B: Backend + ?Sized>(
         backend: &B,
         stream: StreamHandle,
         device: DeviceId,
-        captures: Captures<'s>,
+        unseen: bool,
     ) -> Self {
         let owner = if stream.is_special() {
             None
@@ -208,8 +251,9 @@ impl<'s> AccessOrder<'s> {
                 stream,
                 device,
                 owner,
+                unseen,
             },
-            captures,
+            note: None,
             _stream: PhantomData,
         }
     }
@@ -228,9 +272,20 @@ impl<'s> AccessOrder<'s> {
                 stream,
                 device,
                 owner: Some(owner),
+                unseen: false,
             },
-            captures: Captures::Note(note),
+            note: Some(note),
             _stream: PhantomData,
+        }
+    }
+
+    /// What is known of the stream's graph captures.
+    #[inline]
+    fn captures(&self) -> Captures<'s> {
+        match (self.note, self.order) {
+            (Some(n), _) => Captures::Note(n),
+            (None, Order::Stream { unseen: true, .. }) => Captures::Unknown,
+            _ => Captures::Excluded,
         }
     }
 
@@ -284,7 +339,7 @@ impl<'s> AccessOrder<'s> {
     /// (its contract).
     #[inline]
     pub(crate) fn may_capture(&self) -> bool {
-        match self.captures {
+        match self.captures() {
             Captures::Note(n) => n.ever(),
             Captures::Unknown => true,
             Captures::Excluded => false,
@@ -295,10 +350,7 @@ impl<'s> AccessOrder<'s> {
     /// or an owned stream's).
     #[inline]
     pub(crate) fn capture_note(&self) -> Option<&'s CaptureNote> {
-        match self.captures {
-            Captures::Note(n) => Some(n),
-            _ => None,
-        }
+        self.note
     }
 
     /// Whether gpupool cannot see this order's stream's captures, so that
@@ -306,7 +358,7 @@ impl<'s> AccessOrder<'s> {
     /// [`from_raw_capturable`](Self::from_raw_capturable)).
     #[inline]
     pub(crate) fn captures_unseen(&self) -> bool {
-        matches!(self.captures, Captures::Unknown)
+        matches!(self.order, Order::Stream { unseen: true, .. })
     }
 
     /// Whether this is the per-thread default stream.
@@ -504,7 +556,7 @@ impl<'s> AccessOrder<'s> {
     /// captures).
     #[inline]
     fn note_join(&self) {
-        if let Captures::Note(note) = self.captures {
+        if let Some(note) = self.note {
             note.bump();
         }
     }

@@ -245,26 +245,31 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     pub fn new(backend: &'b B, device_order: AccessOrder<'b>) -> Result<Self, Error<B::Error>> {
         Self::check_order(backend, &device_order)?;
         let config = ScratchpadConfig::default();
-        Self::build(backend, device_order, config, device_order.device()).first_round()
-    }
-
-    /// The scratchpad, once its first round has begun: at once where no
-    /// watched stream was ever in a capture (`build` began it), else after
-    /// asking whether one is capturing.
-    #[inline(always)]
-    fn first_round(self) -> Result<Self, Error<B::Error>> {
-        if self.watch.needs_asking() {
-            return self.first_round_asked();
+        if Watch::needs_asking_for(&device_order, &config) {
+            return Self::build_asked(backend, device_order, config, device_order.device());
         }
-        Ok(self)
+        // Built in place (no move of the scratchpad into the result).
+        Ok(Self::build(
+            backend,
+            device_order,
+            config,
+            device_order.device(),
+        ))
     }
 
-    /// `first_round` where the streams must be asked.
+    /// `build` where a stream of the orders may be capturing: its first
+    /// round begins by asking.
     #[cold]
     #[inline(never)]
-    fn first_round_asked(self) -> Result<Self, Error<B::Error>> {
-        self.begin_round()?;
-        Ok(self)
+    fn build_asked(
+        backend: &'b B,
+        device_order: AccessOrder<'b>,
+        config: ScratchpadConfig<'b>,
+        device: Option<DeviceId>,
+    ) -> Result<Self, Error<B::Error>> {
+        let scratchpad = Self::build(backend, device_order, config, device);
+        scratchpad.begin_round()?;
+        Ok(scratchpad)
     }
 
     /// The checks every order of a scratchpad passes.
@@ -304,7 +309,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 _ => {}
             }
         }
-        Self::build(backend, device_order, config, device).first_round()
+        if Watch::needs_asking_for(&device_order, &config) {
+            return Self::build_asked(backend, device_order, config, device);
+        }
+        Ok(Self::build(backend, device_order, config, device))
     }
 
     /// The scratchpad, once its orders are checked; `device` as resolved

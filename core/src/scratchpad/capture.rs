@@ -43,7 +43,7 @@ use crate::error::{BackendOp, Error};
 use crate::monotonic::Upstream;
 use crate::order::AccessOrder;
 
-use super::{FirstError, ScratchBackend, Scratchpad};
+use super::{FirstError, ScratchBackend, Scratchpad, ScratchpadConfig};
 
 /// What a scratchpad watches of its orders' graph captures.
 pub(super) struct Watch<'b> {
@@ -54,6 +54,10 @@ pub(super) struct Watch<'b> {
     /// ([`AccessOrder::from_raw_capturable`]): its stream is asked at every
     /// round's end.
     unseen: bool,
+    /// No note and nothing unseen (host order, `from_raw` orders, the null
+    /// and legacy streams): no round can overlap a capture, and every check
+    /// is this one flag.
+    passive: bool,
     /// The sum of the notes' epochs when the round began.
     start_epochs: Cell<u64>,
     /// A watched stream was capturing when the round began.
@@ -108,9 +112,11 @@ impl<'b> Watch<'b> {
         let unseen = device.captures_unseen()
             || pinned.is_some_and(|o| o.captures_unseen())
             || managed.is_some_and(|o| o.captures_unseen());
+        let passive = n0.is_none() && n1.is_none() && n2.is_none() && !unseen;
         let w = Watch {
             notes: [n0, n1, n2],
             unseen,
+            passive,
             start_epochs: Cell::new(0),
             start_captured: Cell::new(false),
             start: Cell::new(NOT_QUIET),
@@ -128,7 +134,19 @@ impl<'b> Watch<'b> {
     /// be capturing (a note was ever bumped, or gpupool cannot see).
     #[inline]
     pub(super) fn needs_asking(&self) -> bool {
-        self.unseen || self.epochs() != 0
+        !self.passive && (self.unseen || self.epochs() != 0)
+    }
+
+    /// [`needs_asking`](Self::needs_asking) of the watch a scratchpad with
+    /// these orders would have, before it is built.
+    #[inline(always)]
+    pub(super) fn needs_asking_for(device: &AccessOrder<'_>, config: &ScratchpadConfig<'_>) -> bool {
+        let asks = |o: &AccessOrder<'_>| {
+            o.captures_unseen() || o.capture_note().is_some_and(|n| n.ever())
+        };
+        asks(device)
+            || config.pinned_release.as_ref().is_some_and(asks)
+            || config.managed_release.as_ref().is_some_and(asks)
     }
 
     /// The sum of the watched notes' epochs now.
@@ -144,7 +162,7 @@ impl<'b> Watch<'b> {
     /// began: none was capturing then, and no note was bumped since.
     #[inline]
     pub(super) fn quiet(&self) -> bool {
-        self.start.get() == self.epochs()
+        self.passive || self.start.get() == self.epochs()
     }
 }
 
