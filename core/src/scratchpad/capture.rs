@@ -34,6 +34,7 @@
 //! block is taken. This costs one backend question per allocation, only
 //! while a capture is being recorded (once, before a graph's many replays).
 
+use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::cell::Cell;
 
@@ -45,53 +46,54 @@ use crate::order::AccessOrder;
 
 use super::{FirstError, ScratchBackend, Scratchpad, ScratchpadConfig};
 
-/// What a scratchpad watches of its orders' graph captures.
+/// What a scratchpad watches of its orders' graph captures: the notes and
+/// the epochs when the round began (all the quiet check reads), and the
+/// rest, made only for a round that is not quiet ([`RoundState`]).
 pub(super) struct Watch<'b> {
     /// The capture notes of its stream orders (the device order, the pinned
     /// and managed release orders), where they have one, each once.
     notes: [Option<&'b CaptureNote>; 3],
-    /// An order's captures are unseen by gpupool
-    /// ([`AccessOrder::from_raw_capturable`]): its stream is asked at every
-    /// round's end.
-    unseen: bool,
-    /// No note and nothing unseen (host order, `from_raw` orders, the null
-    /// and legacy streams): no round can overlap a capture, and every check
-    /// is this one flag.
-    passive: bool,
-    /// The sum of the notes' epochs when the round began.
-    start_epochs: Cell<u64>,
-    /// A watched stream was capturing when the round began.
-    start_captured: Cell<bool>,
-    /// `start_epochs`, or [`NOT_QUIET`] when the round cannot be quiet
-    /// (`start_captured` or `unseen`): what the reset's one comparison reads.
+    /// The sum of the notes' epochs when the round began, or [`NOT_QUIET`]
+    /// when the round cannot be quiet (a watched stream was capturing then,
+    /// or gpupool cannot see an order's captures): what the reset's one
+    /// comparison reads.
     start: Cell<u64>,
+    /// The round's capture state beyond `start`; `None` is the state of a
+    /// round that began quiet and has not entered graph mode.
+    state: Cell<Option<Box<RoundState>>>,
+}
+
+/// A round's capture state beyond the quiet check.
+#[derive(Default)]
+pub(super) struct RoundState {
+    /// The sum of the notes' epochs when the round began.
+    start_epochs: u64,
+    /// A watched stream was capturing when the round began.
+    start_captured: bool,
     /// While the device kind holds blocks that a graph capture allocated:
     /// the watched epochs when the first was taken, and how many blocks the
     /// kind held before it (the blocks after those are the graph's); the
     /// kind's cursor is paused meanwhile (module documentation).
-    pub(super) graph: Cell<Option<(u64, usize)>>,
+    graph: Option<(u64, usize)>,
     /// Bit `i` set: in a round that is not quiet, kind `i` took its first
     /// block of the round once no watched stream was capturing any more and
     /// no note had moved since the round began, so none of its memory of
-    /// this round can be a graph's. Cleared when a round begins.
-    after_capture: Cell<u8>,
+    /// this round can be a graph's.
+    after_capture: u8,
     /// The device blocks of a graph capture that ended during this round
     /// (start, end): slices into them may still exist, and are refused by
-    /// the copies ([`Error::GraphMemory`]). Emptied when a round begins.
-    retired: Cell<Vec<(usize, usize)>>,
+    /// the copies ([`Error::GraphMemory`]).
+    retired: Vec<(usize, usize)>,
 }
 
 /// Never a sum of three `u32` epochs.
 const NOT_QUIET: u64 = u64::MAX;
 
 impl<'b> Watch<'b> {
-    /// The watch of a scratchpad with these stream orders; its first round
-    /// begins with [`Scratchpad::begin_round`].
-    ///
-    /// Its first round is quiet, begun here, when no watched stream was ever
-    /// in a capture (every stream of a program that never captures), so
-    /// that nothing needs asking; otherwise [`Watch::needs_asking`] says the
-    /// caller must begin it ([`Scratchpad::begin_round`]).
+    /// The watch of a scratchpad with these stream orders. Its first round
+    /// is begun here as a quiet one; where a watched stream may be capturing
+    /// ([`needs_asking_for`](Self::needs_asking_for)), the caller begins it
+    /// again by asking ([`Scratchpad::begin_round`]).
     #[inline(always)]
     pub(super) fn new(
         device: &AccessOrder<'b>,
@@ -109,41 +111,23 @@ impl<'b> Watch<'b> {
         let n2 = managed
             .and_then(|o| o.capture_note())
             .filter(|n| !same(n0, n) && !same(n1, n));
-        let unseen = device.captures_unseen()
-            || pinned.is_some_and(|o| o.captures_unseen())
-            || managed.is_some_and(|o| o.captures_unseen());
-        let passive = n0.is_none() && n1.is_none() && n2.is_none() && !unseen;
-        let w = Watch {
+        Watch {
             notes: [n0, n1, n2],
-            unseen,
-            passive,
-            start_epochs: Cell::new(0),
-            start_captured: Cell::new(false),
-            start: Cell::new(NOT_QUIET),
-            graph: Cell::new(None),
-            after_capture: Cell::new(0),
-            retired: Cell::new(Vec::new()),
-        };
-        if !w.needs_asking() {
-            w.start.set(0);
+            start: Cell::new(0),
+            state: Cell::new(None),
         }
-        w
     }
 
-    /// Whether beginning a round needs the watched streams asked: one may
-    /// be capturing (a note was ever bumped, or gpupool cannot see).
-    #[inline]
-    pub(super) fn needs_asking(&self) -> bool {
-        !self.passive && (self.unseen || self.epochs() != 0)
-    }
-
-    /// [`needs_asking`](Self::needs_asking) of the watch a scratchpad with
-    /// these orders would have, before it is built.
+    /// Whether the first round of a scratchpad with these orders must ask
+    /// the watched streams: one may be capturing (a note was ever bumped, or
+    /// gpupool cannot see an order's captures).
     #[inline(always)]
-    pub(super) fn needs_asking_for(device: &AccessOrder<'_>, config: &ScratchpadConfig<'_>) -> bool {
-        let asks = |o: &AccessOrder<'_>| {
-            o.captures_unseen() || o.capture_note().is_some_and(|n| n.ever())
-        };
+    pub(super) fn needs_asking_for(
+        device: &AccessOrder<'_>,
+        config: &ScratchpadConfig<'_>,
+    ) -> bool {
+        let asks =
+            |o: &AccessOrder<'_>| o.captures_unseen() || o.capture_note().is_some_and(|n| n.ever());
         asks(device)
             || config.pinned_release.as_ref().is_some_and(asks)
             || config.managed_release.as_ref().is_some_and(asks)
@@ -162,7 +146,49 @@ impl<'b> Watch<'b> {
     /// began: none was capturing then, and no note was bumped since.
     #[inline]
     pub(super) fn quiet(&self) -> bool {
-        self.passive || self.start.get() == self.epochs()
+        self.start.get() == self.epochs()
+    }
+
+    /// Runs `f` on the round's capture state (made if there is none).
+    fn with_state<R>(&self, f: impl FnOnce(&mut RoundState) -> R) -> R {
+        let mut st = self.state.take().unwrap_or_else(|| {
+            Box::new(RoundState {
+                start_epochs: self.start.get(),
+                ..RoundState::default()
+            })
+        });
+        let r = f(&mut st);
+        self.state.set(Some(st));
+        r
+    }
+
+    /// Reads the round's capture state (the default of a quiet round that
+    /// began at `start` if there is none).
+    fn read<R>(&self, f: impl FnOnce(&RoundState) -> R) -> R {
+        match self.state.take() {
+            Some(st) => {
+                let r = f(&st);
+                self.state.set(Some(st));
+                r
+            }
+            None => f(&RoundState {
+                start_epochs: self.start.get(),
+                ..RoundState::default()
+            }),
+        }
+    }
+
+    /// The device kind's graph mode (see `RoundState::graph`).
+    #[inline]
+    pub(super) fn graph(&self) -> Option<(u64, usize)> {
+        match self.state.take() {
+            None => None,
+            Some(st) => {
+                let g = st.graph;
+                self.state.set(Some(st));
+                g
+            }
+        }
     }
 }
 
@@ -209,22 +235,27 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// capturing (the round then cannot end quietly).
     pub(super) fn begin_round(&self) -> Result<(), Error<B::Error>> {
         let w = &self.watch;
-        w.retired.set(Vec::new());
-        w.after_capture.set(0);
         let epochs = w.epochs();
-        let captured = if epochs == 0 && !w.unseen {
+        let unseen = self.stream_orders().iter().any(|o| o.captures_unseen());
+        let captured = if epochs == 0 && !unseen {
             Ok(false)
         } else {
             self.capturing_order().map(|o| o.is_some())
         };
         let start_captured = captured.as_ref().map_or(true, |c| *c);
-        w.start_epochs.set(epochs);
-        w.start_captured.set(start_captured);
-        w.start.set(if start_captured || w.unseen {
-            NOT_QUIET
+        if start_captured || unseen {
+            w.start.set(NOT_QUIET);
+            w.state.set(Some(Box::new(RoundState {
+                start_epochs: epochs,
+                start_captured,
+                ..RoundState::default()
+            })));
         } else {
-            epochs
-        });
+            // A quiet round needs no state (and the device kind is in graph
+            // mode only in a round that is not).
+            w.start.set(epochs);
+            w.state.set(None);
+        }
         captured.map(|_| ())
     }
 
@@ -246,9 +277,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 return RoundEnd::AfterCapture;
             }
         };
-        let moved = w.epochs() - w.start_epochs.get();
-        let graph_mode = w.graph.get().is_some();
-        match (now, w.start_captured.get(), moved) {
+        let (start_epochs, start_captured, graph_mode) =
+            w.read(|st| (st.start_epochs, st.start_captured, st.graph.is_some()));
+        let moved = w.epochs() - start_epochs;
+        match (now, start_captured, moved) {
             (Some(o), true, 0) | (Some(o), false, 1) => RoundEnd::InCapture(o),
             // Only streams gpupool cannot see, asked at both ends, never
             // capturing: their contract excludes a capture begun and ended
@@ -265,8 +297,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// a graph: always clean.
     pub(super) fn kind_round_end(&self, kind: MemoryKind, end: RoundEnd<'b>) -> RoundEnd<'b> {
         let bit = 1 << kind.index();
-        let after = self.watch.after_capture.get() & bit != 0
-            && self.watch.epochs() == self.watch.start_epochs.get();
+        let (after_capture, start_epochs) =
+            self.watch.read(|st| (st.after_capture, st.start_epochs));
+        let after = after_capture & bit != 0 && self.watch.epochs() == start_epochs;
         match end {
             _ if kind == MemoryKind::Host => RoundEnd::Clean,
             RoundEnd::AfterCapture if after => RoundEnd::Clean,
@@ -284,18 +317,22 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let w = &self.watch;
         let bit = 1 << kind.index();
         // Only a round that began in a capture can take memory after it
-        // (one that began outside and saw a capture begin moved a note).
-        if !w.start_captured.get()
-            || kind == MemoryKind::Host
-            || w.quiet()
-            || w.after_capture.get() & bit != 0
+        // (one that began outside and saw a capture begin moved a note); a
+        // quiet round has no state.
+        if kind == MemoryKind::Host || w.quiet() {
+            return Ok(());
+        }
+        let (start_captured, after_capture, start_epochs) =
+            w.read(|st| (st.start_captured, st.after_capture, st.start_epochs));
+        if !start_captured
+            || after_capture & bit != 0
             || self.kinds[kind.index()].res.block_count() > 0
-            || w.epochs() != w.start_epochs.get()
+            || w.epochs() != start_epochs
         {
             return Ok(());
         }
         if self.capturing_order()?.is_none() {
-            w.after_capture.set(w.after_capture.get() | bit);
+            w.with_state(|st| st.after_capture |= bit);
         }
         Ok(())
     }
@@ -318,7 +355,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // (`take_blocks` hands them out newest first).
         let n = st.res.block_count();
         let own = match kind {
-            MemoryKind::Device => self.watch.graph.get().map_or(0, |(_, before)| n - before),
+            MemoryKind::Device => self.watch.graph().map_or(0, |(_, before)| n - before),
             _ => 0,
         };
         for (i, block) in st.res.take_blocks(fit).into_iter().enumerate() {
@@ -364,8 +401,8 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if let Some(f) = st.fence.get() {
             st.fence.set(Some(f.disarmed()));
         }
-        if kind == MemoryKind::Device {
-            self.watch.graph.set(None);
+        if kind == MemoryKind::Device && self.watch.graph().is_some() {
+            self.watch.with_state(|st| st.graph = None);
         }
         self.note_held(kind);
     }
@@ -384,7 +421,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// and graph mode ends.
     pub(super) fn graph_round_goes_on(&self, device: DeviceId) -> Result<bool, Error<B::Error>> {
         let st = &self.kinds[MemoryKind::Device.index()];
-        let Some((since, _)) = self.watch.graph.get() else {
+        let Some((since, _)) = self.watch.graph() else {
             return Ok(false);
         };
         // SAFETY: the device order is usable for the backend for the
@@ -395,14 +432,14 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         }
         // Slices into the graph's blocks may still exist (this is the
         // middle of a round): the copies refuse them from now on.
-        let mut retired = self.watch.retired.take();
-        retired.extend(
-            st.res
-                .blocks()
-                .iter()
-                .map(|b| (b.ptr.as_ptr().addr(), b.ptr.as_ptr().addr() + b.size)),
-        );
-        self.watch.retired.set(retired);
+        let blocks = st.res.blocks();
+        self.watch.with_state(|state| {
+            state.retired.extend(
+                blocks
+                    .iter()
+                    .map(|b| (b.ptr.as_ptr().addr(), b.ptr.as_ptr().addr() + b.size)),
+            )
+        });
         let mut errors = FirstError::new();
         self.retire_kind(
             MemoryKind::Device,
@@ -425,9 +462,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         device: DeviceId,
     ) -> Result<(), Error<B::Error>> {
         self.graph_round_goes_on(device)?;
-        let retired = self.watch.retired.take();
-        let hit = retired.iter().any(|&(s, e)| addr < e && s < addr + len);
-        self.watch.retired.set(retired);
+        let hit = self
+            .watch
+            .read(|st| st.retired.iter().any(|&(s, e)| addr < e && s < addr + len));
         if hit {
             return Err(Error::GraphMemory);
         }
@@ -445,13 +482,14 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             // gone) may come back as this one: its range is this block's now.
             if let Some(b) = st.res.blocks().last() {
                 let (start, end) = (b.ptr.as_ptr().addr(), b.ptr.as_ptr().addr() + b.size);
-                let mut retired = self.watch.retired.take();
-                retired.retain(|&(s, e)| e <= start || end <= s);
-                self.watch.retired.set(retired);
+                if self.watch.read(|st| !st.retired.is_empty()) {
+                    self.watch
+                        .with_state(|st| st.retired.retain(|&(s, e)| e <= start || end <= s));
+                }
             }
         }
-        if !block_taken || self.watch.graph.get().is_some() {
-            if self.watch.graph.get().is_some() {
+        if !block_taken || self.watch.graph().is_some() {
+            if self.watch.graph().is_some() {
                 st.res.pause();
             }
             return Ok(());
@@ -459,7 +497,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // SAFETY: as in `graph_round_goes_on`.
         if unsafe { self.device_order.capturing(self.backend) }? {
             let before = st.res.block_count() - 1;
-            self.watch.graph.set(Some((self.watch.epochs(), before)));
+            let epochs = self.watch.epochs();
+            self.watch
+                .with_state(|st| st.graph = Some((epochs, before)));
             st.res.pause();
         }
         Ok(())
