@@ -6,6 +6,7 @@
 //! Every module but `soundness` is compiled out under `--features cuda`;
 //! `soundness` needs only the mock and runs in every build.
 
+mod attacks;
 mod bad_input;
 mod capture;
 mod capture_rounds;
