@@ -176,8 +176,8 @@ use crate::driver::{driver, raw_stream, Driver};
 use crate::error::{check, invalid_value, out_of_memory, CudaError};
 use crate::graph::unrestricted;
 use crate::shards::LocalShards;
-use capture::GiveBack;
-pub(crate) use capture::CAPTURES_ENDING;
+pub(crate) use capture::{current_capture, CAPTURES_ENDING};
+use capture::{no_capture_ends, GiveBack};
 use state::{state, DeviceMemory};
 
 thread_local! {
@@ -586,14 +586,15 @@ impl MemoryBackend for CudaBackend {
             return Ok(());
         }
         // A graph's own allocation means nothing outside its graph's work: a
-        // copy that names one is refused unless it is captured (a stream in
-        // a capture records it, and the capture decides).
+        // copy that names one is refused unless it is captured into that
+        // graph (the capture that allocated it).
         for addr in [dst.as_ptr() as usize, src.as_ptr() as usize] {
-            if mem.touches_graph_allocation(addr, size)
+            if let Some(made) = mem.graph_allocation_touched(addr, size) {
                 // SAFETY: the caller's contract: a usable stream of `device`.
-                && !unsafe { DeviceMemory::capturing(drv, stream, device) }?
-            {
-                return Err(CudaError::GraphMemory { addr });
+                let now = unsafe { DeviceMemory::capture_of(drv, stream, device) }?;
+                if made == 0 || now != Some(made) {
+                    return Err(CudaError::GraphMemory { addr });
+                }
             }
         }
         drv.on_stream(stream, device, || {
@@ -616,9 +617,12 @@ impl MemoryBackend for CudaBackend {
     /// it out while the graph being captured on `stream` can use it: the
     /// graph holds a CUDA user object for it, and once that graph, every
     /// executable graph made from it and their launches are gone,
-    /// [`trim_memory`](CudaBackend::trim_memory) gives the block back. Where
-    /// the graph cannot be told (see [`MemoryStats::kept_for_graphs`]), the
-    /// block is kept for the life of the process.
+    /// [`trim_memory`](CudaBackend::trim_memory) gives the block back. A
+    /// device block allocated in this capture (an allocation node) is freed
+    /// in it instead (a free node), so that the graph can be launched again.
+    /// Where `stream` is no longer in capture `capture`, or the graph cannot
+    /// be told (see [`MemoryStats::kept_for_graphs`]), the block is kept for
+    /// the life of the process.
     ///
     /// # Safety
     /// The contract of [`MemoryBackend::keep_for_graph`].
@@ -630,17 +634,43 @@ impl MemoryBackend for CudaBackend {
         size: usize,
         align: usize,
         stream: StreamHandle,
+        capture: u64,
     ) -> Result<(), CudaError> {
         let (drv, mem) = state(device)?;
+        let how = GiveBack::Block { align };
+        let addr = ptr.as_ptr() as usize;
         drv.on_stream(stream, device, || {
-            let how = GiveBack::Block { align };
-            // SAFETY: the caller's contract: `stream` is a usable, capturing
-            // stream of `device` (its context made current by `on_stream`
-            // if it is special), and the block is the caller's to give up.
-            unsafe {
-                mem.keep_for_graphs(device, kind, ptr.as_ptr() as usize, size, how, Some(stream));
-            }
-            Ok(())
+            // The capture seen stays the stream's until the block is freed in
+            // it or given to its graph (no capture gpupool ends ends
+            // meanwhile).
+            no_capture_ends(|| {
+                // SAFETY: the caller's contract: `stream` is usable on
+                // `device`, its context current (`on_stream`).
+                let now = unsafe { current_capture(stream) }?.map(|c| c.id);
+                if capture == 0 || now != Some(capture) {
+                    // The capture has ended (or cannot be told): its graph
+                    // can no longer be given a reference.
+                    // SAFETY: no stream; the block is the caller's to give up.
+                    unsafe { mem.keep_for_graphs(device, kind, addr, size, how, None) };
+                    return Ok(());
+                }
+                if kind == MemoryKind::Device && mem.allocated_in_capture(addr, capture) {
+                    // SAFETY: the caller's contract (the block is the
+                    // caller's, freed once, used only by work issued on
+                    // `stream`): a free node of the graph's own allocation,
+                    // in its own capture (checked just now, and no capture
+                    // gpupool ends ends meanwhile).
+                    return unsafe {
+                        mem.deallocate(drv, kind, device, ptr, size, align, Some(stream))
+                    };
+                }
+                // SAFETY: the caller's contract: `stream` is usable and in
+                // capture `capture`; the block is the caller's to give up.
+                unsafe {
+                    mem.keep_for_graphs(device, kind, addr, size, how, Some((stream, capture)))
+                };
+                Ok(())
+            })
         })
     }
 

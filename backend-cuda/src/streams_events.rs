@@ -219,6 +219,27 @@ impl StreamBackend for CudaBackend {
         })
     }
 
+    /// `cuStreamGetCaptureInfo` (its status and id; where this build's CUDA
+    /// version has no known signature for it, `cuStreamIsCapturing` and id
+    /// 0). Allowed on a capturing stream in every capture mode; it breaks no
+    /// capture.
+    ///
+    /// # Safety
+    /// The contract of [`StreamBackend::capture_id`]: `stream` is a usable
+    /// stream of `device` (type documentation, "Raw handles").
+    unsafe fn capture_id(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Option<u64>, CudaError> {
+        let drv = checked(device)?;
+        drv.on_stream(stream, device, || {
+            // SAFETY: a live stream of `device` (this call's contract), or a
+            // special stream of the context made current by `on_stream`.
+            unsafe { crate::memory::current_capture(stream) }.map(|c| c.map(|c| c.id))
+        })
+    }
+
     /// `cuStreamGetCtx`, and the device of that context. A special stream
     /// belongs to the current context, so it gives
     /// [`current_device`](Backend::current_device) (as DALI's

@@ -267,6 +267,23 @@ impl StreamBackend for MockBackend {
             None,
         )
     }
+
+    /// The id of the capture the stream is in (the mock's capture ids, never
+    /// reused), or `None`. A call of kind `CaptureStatus`, as
+    /// [`capture_status`](StreamBackend::capture_status).
+    unsafe fn capture_id(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Option<u64>, MockError> {
+        self.read_call_on(
+            CallKind::CaptureStatus,
+            &[stream.as_raw()],
+            false,
+            |st| st.capture_id(stream, device),
+            None,
+        )
+    }
 }
 
 /// Graph capture through the trait: the harness calls
@@ -448,12 +465,11 @@ impl MemoryBackend for MockBackend {
         self.free_in_order(given, ptr, stream, false)
     }
 
-    /// A stream-ordered free on the capturing stream (counted as a
-    /// `DeallocateAsync` call): the block is held for the graph and freed
-    /// when the graph is dropped (or when a failed capture ends). On a stream
-    /// that is not capturing, an ordinary stream-ordered free. (A pinned or
-    /// managed block given to `deallocate_async` on a capturing stream is
-    /// refused instead, as on CUDA: see the crate documentation, "Capture".)
+    /// Gives the block to capture `capture` of `stream`: the capture's own
+    /// allocation is freed by the graph (a free node), any other block held
+    /// for the graph and freed when the graph is dropped (or when a failed
+    /// capture ends). If `stream` is no longer in that capture, kept as by
+    /// [`keep_for_ended_captures`](MemoryBackend::keep_for_ended_captures).
     unsafe fn keep_for_graph(
         &self,
         kind: MemoryKind,
@@ -462,6 +478,7 @@ impl MemoryBackend for MockBackend {
         size: usize,
         align: usize,
         stream: StreamHandle,
+        capture: u64,
     ) -> Result<(), MockError> {
         let given = BlockLayout {
             kind,
@@ -469,7 +486,9 @@ impl MemoryBackend for MockBackend {
             size,
             align,
         };
-        self.free_in_order(given, ptr, stream, true)
+        self.call_on(CallKind::KeepForGraph, &[stream.as_raw()], |st| {
+            st.keep_for_graph(given, ptr, stream, capture)
+        })
     }
 
     /// Keeps the block for the graphs that may use it: only graphs' work may

@@ -530,17 +530,21 @@ impl State {
         };
         let (size, kind) = (block.size(), block.kind);
         match block.holder {
+            // The capture's own allocation: a free node of the graph.
             Holder::Graph { graph, .. } if graph == id => {
                 block.holder = Holder::Graph { graph, freed: true };
             }
             // A host-visible block, or any block kept for the graph
             // (`keep_for_graph`: a device block allocated before the
-            // capture, which the graph's replays may use).
+            // capture, which the graph's replays may use): held for the
+            // graph. Nothing frees it in the graph, so it is no item of the
+            // capture (CUDA adds no node either).
             Holder::Nobody if kind != MemoryKind::Device || for_graph => {
                 block.holder = Holder::Held(id);
                 if let Some(c) = self.captures.get_mut(id) {
                     c.blocks.push(addr);
                 }
+                return Ok(());
             }
             _ => {
                 self.captures.invalidate(id);
@@ -559,6 +563,28 @@ impl State {
         }
         self.captures.push_node(id, key, Vec::new());
         Ok(())
+    }
+
+    /// `MemoryBackend::keep_for_graph`: the block goes to capture `capture`
+    /// (the capture's own allocation is freed by the graph, anything else
+    /// held for it) if `stream` is still in that capture; otherwise it is
+    /// kept as by `keep_for_ended_captures`.
+    /// Errors as for a free.
+    pub(crate) fn keep_for_graph(
+        &mut self,
+        given: crate::error::BlockLayout,
+        ptr: core::ptr::NonNull<u8>,
+        stream: gpupool_core::StreamHandle,
+        capture: CaptureId,
+    ) -> Result<(), MockError> {
+        let key = self.stream_key(stream, given.device)?;
+        match self.captures.of_stream(key) {
+            Some(id) if id == capture => {
+                self.memory.block_to_free(given, ptr)?;
+                self.capture_free(id, key, ptr.as_ptr().addr(), true)
+            }
+            _ => self.keep_for_ended_captures(given, ptr),
+        }
     }
 
     /// Ends the capture `key` is the origin of: every member leaves it, its

@@ -220,7 +220,7 @@ impl MockBackend {
             }
             let key = st.harness_key(stream)?;
             let device = match key {
-                StreamKey::Implicit(d) => DeviceId(d),
+                StreamKey::Implicit(d) | StreamKey::PerThread(d) => DeviceId(d),
                 StreamKey::Created(_) => st.streams.get(key).map_or(graph.device, |s| s.device),
             };
             if device != graph.device {

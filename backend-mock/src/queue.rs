@@ -40,8 +40,14 @@ pub enum CompletionPolicy {
 /// Implicit keys order before created ones, so created streams are a range.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum StreamKey {
-    /// The implicit stream of a device, created in the map on first use.
+    /// The implicit (null and legacy) stream of a device, created in the map
+    /// on first use.
     Implicit(u32),
+    /// The per-thread default stream of a device (handle 2), created in the
+    /// map on first use: a stream apart from the legacy one (CUDA's driver
+    /// API makes handle 0 the legacy stream), one per device (the mock does
+    /// not tell the threads apart).
+    PerThread(u32),
     /// A created stream, by handle value.
     Created(usize),
 }
@@ -52,6 +58,7 @@ impl StreamKey {
     pub(crate) fn handle(self) -> StreamHandle {
         match self {
             StreamKey::Implicit(_) => StreamHandle::NULL,
+            StreamKey::PerThread(_) => StreamHandle::PER_THREAD,
             // SAFETY: `h` is the id of a stream this mock created; the handle
             // only names the stream in a report (and the mock checks every
             // handle it is given anyway).
@@ -146,7 +153,7 @@ impl Streams {
     /// created stream that does not exist.
     fn get_or_implicit(&mut self, key: StreamKey) -> Option<&mut Stream> {
         match key {
-            StreamKey::Implicit(d) => Some(
+            StreamKey::Implicit(d) | StreamKey::PerThread(d) => Some(
                 self.map
                     .entry(key)
                     .or_insert_with(|| Stream::new(DeviceId(d), None)),

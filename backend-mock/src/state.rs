@@ -262,6 +262,9 @@ impl State {
         device: DeviceId,
     ) -> Result<StreamKey, MockError> {
         self.check_device(device)?;
+        if stream == StreamHandle::PER_THREAD {
+            return Ok(StreamKey::PerThread(device.0));
+        }
         if stream.is_special() {
             return Ok(StreamKey::Implicit(device.0));
         }
@@ -286,6 +289,9 @@ impl State {
     pub(crate) fn harness_key(&self, stream: StreamHandle) -> Result<StreamKey, MockError> {
         if stream.is_special() {
             self.check_device(self.current)?;
+            if stream == StreamHandle::PER_THREAD {
+                return Ok(StreamKey::PerThread(self.current.0));
+            }
             return Ok(StreamKey::Implicit(self.current.0));
         }
         let key = StreamKey::Created(stream.as_raw());
@@ -372,6 +378,15 @@ impl State {
     ) -> Result<CaptureStatus, MockError> {
         let key = self.stream_key(stream, device)?;
         Ok(self.captures.status(key))
+    }
+
+    pub(crate) fn capture_id(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Option<u64>, MockError> {
+        let key = self.stream_key(stream, device)?;
+        Ok(self.captures.of_stream(key))
     }
 
     /// What an open capture refuses of `query_stream` (see

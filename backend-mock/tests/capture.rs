@@ -312,9 +312,9 @@ fn the_legacy_stream_cannot_join_a_capture() {
 
 /// The per-thread default stream may join a capture (CUDA can capture it)
 /// and be joined back; it cannot begin one (`begin_capture` takes a created
-/// stream). The mock models the three special handles as one implicit
-/// stream per device, so while it is in the capture the null and legacy
-/// handles name a capturing stream too: this pins what the model does.
+/// stream). It is a stream apart from the null and legacy handles' one
+/// (the driver API makes handle 0 the legacy stream), which stays out of
+/// the capture.
 #[test]
 fn the_per_thread_stream_joins_a_capture_but_does_not_begin_one() {
     let (mock, s) = mock_with_stream(1);
@@ -328,8 +328,8 @@ fn the_per_thread_stream_joins_a_capture_but_does_not_begin_one() {
     assert_eq!(mock.capture_status_of(per_thread), Ok(Active));
     assert_eq!(
         mock.capture_status_of(StreamHandle::NULL),
-        Ok(Active),
-        "one implicit stream"
+        Ok(NotCapturing),
+        "the legacy stream is another stream"
     );
     mock.enqueue_work(per_thread).unwrap();
     assert_eq!(mock.pending_work(per_thread), Ok(0), "captured");
@@ -845,7 +845,9 @@ fn host_visible_blocks_freed_in_a_capture_are_held_for_the_graph() {
             unsafe { mock.deallocate_async(kind, D0, p, 128, 64, s) }.unwrap();
         } else {
             // SAFETY: as above; the stream is capturing.
-            unsafe { mock.keep_for_graph(kind, D0, p, 128, 64, s) }.unwrap();
+            let capture = unsafe { mock.capture_id(s, D0) }.unwrap().unwrap();
+            // SAFETY: as above.
+            unsafe { mock.keep_for_graph(kind, D0, p, 128, 64, s, capture) }.unwrap();
         }
         let graph = mock.end_capture(s).unwrap();
         assert_eq!(mock.live_bytes(kind), 128, "{kind:?}: held for the graph");
@@ -884,7 +886,8 @@ fn a_failed_capture_frees_what_it_held_at_its_end() {
     unsafe {
         mock.allocate_async(MemoryKind::Device, D0, 64, 64, s)
             .unwrap();
-        mock.keep_for_graph(MemoryKind::Pinned, D0, pinned, 64, 64, s)
+        let capture = mock.capture_id(s, D0).unwrap().unwrap();
+        mock.keep_for_graph(MemoryKind::Pinned, D0, pinned, 64, 64, s, capture)
             .unwrap();
     }
     fork(&mock, s, b);

@@ -217,7 +217,7 @@ fn destroyed_stream_work_counts_as_finished() {
 }
 
 #[test]
-fn special_streams_are_one_implicit_stream_per_device() {
+fn null_and_legacy_are_one_implicit_stream_per_device_and_per_thread_another() {
     let mock = MockBackend::new(2);
     let e = event(&mock, D1);
     // SAFETY: every handle is this mock's, with its own device, live where
@@ -237,11 +237,16 @@ fn special_streams_are_one_implicit_stream_per_device() {
             mock.query_stream(StreamHandle::NULL, DeviceId(2)),
             Err(MockError::InvalidDevice(DeviceId(2)))
         );
-        // Work on the current device's implicit stream, seen through any handle.
+        // Work on the current device's implicit stream, seen through the
+        // null and legacy handles, not the per-thread stream's.
         mock.set_current_device(D1);
         mock.enqueue_work(StreamHandle::NULL).unwrap();
         mock.record_event(e, StreamHandle::LEGACY, D1).unwrap();
-        assert_eq!(mock.query_stream(StreamHandle::PER_THREAD, D1), Ok(Pending));
+        assert_eq!(mock.query_stream(StreamHandle::LEGACY, D1), Ok(Pending));
+        assert_eq!(
+            mock.query_stream(StreamHandle::PER_THREAD, D1),
+            Ok(Complete)
+        );
         assert_eq!(mock.query_stream(StreamHandle::NULL, D0), Ok(Complete));
         let s = stream(&mock, D0);
         mock.stream_wait_event(s, D0, e).unwrap();

@@ -35,6 +35,10 @@ pub(crate) struct CaptureNote {
 }
 
 impl CaptureNote {
+    /// The epoch a note stops at: its bumps no longer show, so whoever reads
+    /// it takes the stream for one that may always be capturing.
+    pub(crate) const SATURATED: u32 = u32::MAX;
+
     /// A note of a stream that has not been in a capture.
     pub(crate) fn new() -> Self {
         CaptureNote {

@@ -28,7 +28,7 @@ use crate::pool::{fmt_lease, shared_pool_methods, Pool, PoolKind, Slot};
 use crate::stats::Counters;
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::Arc;
-use crate::sync::{AtomicBool, Ordering};
+use crate::sync::{AtomicU32, Ordering};
 use crate::thread_cache::InPlace;
 
 /// The event kind of [`Pool`]: a device keeps only a ready list (and the
@@ -146,7 +146,7 @@ impl<B: EventBackend> EventPool<B> {
             event: unsafe { EventHandle::from_raw(h) },
             device,
             in_place: Some(cell_slot),
-            captured: AtomicBool::new(false),
+            records: AtomicU32::new(0),
         })
     }
 
@@ -247,12 +247,17 @@ pub struct EventLease<'p, B: EventBackend> {
     /// The cell slot the event is leased in place from (`std`): the lease
     /// owns it until it ends, and ends by writing the slot once.
     in_place: Option<InPlace<'p>>,
-    /// The event's last record was made on a capturing stream
-    /// ([`record`](EventLease::record)): it is destroyed when the lease
-    /// ends instead of going back to the pool, and the host cannot wait on
-    /// it.
-    captured: AtomicBool,
+    /// What [`record`](EventLease::record) did with the event: bit
+    /// [`CAPTURED`] once a record was made on a capturing stream (for the
+    /// rest of the lease: it is destroyed when the lease ends instead of
+    /// going back to the pool, and the host cannot wait on it), and below it
+    /// how many records are under way now (a wait that may have joined a
+    /// capture through one is told before the record can be seen).
+    records: AtomicU32,
 }
+
+/// [`EventLease::records`]' bit: a record was made in a capture.
+const CAPTURED: u32 = 1 << 31;
 
 impl<B: EventBackend> fmt::Debug for EventLease<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -268,18 +273,25 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
             event,
             device,
             in_place: None,
-            captured: AtomicBool::new(false),
+            records: AtomicU32::new(0),
         }
     }
 
-    /// Whether the event's last record was made on a capturing stream.
+    /// Whether a record of the event may have been made in a capture: one
+    /// was, or one is under way.
     #[inline]
-    pub(crate) fn is_captured(&self) -> bool {
-        // Relaxed: set and read by the holders of the lease, which share it
-        // by reference (or `SharedEvent`'s `Arc`) and order their uses of
-        // the event themselves; the flag changes nothing but what those uses
-        // do with the event.
-        self.captured.load(Ordering::Relaxed)
+    pub(crate) fn may_be_captured(&self) -> bool {
+        // Acquire, with the Release of `record`'s increments: a wait made
+        // after a record the caller saw reads that record's marks (see
+        // `record`).
+        self.records.load(Ordering::Acquire) != 0
+    }
+
+    /// Whether a record of the event was made in a capture.
+    #[inline]
+    fn is_captured(&self) -> bool {
+        // Acquire: as in `may_be_captured`.
+        self.records.load(Ordering::Acquire) & CAPTURED != 0
     }
 
     /// Ends an in-place lease, leaving its cell slot empty; false if the
@@ -322,7 +334,7 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
             handle: this.event,
             device: this.device,
             owner: this.pool.inner.id,
-            captured: this.is_captured(),
+            captured: this.may_be_captured(),
         }
     }
 
@@ -427,17 +439,26 @@ impl<'p, B: StreamBackend + EventBackend> EventLease<'p, B> {
                 actual: device,
             });
         }
-        // SAFETY: `order`'s stream is usable for `backend` (the order borrows
-        // its stream, owner and device checked above), or the null stream of
-        // the event's device, which exists (the event was made on it).
-        let capturing = unsafe { order.capturing(backend) }?;
+        // Marked as under way first (AcqRel: before the record, which a
+        // wait on another thread may see through the driver: that wait then
+        // reads the mark), cleared after, with the captured bit set if the
+        // stream was capturing. Asked after the record: a capture begun on
+        // the stream before the record is seen (`begin_capture` bumps the
+        // note before it begins). Where it cannot be asked, taken as
+        // captured.
+        self.records.fetch_add(1, Ordering::AcqRel);
         // SAFETY: the event is leased (live, of `backend`, on `device`); the
-        // stream as above, of the same device.
-        unsafe { backend.record_event(self.event, stream, device) }
-            .map_err(Error::backend(BackendOp::RecordEvent))?;
-        // Relaxed: see `is_captured`.
-        self.captured.store(capturing, Ordering::Relaxed);
-        Ok(())
+        // stream is `order`'s (the order borrows it, owner and device
+        // checked above), or the null stream of the event's device.
+        let recorded = unsafe { backend.record_event(self.event, stream, device) }
+            .map_err(Error::backend(BackendOp::RecordEvent));
+        // SAFETY: as above.
+        let captured = recorded.is_ok() && unsafe { order.capturing(backend) }.unwrap_or(true);
+        if captured {
+            self.records.fetch_or(CAPTURED, Ordering::AcqRel);
+        }
+        self.records.fetch_sub(1, Ordering::AcqRel);
+        recorded
     }
 }
 

@@ -411,13 +411,25 @@ pub(crate) unsafe fn release_in_order<B: MemoryBackend + StreamBackend>(
     block: Block,
     stream: StreamHandle,
 ) -> Result<(), Error<B::Error>> {
-    // SAFETY: the caller's contract: `backend` may be handed `order`'s stream.
-    if kind.is_host_accessible() && unsafe { order.capturing(backend) }? {
-        // SAFETY: the caller's contract; `stream` is capturing.
-        return unsafe {
-            backend.keep_for_graph(kind, device, block.ptr, block.size, block.align, stream)
+    if kind.is_host_accessible() {
+        // SAFETY: the caller's contract: `backend` may be handed `order`'s
+        // stream.
+        if let Some(capture) = unsafe { order.capture(backend) }? {
+            // SAFETY: the caller's contract; `stream` was in `capture` just
+            // now (the backend checks that it still is).
+            return unsafe {
+                backend.keep_for_graph(
+                    kind,
+                    device,
+                    block.ptr,
+                    block.size,
+                    block.align,
+                    stream,
+                    capture,
+                )
+            }
+            .map_err(Error::backend(BackendOp::KeepForGraph));
         }
-        .map_err(Error::backend(BackendOp::DeallocateAsync));
     }
     // SAFETY: the caller's contract.
     unsafe { backend.deallocate_async(kind, device, block.ptr, block.size, block.align, stream) }

@@ -376,20 +376,35 @@ impl<'s> AccessOrder<'s> {
     /// against the order's owner ([`check_backend`](Self::check_backend)),
     /// and the order is in use (it borrows its stream, or `from_raw`'s caller
     /// vouched for it).
+    #[inline]
     pub(crate) unsafe fn capturing<B: StreamBackend + ?Sized>(
         &self,
         backend: &B,
     ) -> Result<bool, Error<B::Error>> {
+        // SAFETY: the caller's contract.
+        unsafe { self.capture(backend) }.map(|c| c.is_some())
+    }
+
+    /// The capture this order's stream is in now, by its id
+    /// ([`capture_id`](StreamBackend::capture_id)), or `None`: asked of
+    /// `backend` only where the stream may be capturing; `None` for host
+    /// order.
+    ///
+    /// # Safety
+    /// As for [`capturing`](Self::capturing).
+    pub(crate) unsafe fn capture<B: StreamBackend + ?Sized>(
+        &self,
+        backend: &B,
+    ) -> Result<Option<u64>, Error<B::Error>> {
         let Some((stream, device)) = self.stream_and_device() else {
-            return Ok(false);
+            return Ok(None);
         };
         if !self.may_capture() {
-            return Ok(false);
+            return Ok(None);
         }
         // SAFETY: the caller's contract: a usable stream of `device` for
         // `backend`.
-        unsafe { backend.capture_status(stream, device) }
-            .map(|status| status.is_capturing())
+        unsafe { backend.capture_id(stream, device) }
             .map_err(Error::backend(BackendOp::CaptureStatus))
     }
 
@@ -507,13 +522,17 @@ impl<'s> AccessOrder<'s> {
                     .map_err(Error::backend(BackendOp::SynchronizeStream));
             }
         };
-        // A wait on a capturing stream joins its capture: asked only where
-        // `other` may be capturing (and then whether `self` is in one
-        // already, as the origin that joins a side stream back is).
+        // Whether `self` is in a capture already (as the origin that joins
+        // a side stream back is): then it joins nothing new. Asked only
+        // where it may be.
         // SAFETY: both orders' streams are usable for `backend` (see above).
-        let captured = unsafe { other.capturing(backend) }?;
+        let already = unsafe { self.capturing(backend) }?;
         // SAFETY: as above.
-        let joins = captured && !unsafe { self.capturing(backend) }?;
+        if self.joins_no_capture() && unsafe { other.capturing(backend) }? {
+            // The null and legacy streams cannot join a capture: the driver
+            // would refuse the wait and break the capture.
+            return Err(Error::StreamCapturing);
+        }
         let event = lease(other_device)?;
         // SAFETY: the event is leased from `events` (created by `backend` on
         // `other_device`, live while the lease is); both streams are usable
@@ -525,7 +544,14 @@ impl<'s> AccessOrder<'s> {
             unsafe { backend.stream_wait_event(this_stream, this_device, event.handle()) }
                 .map_err(|source| (BackendOp::StreamWaitEvent, source))
         });
-        if joins {
+        // Whether the record was captured (and so the wait joined `other`'s
+        // capture): asked after the record, so that a capture begun on
+        // `other` before it is seen (`begin_capture` bumps the note before
+        // it begins the capture; one begun after the record captured
+        // nothing of it). Where it cannot be asked, taken as captured.
+        // SAFETY: as above.
+        let captured = unsafe { other.capturing(backend) }.unwrap_or(true);
+        if captured && !already {
             self.note_join();
         }
         match waited {
@@ -547,6 +573,20 @@ impl<'s> AccessOrder<'s> {
                 Err(Error::Backend { op, source })
             }
         }
+    }
+
+    /// Whether this is the null or the legacy default stream, which CUDA
+    /// never lets join a capture.
+    #[inline]
+    fn joins_no_capture(&self) -> bool {
+        matches!(
+            self.order,
+            Order::Stream {
+                owner: None,
+                unseen: false,
+                ..
+            }
+        )
     }
 
     /// Notes, on the lease or owned stream this order came from (if any),
@@ -578,29 +618,35 @@ impl<'s> AccessOrder<'s> {
     {
         let backend = event.pool().backend();
         self.check_backend(backend)?;
-        let captured = event.is_captured();
-        // A wait on a captured event joins its capture, unless this stream
-        // is in a capture already (asked only then).
-        // SAFETY: this order's stream is usable for `backend` (owner checked
-        // above; the order borrows its stream).
-        let joins = captured && !unsafe { self.capturing(backend) }?;
-        match self.stream_and_device() {
-            None if captured => Err(Error::CapturedEvent),
+        let Some((stream, device)) = self.stream_and_device() else {
+            if event.may_be_captured() {
+                return Err(Error::CapturedEvent);
+            }
             // SAFETY: the event is leased (live, created by `backend` on
             // `event.device()`).
-            None => unsafe { backend.synchronize_event(event.handle(), event.device()) }
-                .map_err(Error::backend(BackendOp::SynchronizeEvent)),
-            Some((stream, device)) => {
-                // SAFETY: the event as above; the stream is usable for
-                // `backend` (borrowed by this order, owner checked).
-                unsafe { backend.stream_wait_event(stream, device, event.handle()) }
-                    .map_err(Error::backend(BackendOp::StreamWaitEvent))?;
-                if joins {
-                    self.note_join();
-                }
-                Ok(())
-            }
+            return unsafe { backend.synchronize_event(event.handle(), event.device()) }
+                .map_err(Error::backend(BackendOp::SynchronizeEvent));
+        };
+        // Whether this stream is in a capture already (it joins nothing
+        // new then). Asked only where it may be.
+        // SAFETY: this order's stream is usable for `backend` (owner checked
+        // above; the order borrows its stream).
+        let already = unsafe { self.capturing(backend) }?;
+        if self.joins_no_capture() && event.may_be_captured() {
+            // The null and legacy streams cannot join a capture.
+            return Err(Error::CapturedEvent);
         }
+        // SAFETY: the event as above; the stream is usable for `backend`
+        // (borrowed by this order, owner checked).
+        unsafe { backend.stream_wait_event(stream, device, event.handle()) }
+            .map_err(Error::backend(BackendOp::StreamWaitEvent))?;
+        // Read after the wait: a record made in a capture before it (which
+        // the wait joined) is seen, even one made on another thread at the
+        // same time (`EventLease::record` marks itself first).
+        if event.may_be_captured() && !already {
+            self.note_join();
+        }
+        Ok(())
     }
 }
 

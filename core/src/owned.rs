@@ -14,7 +14,7 @@ macro_rules! owned_handle {
     (
         $(#[$doc:meta])*
         pub struct $name:ident($handle:ident of $backend:ident, $what:literal);
-        check: $check:ident, destroy: $destroy:ident, $op:ident;
+        check: $check:ident, destroy: $destroy:ident, $op:ident, before: $before:ident;
         state: $(#[$state_doc:meta])* $state:ident: $state_ty:ty = $state_init:expr;
         $(#[$from_doc:meta])*
         from_raw_parts;
@@ -78,7 +78,8 @@ macro_rules! owned_handle {
             }
 
             #[doc = concat!("Destroys the ", $what, ". On failure (a backend of another")]
-            /// [`BackendId`]: [`Error::ForeignHandle`], nothing called; a failed
+            /// [`BackendId`]: [`Error::ForeignHandle`], nothing called; a stream
+            /// still in a graph capture: [`Error::StreamCapturing`]; a failed
             #[doc = concat!("destroy) the ", $what, " comes back with the error.")]
             pub fn destroy<B: $backend>(
                 self,
@@ -89,6 +90,9 @@ macro_rules! owned_handle {
                         value: self,
                         error: Error::ForeignHandle,
                     });
+                }
+                if let Err(error) = $before(&self, backend) {
+                    return Err(Rejected { value: self, error });
                 }
                 // SAFETY: `self` owns a live handle of `device`, made by a
                 // backend of this id (checked above), and is consumed here.
@@ -121,7 +125,7 @@ owned_handle! {
     /// [`StreamPool::put`](crate::StreamPool::put) or [`OwnedStream::destroy`].
     #[must_use = "dropping an OwnedStream leaks the stream: put it back or destroy it"]
     pub struct OwnedStream(StreamHandle of StreamBackend, "stream");
-    check: check_poolable, destroy: destroy_stream, DestroyStream;
+    check: check_poolable, destroy: destroy_stream, DestroyStream, before: not_capturing;
     state:
         /// What gpupool knows of the stream's graph captures (see
         /// `capture.rs`); an adopted stream starts as one that may be in a
@@ -150,7 +154,7 @@ owned_handle! {
     /// [`Error::ForeignHandle`].
     #[must_use = "dropping an OwnedEvent leaks the event: put it back or destroy it"]
     pub struct OwnedEvent(EventHandle of EventBackend, "event");
-    check: check_not_null, destroy: destroy_event, DestroyEvent;
+    check: check_not_null, destroy: destroy_event, DestroyEvent, before: nothing_before;
     state:
         /// The event's last record (through gpupool) was made on a
         /// capturing stream: it goes back to no pool (see
@@ -194,6 +198,34 @@ impl OwnedStream {
             capture: CaptureNote::with_epoch(1),
         })
     }
+}
+
+/// Refuses to destroy a stream in a graph capture ([`Error::StreamCapturing`]:
+/// destroying it would break the capture), asked only where it may be (its
+/// note was ever bumped). The stream belongs to `backend` (checked before).
+fn not_capturing<B: StreamBackend>(
+    stream: &OwnedStream,
+    backend: &B,
+) -> Result<(), Error<B::Error>> {
+    if !stream.capture.ever() {
+        return Ok(());
+    }
+    // SAFETY: `stream` owns a live stream of `backend`'s id (checked by the
+    // caller) on its device.
+    match unsafe { backend.capture_status(stream.handle, stream.device) } {
+        Ok(status) if status.is_capturing() => Err(Error::StreamCapturing),
+        Ok(_) => Ok(()),
+        Err(source) => Err(Error::Backend {
+            op: BackendOp::CaptureStatus,
+            source,
+        }),
+    }
+}
+
+/// Nothing to check before destroying an event (a captured one included:
+/// the graph does not refer to the event itself).
+fn nothing_before<B: EventBackend>(_: &OwnedEvent, _: &B) -> Result<(), Error<B::Error>> {
+    Ok(())
 }
 
 /// Refuses the handles no pool may hold.

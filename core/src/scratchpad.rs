@@ -496,7 +496,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let up = self.counting(kind, device);
         let st = &self.kinds[kind.index()];
         let graph = kind == MemoryKind::Device && self.watch.graph().is_some();
-        if graph && self.graph_round_goes_on(device)? {
+        if graph && self.graph_round_goes_on()? {
             if let Some(p) = self.graph_bump(bytes, align) {
                 return Ok(Some(p));
             }

@@ -528,8 +528,9 @@ impl<B: StreamBackend> StreamPool<B> {
 
     /// Moves the streams held for a capture whose capture has ended to the
     /// pending list, where the scan queries them; the others stay held. A
-    /// stream whose status cannot be asked is quarantined and the error
-    /// parked.
+    /// stream whose status cannot be asked stays held too (it may still be
+    /// capturing: destroying or querying it could break the capture), and
+    /// the error is parked.
     fn release_ended_captures(&self, device: DeviceId, slot: &StreamSlot) {
         if slot.busy.capturing.is_empty() {
             return;
@@ -541,15 +542,21 @@ impl<B: StreamBackend> StreamPool<B> {
             // backend on `device`, owned by the pool, taken out of the list by
             // this call (so no purge can destroy it meanwhile).
             match unsafe { self.inner.backend.capture_status(s, device) } {
-                Ok(status) if status.is_capturing() => {
-                    held.move_first_to(&mut still);
-                }
-                Ok(_) => {
+                Ok(status) if !status.is_capturing() => {
                     if let Some(s) = held.pop_first() {
                         slot.busy.push(s);
                     }
                 }
-                Err(e) => self.quarantine_first(&mut held, slot, BackendOp::CaptureStatus, e),
+                Ok(_) => {
+                    held.move_first_to(&mut still);
+                }
+                Err(e) => {
+                    held.move_first_to(&mut still);
+                    self.inner.parked.park(Error::Backend {
+                        op: BackendOp::CaptureStatus,
+                        source: e,
+                    });
+                }
             }
         }
         slot.busy.capturing.put_back(still);
@@ -618,7 +625,16 @@ impl<B: StreamBackend> StreamPool<B> {
                     return Ok(());
                 }
                 Err(e) => {
-                    return Err(self.quarantine_returned(slot, stream, BackendOp::CaptureStatus, e))
+                    // Not known not to be capturing: held like a capturing
+                    // stream (never queried, leased or destroyed until a
+                    // later question says its capture has ended), and the
+                    // error returned.
+                    Counters::bump(&slot.counters.returned);
+                    slot.busy.hold_for_capture(stream);
+                    return Err(Error::Backend {
+                        op: BackendOp::CaptureStatus,
+                        source: e,
+                    });
                 }
             }
         }
@@ -814,12 +830,16 @@ impl<'p, B: CaptureBackend> StreamLease<'p, B> {
                 return Err(Error::CaptureState);
             }
         }
+        // Noted before the capture begins: a wait on another thread that
+        // records on this stream after the beginning sees the note (and so
+        // asks), and one that read it before recorded before (see
+        // `AccessOrder::wait`). A failed beginning leaves the note bumped:
+        // only a cost (one question at the return and per round).
+        self.capture.bump();
         // SAFETY: as above; a created stream (pools hold no special one),
         // not in a capture: asked above, or never in one (its note).
         unsafe { backend.begin_capture(self.stream, self.device, mode) }
-            .map_err(Error::backend(BackendOp::BeginCapture))?;
-        self.capture.bump();
-        Ok(())
+            .map_err(Error::backend(BackendOp::BeginCapture))
     }
 
     /// Ends the capture this lease's stream began and returns its graph

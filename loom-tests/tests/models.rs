@@ -76,8 +76,12 @@ impl<R> Drop for Scoped<R> {
 /// `loom::model` with a preemption bound of at least
 /// [`loom_tests::DEEP_PREEMPTIONS`], for the models cheap enough to explore
 /// deeper than the suite's default (an unbounded run stays unbounded).
+/// Their longest executions (a capture begun, joined and ended through the
+/// pools, each step asking and bumping the streams' capture notes) pass
+/// loom's default of 1,000 branches.
 fn model_deep(f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
+    builder.max_branches = 4_000;
     builder.preemption_bound = builder
         .preemption_bound
         .map(|p| p.max(loom_tests::DEEP_PREEMPTIONS));

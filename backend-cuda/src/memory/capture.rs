@@ -17,26 +17,28 @@ use crate::driver::Driver;
 use crate::error::{check, CudaError};
 
 impl DeviceMemory {
-    /// Whether `stream` is capturing a graph (`cuStreamIsCapturing`, which
-    /// every capture mode allows and which breaks no capture).
+    /// The id of the capture `stream` is in ([`current_capture`]), or
+    /// `None`.
     ///
     /// # Safety
     /// `stream` is a usable stream of `device` (live, or special).
-    pub(super) unsafe fn capturing(
+    pub(super) unsafe fn capture_of(
         drv: &Driver,
         stream: StreamHandle,
         device: DeviceId,
-    ) -> Result<bool, CudaError> {
+    ) -> Result<Option<u64>, CudaError> {
         drv.on_stream(stream, device, || {
             // SAFETY: the caller's contract; `on_stream` made the right
             // context current for a special stream (as `capture_status` of
             // the backend does, which checks the device first: done by the
             // callers here).
-            unsafe { CudaBackend::raw_capture_status(stream) }.map(|s| s.is_capturing())
+            unsafe { current_capture(stream) }.map(|c| c.map(|c| c.id))
         })
     }
 
-    fn graph_allocations(&self) -> MutexGuard<'_, std::collections::BTreeMap<usize, usize>> {
+    fn graph_allocations(
+        &self,
+    ) -> MutexGuard<'_, std::collections::BTreeMap<usize, GraphAllocation>> {
         // A panic while the lock was held left the set whole (each change is
         // one insert or remove): go on with it.
         self.graphs
@@ -45,11 +47,12 @@ impl DeviceMemory {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Notes a device block the driver allocated on a capturing stream: an
-    /// allocation node of the graph being captured.
-    pub(super) fn note_graph_allocation(&self, addr: usize, size: usize) {
+    /// Notes a device block the driver allocated on a stream in capture
+    /// `capture` (its id; 0 where the driver cannot tell): an allocation
+    /// node of the graph being captured.
+    pub(super) fn note_graph_allocation(&self, addr: usize, size: usize, capture: u64) {
         let mut set = self.graph_allocations();
-        set.insert(addr, size);
+        set.insert(addr, GraphAllocation { size, capture });
         // Release, with the Acquire of `forget_graph_allocation`: a free
         // that sees the count sees the entry (the address was handed out
         // after this store).
@@ -58,29 +61,50 @@ impl DeviceMemory {
             .store(set.len(), Ordering::Release);
     }
 
-    /// Whether `addr` is a device block allocated on a capturing stream and
-    /// not freed yet; forgets it (it is being freed).
-    pub(super) fn forget_graph_allocation(&self, addr: usize) -> bool {
+    /// The capture that allocated `addr`, if it is a device block allocated
+    /// on a capturing stream and not freed yet; forgets it (it is being
+    /// freed).
+    pub(super) fn forget_graph_allocation(&self, addr: usize) -> Option<u64> {
         // Acquire: see `note_graph_allocation`. Zero (the case of every
         // program that never captures): no lock.
         if self.graphs.allocations_len.load(Ordering::Acquire) == 0 {
-            return false;
+            return None;
         }
         let mut set = self.graph_allocations();
-        let found = set.remove(&addr).is_some();
+        let found = set.remove(&addr).map(|a| a.capture);
         self.graphs
             .allocations_len
             .store(set.len(), Ordering::Release);
         found
     }
 
-    /// Whether `[addr, addr + len)` reaches into a device block allocated on
-    /// a capturing stream and not freed (a graph's own allocation). Zero
-    /// graph allocations (every program that never captures): no lock.
-    pub(super) fn touches_graph_allocation(&self, addr: usize, len: usize) -> bool {
+    /// Whether the device block handed out at `addr` (over-aligned or not)
+    /// is an allocation node of capture `capture`, not freed yet.
+    pub(super) fn allocated_in_capture(&self, addr: usize, capture: u64) -> bool {
+        // Acquire: see `note_graph_allocation`.
+        if self.graphs.allocations_len.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        // Acquire: an over-aligned block's entry was stored before its
+        // address was handed out.
+        let raw = if self.overaligned_len.load(Ordering::Acquire) > 0 {
+            self.overaligned().get(&addr).copied().unwrap_or(addr)
+        } else {
+            addr
+        };
+        self.graph_allocations()
+            .get(&raw)
+            .is_some_and(|a| a.capture == capture)
+    }
+
+    /// The capture that allocated the device block `[addr, addr + len)`
+    /// reaches into, if it reaches into one allocated on a capturing stream
+    /// and not freed (a graph's own allocation). Zero graph allocations
+    /// (every program that never captures): no lock.
+    pub(super) fn graph_allocation_touched(&self, addr: usize, len: usize) -> Option<u64> {
         // Acquire: see `note_graph_allocation`.
         if len == 0 || self.graphs.allocations_len.load(Ordering::Acquire) == 0 {
-            return false;
+            return None;
         }
         let end = addr.saturating_add(len);
         let set = self.graph_allocations();
@@ -88,15 +112,17 @@ impl DeviceMemory {
         // that can reach into it from the left; any starting inside it does.
         set.range(..end)
             .next_back()
-            .is_some_and(|(&start, &size)| start.saturating_add(size) > addr)
+            .filter(|(&start, a)| start.saturating_add(a.size) > addr)
+            .map(|(_, a)| a.capture)
     }
 
     /// Keeps a block that was freed in the order of `stream` while `stream`
-    /// was capturing a graph (or, `stream` `None`, a graph's allocation freed
-    /// outside its capture): the graph's replays may use it whenever they run,
+    /// was in capture `capture` (or, `stream` `None`, a block of a capture
+    /// that has ended): the graph's replays may use it whenever they run,
     /// so it is never handed out again while the graph can run. Where the
-    /// graph being captured can be told (`cuStreamGetCaptureInfo`), it is
-    /// given a reference to a CUDA user object for the block, whose
+    /// graph being captured can be told (`cuStreamGetCaptureInfo`) and the
+    /// stream is still in capture `capture`, the graph is given a reference
+    /// to a CUDA user object for the block, whose
     /// destructor (run by CUDA once that graph, every executable graph made
     /// from it and their launches are done) marks the block for
     /// [`give_back_graphs_blocks`](Self::give_back_graphs_blocks); otherwise
@@ -106,8 +132,8 @@ impl DeviceMemory {
     /// `how` says how the block is given back: at the level it was freed at.
     ///
     /// # Safety
-    /// `stream`, if any, is a usable stream of `device` that is capturing,
-    /// with `device`'s primary context current if it is a special stream;
+    /// `stream`, if any, is a usable stream of `device`, with `device`'s
+    /// primary context current if it is a special stream;
     /// the block is not used by gpupool again, and only the graph's work uses
     /// it.
     pub(super) unsafe fn keep_for_graphs(
@@ -117,7 +143,7 @@ impl DeviceMemory {
         addr: usize,
         size: usize,
         how: GiveBack,
-        stream: Option<StreamHandle>,
+        stream: Option<(StreamHandle, u64)>,
     ) {
         {
             let mut kept = self.kept();
@@ -134,7 +160,7 @@ impl DeviceMemory {
         };
         let held = match stream {
             // SAFETY: the caller's contract.
-            Some(s) => match unsafe { hold_in_graph(s, held) } {
+            Some((s, capture)) => match unsafe { hold_in_graph(s, capture, held) } {
                 Ok(()) => return,
                 Err(held) => held,
             },
@@ -217,11 +243,48 @@ impl DeviceMemory {
     }
 }
 
-/// Taken for reading while a graph being captured is given a reference
-/// (`hold_in_graph`), and for writing while gpupool ends a capture
-/// (`CaptureBackend::end_capture`): the graph a capture info call returned
-/// is still being captured, and alive, when the reference is moved to it.
+/// Taken for reading while a capture seen on a stream is acted on (a graph
+/// being captured given a reference, `hold_in_graph`; a graph's allocation
+/// freed inside its own capture), and for writing while gpupool ends a
+/// capture (`CaptureBackend::end_capture`): the capture a capture info call
+/// returned is still the stream's, and its graph alive, until the action is
+/// done.
 pub(crate) static CAPTURES_ENDING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+std::thread_local! {
+    /// Whether this thread holds `CAPTURES_ENDING` for reading (through
+    /// [`no_capture_ends`]): a nested call goes on under the outer hold
+    /// instead of reading again, which could wait forever behind a writer
+    /// that waits for the outer hold.
+    static HOLDING_CAPTURES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with `CAPTURES_ENDING` held for reading: no capture that
+/// gpupool ends ends meanwhile. Re-entrant on one thread.
+pub(super) fn no_capture_ends<R>(f: impl FnOnce() -> R) -> R {
+    if HOLDING_CAPTURES.get() {
+        return f();
+    }
+    /// Clears the flag when the hold ends, a panic included.
+    struct Hold<'a>(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>);
+    impl Drop for Hold<'_> {
+        fn drop(&mut self) {
+            HOLDING_CAPTURES.set(false);
+        }
+    }
+    let _hold = Hold(CAPTURES_ENDING.read().unwrap_or_else(|e| e.into_inner()));
+    HOLDING_CAPTURES.set(true);
+    f()
+}
+
+/// A device block allocated on a capturing stream: an allocation node of
+/// the graph being captured.
+#[derive(Copy, Clone, Debug)]
+pub(super) struct GraphAllocation {
+    pub(super) size: usize,
+    /// The capture's id (0 where the driver cannot tell).
+    pub(super) capture: u64,
+}
 
 /// How a block kept for a graph is given back once the graph is gone.
 #[derive(Copy, Clone, Debug)]
@@ -245,19 +308,43 @@ pub(super) struct GraphHeld {
     how: GiveBack,
 }
 
-/// Gives the graph being captured on `stream` a reference to a user object
-/// for `held`; `Err(held)` if the graph cannot be told or the driver refuses.
+/// Gives the graph being captured on `stream` in capture `capture` a
+/// reference to a user object for `held`; `Err(held)` if the stream is not
+/// in that capture (any more), the graph cannot be told, or the driver
+/// refuses.
 ///
 /// # Safety
-/// `stream` is a usable stream that is capturing, with its context current
-/// if it is a special stream.
-unsafe fn hold_in_graph(stream: StreamHandle, held: GraphHeld) -> Result<(), GraphHeld> {
+/// `stream` is a usable stream, with its context current if it is a
+/// special stream.
+unsafe fn hold_in_graph(
+    stream: StreamHandle,
+    capture: u64,
+    held: GraphHeld,
+) -> Result<(), GraphHeld> {
     // No capture that gpupool ends (`StreamLease::end_capture`) ends while
     // this call holds the graph's handle: the graph stays the one being
     // captured, and alive, until the reference is moved to it.
-    let _no_end = CAPTURES_ENDING.read().unwrap_or_else(|e| e.into_inner());
     // SAFETY: the caller's contract.
-    let Some(graph) = (unsafe { capture_graph(stream) }) else {
+    no_capture_ends(|| unsafe { hold_in_graph_now(stream, capture, held) })
+}
+
+/// [`hold_in_graph`], under [`no_capture_ends`].
+///
+/// # Safety
+/// As for `hold_in_graph`.
+unsafe fn hold_in_graph_now(
+    stream: StreamHandle,
+    capture: u64,
+    held: GraphHeld,
+) -> Result<(), GraphHeld> {
+    // SAFETY: the caller's contract.
+    let graph = match unsafe { current_capture(stream) } {
+        // Id 0: the driver cannot tell captures apart; the graph is not
+        // known to be the one the block was used in.
+        Ok(Some(now)) if now.active && now.id == capture && capture != 0 => now.graph,
+        _ => None,
+    };
+    let Some(graph) = graph else {
         return Err(held);
     };
     let held = Box::into_raw(Box::new(held));
@@ -327,27 +414,83 @@ unsafe extern "C" fn graph_done(held: *mut std::ffi::c_void) {
     mem.kept().released.push(*held);
 }
 
-/// The graph being captured on `stream`, or `None` where the driver does
-/// not say (or this build's CUDA version cannot be told).
+/// The capture a stream is in, as the driver tells it.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct CaptureNow {
+    /// Active (not invalidated).
+    pub(crate) active: bool,
+    /// The capture's id, unique in the process.
+    pub(crate) id: u64,
+    /// The graph being captured, where the driver gave it.
+    pub(crate) graph: Option<sys::CUgraph>,
+}
+
+/// The capture `stream` is in (`cuStreamGetCaptureInfo`), or `None` when
+/// it is in none. Where this build's CUDA version cannot be asked (see
+/// [`capture_info`]), from `cuStreamIsCapturing`, with id 0 and no graph.
+/// Like `cuStreamIsCapturing`, allowed in every capture mode and breaking
+/// no capture.
 ///
 /// # Safety
 /// `stream` is a usable stream, with its context current if it is a special
 /// stream.
-unsafe fn capture_graph(stream: StreamHandle) -> Option<sys::CUgraph> {
+pub(crate) unsafe fn current_capture(
+    stream: StreamHandle,
+) -> Result<Option<CaptureNow>, CudaError> {
+    if !CAPTURE_INFO_KNOWN {
+        // SAFETY: the caller's contract.
+        let status = unsafe { CudaBackend::raw_capture_status(stream) }?;
+        return Ok(status.is_capturing().then_some(CaptureNow {
+            active: status == gpupool_core::CaptureStatus::Active,
+            id: 0,
+            graph: None,
+        }));
+    }
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id: u64 = 0;
     let mut graph: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: the caller's contract; `status` and `graph` are valid places
-    // for the answers.
-    let r = unsafe { capture_info(stream, &mut status, &mut graph) };
-    let active = status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
-    (r == sys::CUresult::CUDA_SUCCESS && active && !graph.is_null()).then_some(graph)
+    // SAFETY: the caller's contract; `status`, `id` and `graph` are valid
+    // places for the answers.
+    check(unsafe { capture_info(stream, &mut status, &mut id, &mut graph) })?;
+    if status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(None);
+    }
+    Ok(Some(CaptureNow {
+        active: status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+        id,
+        graph: (!graph.is_null()).then_some(graph),
+    }))
 }
 
+/// Whether this build can ask the driver for a stream's capture
+/// ([`capture_info`] has a known signature).
+pub(crate) const CAPTURE_INFO_KNOWN: bool = cfg!(any(
+    feature = "cuda-11040",
+    feature = "cuda-11050",
+    feature = "cuda-11060",
+    feature = "cuda-11070",
+    feature = "cuda-11080",
+    feature = "cuda-12000",
+    feature = "cuda-12010",
+    feature = "cuda-12020",
+    feature = "cuda-12030",
+    feature = "cuda-12040",
+    feature = "cuda-12050",
+    feature = "cuda-12060",
+    feature = "cuda-12080",
+    feature = "cuda-12090",
+    feature = "cuda-13000",
+    feature = "cuda-13010",
+    feature = "cuda-13020",
+    feature = "cuda-13030",
+    feature = "cuda-13040"
+));
+
 /// `cuStreamGetCaptureInfo` (the `_v3` signature, CUDA 12.3 and later):
-/// the capture status and the graph being captured.
+/// the capture status, its id and the graph being captured.
 ///
 /// # Safety
-/// As [`capture_graph`]; `status` and `graph` are valid places.
+/// As [`current_capture`]; `status`, `id` and `graph` are valid places.
 #[cfg(any(
     feature = "cuda-12030",
     feature = "cuda-12040",
@@ -364,6 +507,7 @@ unsafe fn capture_graph(stream: StreamHandle) -> Option<sys::CUgraph> {
 unsafe fn capture_info(
     stream: StreamHandle,
     status: &mut sys::CUstreamCaptureStatus,
+    id: &mut u64,
     graph: &mut sys::CUgraph,
 ) -> sys::CUresult {
     // SAFETY: the caller's contract; the outputs not asked for are null,
@@ -372,7 +516,7 @@ unsafe fn capture_info(
         sys::cuStreamGetCaptureInfo_v3(
             crate::driver::raw_stream(stream),
             status,
-            std::ptr::null_mut(),
+            id,
             graph,
             std::ptr::null_mut(),
             std::ptr::null_mut(),
@@ -384,7 +528,7 @@ unsafe fn capture_info(
 /// `cuStreamGetCaptureInfo_v2` (CUDA 11.3 to 12.2).
 ///
 /// # Safety
-/// As [`capture_graph`]; `status` and `graph` are valid places.
+/// As [`current_capture`]; `status`, `id` and `graph` are valid places.
 #[cfg(all(
     any(
         feature = "cuda-11040",
@@ -413,6 +557,7 @@ unsafe fn capture_info(
 unsafe fn capture_info(
     stream: StreamHandle,
     status: &mut sys::CUstreamCaptureStatus,
+    id: &mut u64,
     graph: &mut sys::CUgraph,
 ) -> sys::CUresult {
     // SAFETY: as for the `_v3` variant.
@@ -420,7 +565,7 @@ unsafe fn capture_info(
         sys::cuStreamGetCaptureInfo_v2(
             crate::driver::raw_stream(stream),
             status,
-            std::ptr::null_mut(),
+            id,
             graph,
             std::ptr::null_mut(),
             std::ptr::null_mut(),
@@ -458,6 +603,7 @@ unsafe fn capture_info(
 unsafe fn capture_info(
     _stream: StreamHandle,
     _status: &mut sys::CUstreamCaptureStatus,
+    _id: &mut u64,
     _graph: &mut sys::CUgraph,
 ) -> sys::CUresult {
     sys::CUresult::CUDA_ERROR_NOT_SUPPORTED

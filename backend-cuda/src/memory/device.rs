@@ -11,7 +11,7 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryKind, StreamBackend, StreamHandle, StreamOptions};
 
-use super::capture::GiveBack;
+use super::capture::{no_capture_ends, GiveBack};
 use super::state::{state, DeviceMemory};
 use crate::backend::CudaBackend;
 use crate::driver::{raw_stream, Driver};
@@ -190,8 +190,8 @@ impl DeviceMemory {
             // A driver allocation on a capturing stream is an allocation node
             // of the graph: only a free in the same capture may name it.
             // SAFETY: `s` is the caller's stream (this function's contract).
-            if unsafe { Self::capturing(drv, s, device) }? {
-                self.note_graph_allocation(addr, size);
+            if let Some(capture) = unsafe { Self::capture_of(drv, s, device) }? {
+                self.note_graph_allocation(addr, size, capture);
             }
         }
         if !cached {
@@ -261,40 +261,72 @@ impl DeviceMemory {
                 // goes to the cache: its address is valid only while the
                 // graph's work runs.
                 let graph_allocation = self.forget_graph_allocation(addr);
-                if stream.is_some() && !graph_allocation {
+                if stream.is_some() && graph_allocation.is_none() {
                     // SAFETY: the caller's contract (a stream-ordered free on `s`).
                     if unsafe { self.cache.put(s, addr, size, frees) } {
                         return Ok(false);
                     }
                 }
-                // SAFETY: the caller's contract: `s` is usable on `device`.
-                let capturing = stream.is_some() && unsafe { Self::capturing(drv, s, device) }?;
-                if capturing != graph_allocation {
-                    // Inside a capture the driver frees only the graph's own
-                    // allocations (a free node): a block allocated outside it
-                    // may be used by the graph's replays whenever they run.
-                    // Outside a capture, a graph's allocation belongs to the
-                    // graph's launches, which gpupool cannot see. Kept.
-                    // SAFETY: `s` is usable (the caller's contract) and, when
-                    // passed, capturing; `device`'s context is current; the
-                    // block is not used by gpupool again.
-                    unsafe {
-                        self.keep_for_graphs(
-                            device,
-                            MemoryKind::Device,
-                            addr,
-                            size,
-                            GiveBack::DeviceBlock,
-                            capturing.then_some(s),
-                        );
+                // The capture seen is still the stream's when the block is
+                // freed or kept for it (no capture gpupool ends ends
+                // meanwhile).
+                no_capture_ends(|| {
+                    let capture = match stream {
+                        // SAFETY: the caller's contract: `s` is usable on
+                        // `device`.
+                        Some(_) => unsafe { Self::capture_of(drv, s, device) }?,
+                        None => None,
+                    };
+                    match (graph_allocation, capture) {
+                        // Outside any capture, a block of gpupool's: freed.
+                        (None, None) => {}
+                        // Inside a capture the driver frees only the graph's
+                        // own allocations (a free node).
+                        (Some(made), Some(now)) if made == now && now != 0 => {}
+                        (None, Some(now)) => {
+                            // A block allocated outside the capture: the
+                            // graph's replays may use it whenever they run.
+                            // SAFETY: `s` is usable (the caller's contract)
+                            // and in capture `now`; `device`'s context is
+                            // current; the block is not used by gpupool again.
+                            unsafe {
+                                self.keep_for_graphs(
+                                    device,
+                                    MemoryKind::Device,
+                                    addr,
+                                    size,
+                                    GiveBack::DeviceBlock,
+                                    Some((s, now)),
+                                );
+                            }
+                            return Ok(false);
+                        }
+                        (Some(_), _) => {
+                            // A graph's allocation freed outside its own
+                            // capture: it belongs to the graph's launches,
+                            // which gpupool cannot see. Kept.
+                            // SAFETY: no stream; the block is not used by
+                            // gpupool again.
+                            unsafe {
+                                self.keep_for_graphs(
+                                    device,
+                                    MemoryKind::Device,
+                                    addr,
+                                    size,
+                                    GiveBack::DeviceBlock,
+                                    None,
+                                );
+                            }
+                            return Ok(false);
+                        }
                     }
-                    return Ok(false);
-                }
-                // SAFETY: the caller's contract; `s` is a live stream of `device`
-                // or a special stream of the context just made current. Inside
-                // a capture, a free node of the graph's own allocation.
-                check(unsafe { sys::cuMemFreeAsync(addr as sys::CUdeviceptr, raw_stream(s)) })?;
-                Ok(true)
+                    // SAFETY: the caller's contract; `s` is a live stream of
+                    // `device` or a special stream of the context just made
+                    // current. Inside a capture, a free node of the graph's
+                    // own allocation, in the capture that made it.
+                    check(unsafe { sys::cuMemFreeAsync(addr as sys::CUdeviceptr, raw_stream(s)) })?;
+                    Ok(true)
+                })
             })
             .map(|freed| {
                 if freed {

@@ -34,7 +34,7 @@ fn non_null(addr: usize) -> Result<NonNull<u8>, CudaError> {
 }
 
 impl DeviceMemory {
-    fn overaligned(&self) -> MutexGuard<'_, HashMap<usize, usize>> {
+    pub(super) fn overaligned(&self) -> MutexGuard<'_, HashMap<usize, usize>> {
         self.overaligned.lock().unwrap_or_else(|p| p.into_inner())
     }
 

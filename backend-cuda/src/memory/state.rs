@@ -53,8 +53,8 @@ pub(super) struct DeviceMemory {
 #[derive(Debug, Default)]
 pub(super) struct GraphMemory {
     /// Device blocks allocated on a capturing stream and not freed yet:
-    /// start address to size.
-    pub(super) allocations: Mutex<BTreeMap<usize, usize>>,
+    /// start address to size and capture.
+    pub(super) allocations: Mutex<BTreeMap<usize, super::capture::GraphAllocation>>,
     /// `allocations.len()`, readable without the lock (written under it).
     pub(super) allocations_len: AtomicUsize,
     /// Blocks kept for graphs.

@@ -146,6 +146,26 @@ pub trait StreamBackend: Backend {
         let _ = (stream, device);
         Ok(CaptureStatus::NotCapturing)
     }
+
+    /// The capture `stream` is in (active or invalidated), by an id that no
+    /// other capture of the process has (CUDA's `cuStreamGetCaptureInfo`),
+    /// or `None` when it is not capturing. An id lets a caller that found
+    /// the stream capturing tell, later, whether it is still the same
+    /// capture ([`MemoryBackend::keep_for_graph`]). The same rules as
+    /// [`capture_status`](Self::capture_status): allowed, and breaking no
+    /// capture, in every mode. Default: from `capture_status`, with 0 for
+    /// "some capture" (a backend that cannot tell captures apart).
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]).
+    unsafe fn capture_id(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Option<u64>, Self::Error> {
+        // SAFETY: the caller's contract.
+        unsafe { self.capture_status(stream, device) }.map(|s| s.is_capturing().then_some(0))
+    }
 }
 
 /// Graph capture: beginning and ending a capture on a stream. The pools call
@@ -373,21 +393,28 @@ pub trait MemoryBackend: Backend {
         device: DeviceId,
     ) -> Result<(), Self::Error>;
 
-    /// Takes back a host-visible block (host, pinned or managed) whose release
-    /// falls in the order of `stream` while `stream` is capturing a graph:
-    /// every replay of the graph may read or write it, whenever it runs, so
-    /// it must not be handed out again while the graph can still run (nor can
-    /// the stream be asked when the graph is done with it). Called by
-    /// [`Scratchpad`](crate::Scratchpad) instead of
-    /// [`deallocate_async`](Self::deallocate_async) in that case.
+    /// Gives a block to the graph being captured on `stream` in capture
+    /// `capture` (the id [`capture_id`](StreamBackend::capture_id) gave for
+    /// `stream`): every replay of the graph may read or write it, whenever
+    /// it runs, so it must not be handed out again while the graph (or
+    /// anything made from it) can still run; a device block the capture
+    /// itself allocated is freed by the graph instead (a free node). If
+    /// `stream` is no longer in capture `capture` (it ended, or another
+    /// began), the block is kept as by
+    /// [`keep_for_ended_captures`](Self::keep_for_ended_captures). Called by
+    /// [`Scratchpad`](crate::Scratchpad) for the memory of a round that a
+    /// capture overlapped, instead of
+    /// [`deallocate_async`](Self::deallocate_async).
     ///
     /// Default: nothing, so the block is never handed out again (a backend
     /// that cannot tell when graphs end keeps it for the life of the
-    /// process). A backend that can tell (the mock) frees it then.
+    /// process).
     ///
     /// # Safety
-    /// 1. and 2. of [`deallocate_async`](Self::deallocate_async); `stream` is
-    ///    capturing.
+    /// The contract of [`deallocate_async`](Self::deallocate_async) (1.);
+    /// `stream` is a usable stream of `device`; gpupool does not use the
+    /// block again.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn keep_for_graph(
         &self,
         kind: MemoryKind,
@@ -396,8 +423,9 @@ pub trait MemoryBackend: Backend {
         size: usize,
         align: usize,
         stream: StreamHandle,
+        capture: u64,
     ) -> Result<(), Self::Error> {
-        let _ = (kind, device, ptr, size, align, stream);
+        let _ = (kind, device, ptr, size, align, stream, capture);
         Ok(())
     }
 
@@ -485,6 +513,10 @@ macro_rules! forward_backend {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).capture_status(s, d) }
             }
+            unsafe fn capture_id(&self, s: StreamHandle, d: DeviceId) -> Result<Option<u64>, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).capture_id(s, d) }
+            }
         }
         impl<B: EventBackend + ?Sized> EventBackend for $ptr {
             fn create_event(&self, d: DeviceId, f: EventFlags) -> Result<EventHandle, Self::Error> {
@@ -554,9 +586,9 @@ macro_rules! forward_memory {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).copy_async(dst, src, size, s, d) }
             }
-            unsafe fn keep_for_graph(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize, s: StreamHandle) -> Result<(), Self::Error> {
+            unsafe fn keep_for_graph(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize, s: StreamHandle, c: u64) -> Result<(), Self::Error> {
                 // SAFETY: forwarded with the caller's guarantees.
-                unsafe { (**self).keep_for_graph(k, d, p, size, align, s) }
+                unsafe { (**self).keep_for_graph(k, d, p, size, align, s, c) }
             }
             unsafe fn keep_for_ended_captures(&self, k: MemoryKind, d: DeviceId, p: NonNull<u8>, size: usize, align: usize) -> Result<(), Self::Error> {
                 // SAFETY: forwarded with the caller's guarantees.

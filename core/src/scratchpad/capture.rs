@@ -41,7 +41,6 @@ use core::cell::Cell;
 use crate::backend::{DeviceId, MemoryKind, StreamHandle};
 use crate::capture::CaptureNote;
 use crate::error::{BackendOp, Error};
-use crate::monotonic::Upstream;
 use crate::order::AccessOrder;
 
 use super::{FirstError, ScratchBackend, Scratchpad, ScratchpadConfig};
@@ -70,11 +69,15 @@ pub(super) struct RoundState {
     start_epochs: u64,
     /// A watched stream was capturing when the round began.
     start_captured: bool,
+    /// The capture it was in, if the watched streams were in one capture
+    /// with an id.
+    start_capture: Option<u64>,
     /// While the device kind holds blocks that a graph capture allocated:
-    /// the watched epochs when the first was taken, and how many blocks the
-    /// kind held before it (the blocks after those are the graph's); the
-    /// kind's cursor is paused meanwhile (module documentation).
-    graph: Option<(u64, usize)>,
+    /// the watched epochs when the first was taken, how many blocks the kind
+    /// held before it (the blocks after those are the graph's), and the
+    /// capture's id; the kind's cursor is paused meanwhile (module
+    /// documentation).
+    graph: Option<(u64, usize, u64)>,
     /// Bit `i` set: in a round that is not quiet, kind `i` took its first
     /// block of the round once no watched stream was capturing any more and
     /// no note had moved since the round began, so none of its memory of
@@ -133,20 +136,26 @@ impl<'b> Watch<'b> {
             || config.managed_release.as_ref().is_some_and(asks)
     }
 
-    /// The sum of the watched notes' epochs now.
+    /// The sum of the watched notes' epochs now; `None` once a note has
+    /// saturated (its bumps no longer show: nothing is quiet any more).
     #[inline]
-    fn epochs(&self) -> u64 {
-        self.notes
-            .iter()
-            .map(|n| n.map_or(0, |n| u64::from(n.epoch())))
-            .sum()
+    fn epochs(&self) -> Option<u64> {
+        let mut sum = 0;
+        for n in self.notes.iter().flatten() {
+            let e = n.epoch();
+            if e == CaptureNote::SATURATED {
+                return None;
+            }
+            sum += u64::from(e);
+        }
+        Some(sum)
     }
 
     /// Whether no watched stream can have been in a capture since the round
     /// began: none was capturing then, and no note was bumped since.
     #[inline]
     pub(super) fn quiet(&self) -> bool {
-        self.start.get() == self.epochs()
+        Some(self.start.get()) == self.epochs()
     }
 
     /// Runs `f` on the round's capture state (made if there is none).
@@ -180,7 +189,7 @@ impl<'b> Watch<'b> {
 
     /// The device kind's graph mode (see `RoundState::graph`).
     #[inline]
-    pub(super) fn graph(&self) -> Option<(u64, usize)> {
+    pub(super) fn graph(&self) -> Option<(u64, usize, u64)> {
         match self.state.take() {
             None => None,
             Some(st) => {
@@ -192,14 +201,26 @@ impl<'b> Watch<'b> {
     }
 }
 
+/// What the scratchpad's streams are capturing now.
+#[derive(Copy, Clone)]
+enum Capturing<'b> {
+    /// Nothing.
+    None,
+    /// One capture (this order's stream is in it, with this id).
+    One(AccessOrder<'b>, u64),
+    /// Different captures, or captures a backend cannot tell apart.
+    Several,
+}
+
 /// How a round ended, as far as graph captures go.
 #[derive(Copy, Clone)]
 pub(super) enum RoundEnd<'b> {
     /// No capture overlapped it: its memory is reused as usual.
     Clean,
-    /// One capture overlapped it and is still open, on this order's stream:
-    /// its memory goes to that capture's graph.
-    InCapture(AccessOrder<'b>),
+    /// One capture overlapped it and is still open, on this order's stream,
+    /// with this id ([`capture_id`](crate::StreamBackend::capture_id)): its
+    /// memory goes to that capture's graph.
+    InCapture(AccessOrder<'b>, u64),
     /// A capture overlapped it and may have ended: its memory is kept from
     /// everybody.
     AfterCapture,
@@ -216,18 +237,29 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         })
     }
 
-    /// The first of the scratchpad's stream orders that is capturing now,
-    /// if any (only those that may be are asked).
-    fn capturing_order(&self) -> Result<Option<AccessOrder<'b>>, Error<B::Error>> {
+    /// The capture the scratchpad's stream orders are in now (only those
+    /// that may be are asked): `Ok(None)` if none is, `Ok(Some((order,
+    /// id)))` if every one that is capturing is in the same capture (`order`
+    /// one of them), and [`Capturing::Several`] if they are in different
+    /// captures.
+    fn capturing_now(&self) -> Result<Capturing<'b>, Error<B::Error>> {
+        let mut found = Capturing::None;
         for o in self.capturable_orders() {
             // SAFETY: every order of the scratchpad is usable for its
             // backend for the scratchpad's whole life (checked at
             // construction; each borrows its stream).
-            if unsafe { o.capturing(self.backend) }? {
-                return Ok(Some(o));
-            }
+            let Some(id) = (unsafe { o.capture(self.backend) })? else {
+                continue;
+            };
+            found = match found {
+                Capturing::None => Capturing::One(o, id),
+                Capturing::One(first, first_id) if first_id == id && id != 0 => {
+                    Capturing::One(first, first_id)
+                }
+                _ => Capturing::Several,
+            };
         }
-        Ok(None)
+        Ok(found)
     }
 
     /// Begins a round: notes the epochs, and asks whether a watched stream
@@ -236,27 +268,35 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     pub(super) fn begin_round(&self) -> Result<(), Error<B::Error>> {
         let w = &self.watch;
         let epochs = w.epochs();
-        let unseen = self.stream_orders().iter().any(|o| o.captures_unseen());
-        let captured = if epochs == 0 && !unseen {
-            Ok(false)
+        // A saturated note is as good as a stream gpupool cannot see.
+        let unseen = epochs.is_none() || self.stream_orders().iter().any(|o| o.captures_unseen());
+        let captured = if epochs == Some(0) && !unseen {
+            Ok(Capturing::None)
         } else {
-            self.capturing_order().map(|o| o.is_some())
+            self.capturing_now()
         };
-        let start_captured = captured.as_ref().map_or(true, |c| *c);
+        // A failure to ask counts as capturing in captures gpupool cannot
+        // tell apart.
+        let at_start = captured.as_ref().map_or(Capturing::Several, |c| *c);
+        let start_captured = !matches!(at_start, Capturing::None);
         if start_captured || unseen {
             w.start.set(NOT_QUIET);
             w.state.set(Some(Box::new(RoundState {
-                start_epochs: epochs,
+                start_epochs: epochs.unwrap_or(u64::MAX),
                 start_captured,
+                start_capture: match at_start {
+                    Capturing::One(_, id) => Some(id),
+                    _ => None,
+                },
                 ..RoundState::default()
             })));
         } else {
             // A quiet round needs no state (and the device kind is in graph
             // mode only in a round that is not).
-            w.start.set(epochs);
+            w.start.set(epochs.unwrap_or(NOT_QUIET));
             w.state.set(None);
         }
-        captured.map(|_| ())
+        captured.map(drop)
     }
 
     /// How the round ends (see [`RoundEnd`]). Precise only where it can be:
@@ -270,22 +310,35 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if w.quiet() {
             return RoundEnd::Clean;
         }
-        let now = match self.capturing_order() {
+        let now = match self.capturing_now() {
             Ok(now) => now,
             Err(e) => {
                 errors.push(e);
                 return RoundEnd::AfterCapture;
             }
         };
-        let (start_epochs, start_captured, graph_mode) =
-            w.read(|st| (st.start_epochs, st.start_captured, st.graph.is_some()));
-        let moved = w.epochs() - start_epochs;
+        let (start_epochs, start_captured, start_capture, graph_mode) = w.read(|st| {
+            (
+                st.start_epochs,
+                st.start_captured,
+                st.start_capture,
+                st.graph.is_some(),
+            )
+        });
+        let moved = w.epochs().and_then(|e| e.checked_sub(start_epochs));
         match (now, start_captured, moved) {
-            (Some(o), true, 0) | (Some(o), false, 1) => RoundEnd::InCapture(o),
+            // The capture the round began in, still open, and no other
+            // began or was joined since.
+            (Capturing::One(o, id), true, Some(0)) if start_capture == Some(id) => {
+                RoundEnd::InCapture(o, id)
+            }
+            // The round began outside, and one capture began or was joined
+            // since: the one open now.
+            (Capturing::One(o, id), false, Some(1)) => RoundEnd::InCapture(o, id),
             // Only streams gpupool cannot see, asked at both ends, never
             // capturing: their contract excludes a capture begun and ended
             // in between (and the device kind says whether one allocated).
-            (None, false, 0) if !graph_mode => RoundEnd::Clean,
+            (Capturing::None, false, Some(0)) if !graph_mode => RoundEnd::Clean,
             _ => RoundEnd::AfterCapture,
         }
     }
@@ -299,7 +352,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let bit = 1 << kind.index();
         let (after_capture, start_epochs) =
             self.watch.read(|st| (st.after_capture, st.start_epochs));
-        let after = after_capture & bit != 0 && self.watch.epochs() == start_epochs;
+        let after = after_capture & bit != 0 && self.watch.epochs() == Some(start_epochs);
         match end {
             _ if kind == MemoryKind::Host => RoundEnd::Clean,
             RoundEnd::AfterCapture if after => RoundEnd::Clean,
@@ -327,11 +380,11 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if !start_captured
             || after_capture & bit != 0
             || self.kinds[kind.index()].res.block_count() > 0
-            || w.epochs() != start_epochs
+            || w.epochs() != Some(start_epochs)
         {
             return Ok(());
         }
-        if self.capturing_order()?.is_none() {
+        if matches!(self.capturing_now()?, Capturing::None) {
             w.with_state(|st| st.after_capture |= bit);
         }
         Ok(())
@@ -350,27 +403,17 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     ) {
         let st = &self.kinds[kind.index()];
         let fit = st.note_round();
-        let up = self.counting(kind, device);
-        // The newest blocks are the capture's own allocations, if any
-        // (`take_blocks` hands them out newest first).
-        let n = st.res.block_count();
-        let own = match kind {
-            MemoryKind::Device => self.watch.graph().map_or(0, |(_, before)| n - before),
-            _ => 0,
-        };
-        for (i, block) in st.res.take_blocks(fit).into_iter().enumerate() {
+        for block in st.res.take_blocks(fit) {
             let given = match end {
-                // The capture's own allocation, freed in the capture (the
-                // device order's stream, capturing): the graph's free node.
-                // SAFETY: the block came from this upstream and is
-                // released once, in the kind's release order.
-                RoundEnd::InCapture(_) if i < own => unsafe { up.release(block) },
-                RoundEnd::InCapture(o) => {
+                // The backend frees the capture's own allocations in the
+                // capture (free nodes) and keeps the rest for its graph, if
+                // the stream is still in that capture; else keeps them all.
+                RoundEnd::InCapture(o, capture) => {
                     let stream = o.stream_handle().unwrap_or(StreamHandle::NULL);
                     // SAFETY: the block came from this upstream with these
                     // arguments and is not used by gpupool again; `stream`
                     // is the stream of a scratchpad order (usable for the
-                    // scratchpad's life), capturing now.
+                    // scratchpad's life), of the scratchpad's device.
                     self.count_release(unsafe {
                         self.backend.keep_for_graph(
                             kind,
@@ -379,6 +422,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                             block.size,
                             block.align,
                             stream,
+                            capture,
                         )
                     })
                 }
@@ -419,35 +463,34 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// allocated): whether that capture goes on. If it has ended (or a note
     /// moved, so that gpupool cannot tell), the kind's blocks are retired
     /// and graph mode ends.
-    pub(super) fn graph_round_goes_on(&self, device: DeviceId) -> Result<bool, Error<B::Error>> {
-        let st = &self.kinds[MemoryKind::Device.index()];
-        let Some((since, _)) = self.watch.graph() else {
+    pub(super) fn graph_round_goes_on(&self) -> Result<bool, Error<B::Error>> {
+        let Some((since, before, capture)) = self.watch.graph() else {
             return Ok(false);
         };
         // SAFETY: the device order is usable for the backend for the
         // scratchpad's life (checked at construction; it borrows its stream).
-        let capturing = unsafe { self.device_order.capturing(self.backend) }?;
-        if capturing && self.watch.epochs() == since {
+        let now = unsafe { self.device_order.capture(self.backend) }?;
+        if now == Some(capture) && self.watch.epochs() == Some(since) {
             return Ok(true);
         }
-        // Slices into the graph's blocks may still exist (this is the
-        // middle of a round): the copies refuse them from now on.
+        // The capture has ended (or gpupool cannot tell that it goes on):
+        // the graph's own blocks are never handed out again, and slices
+        // into them (this is the middle of a round) are refused by the
+        // copies from now on. The kind's cursor stays paused, so its next
+        // allocation takes a fresh block; every block of the kind is given
+        // away when the round ends (it is not quiet).
+        let st = &self.kinds[MemoryKind::Device.index()];
         let blocks = st.res.blocks();
         self.watch.with_state(|state| {
             state.retired.extend(
-                blocks
+                blocks[before.min(blocks.len())..]
                     .iter()
                     .map(|b| (b.ptr.as_ptr().addr(), b.ptr.as_ptr().addr() + b.size)),
-            )
+            );
+            state.graph = None;
         });
-        let mut errors = FirstError::new();
-        self.retire_kind(
-            MemoryKind::Device,
-            device,
-            RoundEnd::AfterCapture,
-            &mut errors,
-        );
-        errors.result().map(|()| false)
+        st.res.pause();
+        Ok(false)
     }
 
     /// `Err(GraphMemory)` if `[addr, addr + len)` lies in a device block of
@@ -461,7 +504,8 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         len: usize,
         device: DeviceId,
     ) -> Result<(), Error<B::Error>> {
-        self.graph_round_goes_on(device)?;
+        let _ = device;
+        self.graph_round_goes_on()?;
         let hit = self
             .watch
             .read(|st| st.retired.iter().any(|&(s, e)| addr < e && s < addr + len));
@@ -495,11 +539,12 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             return Ok(());
         }
         // SAFETY: as in `graph_round_goes_on`.
-        if unsafe { self.device_order.capturing(self.backend) }? {
+        if let Some(capture) = unsafe { self.device_order.capture(self.backend) }? {
             let before = st.res.block_count() - 1;
-            let epochs = self.watch.epochs();
+            // (A saturated note ends graph mode at the next allocation.)
+            let epochs = self.watch.epochs().unwrap_or(u64::MAX);
             self.watch
-                .with_state(|st| st.graph = Some((epochs, before)));
+                .with_state(|st| st.graph = Some((epochs, before, capture)));
             st.res.pause();
         }
         Ok(())
