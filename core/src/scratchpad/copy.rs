@@ -93,13 +93,23 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// The slice of `len` `T`s at `ptr`, device memory of this scratchpad on
     /// `device` just handed out (or dangling for no bytes).
     fn device_view<T>(&self, ptr: NonNull<T>, len: usize, device: DeviceId) -> DeviceSlice<'_, T> {
+        // Graph mode (the allocation, just made, saw the capture): the
+        // memory may be the graph's own.
+        let graph = self.device_order.may_capture() && self.watch.graph().is_some();
         DeviceSlice {
             ptr,
             len,
             device,
             owner: self.id,
+            graph_of: if graph { self.identity() } else { None },
             _memory: PhantomData,
         }
+    }
+
+    /// This scratchpad's address: no other live scratchpad has it, and a
+    /// slice's borrow keeps it in place.
+    fn identity(&self) -> Option<core::num::NonZeroUsize> {
+        core::num::NonZeroUsize::new((self as *const Self).addr())
     }
 
     /// Shorthand for [`device_slice`](Self::device_slice).
@@ -304,8 +314,11 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// backend, [`Error::WrongDevice`] for one of another device than the
     /// scratchpad's; [`Error::StreamCapturing`] when the device order's
     /// stream is capturing a graph (the host cannot wait for a copy that
-    /// runs at each replay); a backend failure (the copy, the wait, the
-    /// staging block). An empty slice makes no backend call.
+    /// runs at each replay); [`Error::GraphMemory`] for memory a graph
+    /// capture allocated, once that capture has ended (it is the graph's),
+    /// or, if `src` is another scratchpad's, at any time; a backend failure
+    /// (the copy, the wait, the staging block). An empty slice makes no
+    /// backend call.
     pub fn copy_to_host<T: AnyBitPattern>(
         &self,
         src: &DeviceSlice<'_, T>,
@@ -322,6 +335,11 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         }
         if src.byte_len() == 0 {
             return Ok(());
+        }
+        // Memory of another scratchpad's graph: only that scratchpad knows
+        // whether the capture has ended and taken it.
+        if src.graph_of.is_some() && src.graph_of != self.identity() {
+            return Err(Error::GraphMemory);
         }
         let device = self.device_id()?;
         if src.device != device {

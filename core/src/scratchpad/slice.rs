@@ -24,6 +24,12 @@ pub struct DeviceSlice<'a, T> {
     pub(super) device: DeviceId,
     /// The backend the memory belongs to.
     pub(super) owner: BackendId,
+    /// Where the memory may be a graph's own allocation (made while the
+    /// scratchpad's device order was capturing): the address of the
+    /// scratchpad, which the slice's borrow keeps in place and which no
+    /// other live scratchpad has. Only that scratchpad knows when a capture
+    /// that ended took the memory with it; another refuses to read it.
+    pub(super) graph_of: Option<core::num::NonZeroUsize>,
     pub(super) _memory: PhantomData<&'a mut [T]>,
 }
 

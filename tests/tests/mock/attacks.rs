@@ -1,11 +1,10 @@
 //! Mock-only: an adversarial review of the graph-capture work (safe code
-//! only). Each test is an attempt to break gpupool's promise; the ones that
-//! succeed are marked `#[ignore = "reproduces finding N"]` and assert what
-//! *should* happen, so they fail when run with `--ignored` until fixed:
-//! `cargo test -p gpupool-tests --test mock attacks -- --include-ignored
-//! --skip saturated` (finding 6 takes 2^32 calls: run it alone). The racy
-//! ones loop until the race hits (within a few hundred rounds here). The
-//! others (held) pass, and run under Miri with the rest of the suite.
+//! only). Each test is an attempt to break gpupool's promise and asserts
+//! what should happen. The findings of the review (numbered below) were
+//! fixed; their tests stay as regression tests. The racy ones repeat a race
+//! up to 20,000 times. Finding 6 takes 2^32 calls and is ignored by default:
+//! `cargo test --release -p gpupool-tests --test mock saturated --
+//! --ignored` (about 20 s).
 #![cfg(not(feature = "cuda"))]
 #![forbid(unsafe_code)]
 
@@ -34,7 +33,6 @@ fn assert_clean(gpu: &MockBackend) {
 /// capture is open. gpupool should refuse (`GraphMemory`) before the backend
 /// sees the address; the mock refuses the copy as a misuse.
 #[test]
-#[ignore = "reproduces finding 1"]
 fn another_scratchpad_reads_a_graph_allocation_inside_the_capture() {
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
@@ -54,7 +52,6 @@ fn another_scratchpad_reads_a_graph_allocation_inside_the_capture() {
 /// The same after the capture ended (the graph alive): `a` refuses the read
 /// (`GraphMemory`), `b` passes it on to the backend.
 #[test]
-#[ignore = "reproduces finding 1"]
 fn another_scratchpad_reads_a_graph_allocation_after_the_capture() {
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
@@ -89,7 +86,6 @@ fn another_scratchpad_reads_a_graph_allocation_after_the_capture() {
 /// back when graph A is dropped, while graph B can still be launched and
 /// read it.
 #[test]
-#[ignore = "reproduces finding 2"]
 fn a_pinned_block_of_one_capture_is_given_to_another_captures_graph() {
     let (gpu, streams, _events) = mock_pools(1);
     let a = streams.get(0).unwrap();
@@ -130,7 +126,6 @@ fn a_pinned_block_of_one_capture_is_given_to_another_captures_graph() {
 /// captures neither the null nor the legacy stream) allocates device memory
 /// on it: on the mock that is a graph allocation, later handed out again.
 #[test]
-#[ignore = "reproduces finding 3"]
 fn a_null_stream_scratchpad_while_the_per_thread_stream_captures() {
     let (gpu, streams, events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
@@ -165,7 +160,6 @@ fn a_null_stream_scratchpad_while_the_per_thread_stream_captures() {
 /// quarantined, the error parked. A purge while the capture is still open
 /// destroys it.
 #[test]
-#[ignore = "reproduces finding 4"]
 fn a_quarantined_capturing_stream_is_destroyed_by_purge() {
     let (gpu, streams, events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
@@ -191,7 +185,6 @@ fn a_quarantined_capturing_stream_is_destroyed_by_purge() {
 /// The same at a `get`: the held stream's status question fails in
 /// `release_ended_captures`; quarantined, then purged while capturing.
 #[test]
-#[ignore = "reproduces finding 4"]
 fn a_held_stream_quarantined_at_a_get_is_destroyed_by_purge() {
     let (gpu, streams, events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
@@ -235,7 +228,6 @@ fn capturing_queries(gpu: &MockBackend) -> usize {
 /// the pool although it was recorded in the capture, and a scratchpad on
 /// `side` would reuse memory the graph uses.
 #[test]
-#[ignore = "reproduces finding 5 (racy: loops until it hits)"]
 fn a_wait_racing_begin_capture_joins_unseen() {
     let (gpu, streams, events) = mock_pools(1);
     let mut hit = None;
@@ -278,7 +270,6 @@ fn a_wait_racing_begin_capture_joins_unseen() {
 /// on a capturing stream: `wait_event` read the event's "captured" flag
 /// before the record set it, so `side` joins the capture unseen.
 #[test]
-#[ignore = "reproduces finding 5 (racy: loops until it hits)"]
 fn a_wait_event_racing_a_captured_record_joins_unseen() {
     let (gpu, streams, events) = mock_pools(1);
     let mut hit = None;
@@ -330,7 +321,7 @@ fn a_wait_event_racing_a_captured_record_joins_unseen() {
 /// capture is rewound by the reset after it (the round looked quiet) and
 /// handed out again while the graph replays it.
 #[test]
-#[ignore = "reproduces finding 6 (slow: 2^32 note_capture calls)"]
+#[ignore = "slow: 2^32 note_capture calls (about 12 s optimised)"]
 fn a_saturated_capture_note_hides_a_capture() {
     let (gpu, streams, _events) = mock_pools(1);
     let s = streams.get(0).unwrap();
@@ -355,7 +346,9 @@ fn a_saturated_capture_note_hides_a_capture() {
     drop(scratch);
     gpu.complete_everything();
     drop(graph);
-    assert_eq!(kept, 1, "the capture's block was not kept for its graph");
+    // A saturated note tells nothing: every round on the stream is taken to
+    // have overlapped a capture, the first one too (2 blocks kept).
+    assert!(kept >= 1, "the capture's block was not kept for its graph");
     assert_clean(&gpu);
 }
 
@@ -393,7 +386,6 @@ fn end_capture_hook(_: &dyn core::fmt::Display) {
 /// that is not capturing any more: the mock frees it in stream order, and
 /// the graph's launch reads freed memory.
 #[test]
-#[ignore = "reproduces finding 7"]
 fn keep_for_graph_after_the_capture_ended_in_the_middle_of_a_reset() {
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
@@ -409,9 +401,8 @@ fn keep_for_graph_after_the_capture_ended_in_the_middle_of_a_reset() {
             .unwrap(); // the graph reads it
     }
     assert_eq!(scratch.stats().blocks[MemoryKind::Pinned.index()], 3);
-    // (The mock counts keep_for_graph as a stream-ordered free.)
-    gpu.fail_nth(BackendOp::DeallocateAsync, 1);
-    gpu.fail_nth(BackendOp::DeallocateAsync, 2);
+    gpu.fail_nth(BackendOp::KeepForGraph, 1);
+    gpu.fail_nth(BackendOp::KeepForGraph, 2);
     *END_IN_HOOK.lock().unwrap() = Some((gpu.clone(), origin.handle()));
     let previous = gpupool_core::set_lost_error_hook(Some(end_capture_hook));
     let reset = scratch.reset();
@@ -440,7 +431,6 @@ fn keep_for_graph_after_the_capture_ended_in_the_middle_of_a_reset() {
 /// graph reads: the drop asked "capturing?" before the end and calls
 /// `keep_for_graph` after it. The natural form of finding 7.
 #[test]
-#[ignore = "reproduces finding 7 (racy: loops until it hits)"]
 fn a_side_scratchpad_dropped_while_the_origin_ends_the_capture() {
     let (gpu, streams, events) = mock_pools(1);
     let replay = streams.get(0).unwrap();
@@ -495,7 +485,6 @@ fn a_side_scratchpad_dropped_while_the_origin_ends_the_capture() {
 /// launched. (On CUDA `keep_for_graph` asks the driver for the graph being
 /// captured at the time of the call, which is the second one: the same.)
 #[test]
-#[ignore = "reproduces finding 7 (racy: loops until it hits)"]
 fn a_scratchpad_dropped_while_its_capture_ends_and_another_begins() {
     let (gpu, streams, _events) = mock_pools(1);
     let replay = streams.get(0).unwrap();
@@ -547,7 +536,6 @@ fn a_scratchpad_dropped_while_its_capture_ends_and_another_begins() {
 // ---------------------------------------------------------------------------
 
 #[test]
-#[ignore = "reproduces finding 8"]
 fn destroying_an_owned_stream_in_a_capture() {
     let (gpu, streams, events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
@@ -951,7 +939,6 @@ fn a_round_in_an_invalidated_capture() {
 /// scratchpad's own stream uses it: freed memory on the mock, and
 /// `to_host(&w)` is refused as graph memory although `w` never was.
 #[test]
-#[ignore = "reproduces finding 9"]
 fn a_pre_capture_slice_outlives_its_block_after_graph_mode_ends() {
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
@@ -1031,7 +1018,6 @@ fn injected_failures_around_a_capture() {
 // ---------------------------------------------------------------------------
 
 #[test]
-#[ignore = "reproduces finding 10"]
 fn a_legacy_stream_wait_on_a_capture_breaks_it() {
     let (gpu, streams, events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
