@@ -183,6 +183,7 @@ static RESTRICTING_ORIGINS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// a capturing stream (it asks first), so they cannot touch the capture; the
 /// user's own calls keep the mode they chose. With no such capture open
 /// (every program that does not capture), one atomic load.
+#[inline(always)]
 pub(crate) fn unrestricted<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
     // Relaxed: a hint. A call that races the beginning of a capture on
     // another thread is as unordered with it as it would be without
@@ -190,6 +191,16 @@ pub(crate) fn unrestricted<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Resu
     if RESTRICTING_CAPTURES.load(Ordering::Relaxed) == 0 {
         return op();
     }
+    relaxed_mode(op)
+}
+
+/// [`unrestricted`] while a restricting capture is open: `op` with the
+/// thread's capture interaction mode relaxed, then put back. Kept out of
+/// line, so that the calls of programs that never capture stay as small as
+/// they were.
+#[cold]
+#[inline(never)]
+fn relaxed_mode<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: `mode` is a valid place; the call swaps the thread's mode.
     check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) })?;

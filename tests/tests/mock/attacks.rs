@@ -2,7 +2,7 @@
 //! only). Each test is an attempt to break gpupool's promise and asserts
 //! what should happen. The findings of the review (numbered below) were
 //! fixed; their tests stay as regression tests. The racy ones repeat a race
-//! up to 20,000 times. Finding 6 takes 2^32 calls and is ignored by default:
+//! up to 20,000 times (a few under Miri). Finding 6 takes 2^32 calls and is ignored by default:
 //! `cargo test --release -p gpupool-tests --test mock saturated --
 //! --ignored` (about 20 s).
 #![cfg(not(feature = "cuda"))]
@@ -16,6 +16,11 @@ use gpupool_mock::{MockBackend, MockError};
 use gpupool_tests::mock_pools;
 
 const D0: DeviceId = DeviceId(0);
+
+/// How many times a racy test repeats its race: enough for the race to hit
+/// within a few hundred rounds natively; a few under Miri, which explores
+/// the interleavings itself (and runs each round far slower).
+const RACE_ROUNDS: usize = if cfg!(miri) { 3 } else { 20_000 };
 
 #[track_caller]
 fn assert_clean(gpu: &MockBackend) {
@@ -231,7 +236,7 @@ fn capturing_queries(gpu: &MockBackend) -> usize {
 fn a_wait_racing_begin_capture_joins_unseen() {
     let (gpu, streams, events) = mock_pools(1);
     let mut hit = None;
-    for round in 0..20_000 {
+    for round in 0..RACE_ROUNDS {
         let origin = streams.get(0).unwrap();
         let side = streams.get(0).unwrap();
         let barrier = std::sync::Barrier::new(2);
@@ -273,7 +278,7 @@ fn a_wait_racing_begin_capture_joins_unseen() {
 fn a_wait_event_racing_a_captured_record_joins_unseen() {
     let (gpu, streams, events) = mock_pools(1);
     let mut hit = None;
-    for round in 0..20_000 {
+    for round in 0..RACE_ROUNDS {
         let origin = streams.get(0).unwrap();
         origin.begin_capture(CaptureMode::Relaxed).unwrap();
         let side = streams.get(0).unwrap();
@@ -435,7 +440,7 @@ fn a_side_scratchpad_dropped_while_the_origin_ends_the_capture() {
     let (gpu, streams, events) = mock_pools(1);
     let replay = streams.get(0).unwrap();
     let mut hit = None;
-    for round in 0..20_000 {
+    for round in 0..RACE_ROUNDS {
         let origin = streams.get(0).unwrap();
         origin.begin_capture(CaptureMode::Relaxed).unwrap();
         let side = streams.get(0).unwrap();
@@ -489,7 +494,7 @@ fn a_scratchpad_dropped_while_its_capture_ends_and_another_begins() {
     let (gpu, streams, _events) = mock_pools(1);
     let replay = streams.get(0).unwrap();
     let mut hit = None;
-    for round in 0..50_000 {
+    for round in 0..RACE_ROUNDS * 5 / 2 {
         let origin = streams.get(0).unwrap();
         origin.begin_capture(CaptureMode::Relaxed).unwrap();
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
