@@ -426,8 +426,8 @@ pub(crate) struct CaptureNow {
 }
 
 /// The capture `stream` is in (`cuStreamGetCaptureInfo`), or `None` when
-/// it is in none. Where this build's CUDA version cannot be asked (see
-/// [`capture_info`]), from `cuStreamIsCapturing`, with id 0 and no graph.
+/// it is in none. Where the driver exports no `cuStreamGetCaptureInfo`
+/// (before CUDA 11.3), from `cuStreamIsCapturing`, with id 0 and no graph.
 /// Like `cuStreamIsCapturing`, allowed in every capture mode and breaking
 /// no capture.
 ///
@@ -437,7 +437,7 @@ pub(crate) struct CaptureNow {
 pub(crate) unsafe fn current_capture(
     stream: StreamHandle,
 ) -> Result<Option<CaptureNow>, CudaError> {
-    if !CAPTURE_INFO_KNOWN {
+    if capture_info_fn().is_none() {
         // SAFETY: the caller's contract.
         let status = unsafe { CudaBackend::raw_capture_status(stream) }?;
         return Ok(status.is_capturing().then_some(CaptureNow {
@@ -462,149 +462,78 @@ pub(crate) unsafe fn current_capture(
     }))
 }
 
-/// Whether this build can ask the driver for a stream's capture
-/// ([`capture_info`] has a known signature).
-pub(crate) const CAPTURE_INFO_KNOWN: bool = cfg!(any(
-    feature = "cuda-11040",
-    feature = "cuda-11050",
-    feature = "cuda-11060",
-    feature = "cuda-11070",
-    feature = "cuda-11080",
-    feature = "cuda-12000",
-    feature = "cuda-12010",
-    feature = "cuda-12020",
-    feature = "cuda-12030",
-    feature = "cuda-12040",
-    feature = "cuda-12050",
-    feature = "cuda-12060",
-    feature = "cuda-12080",
-    feature = "cuda-12090",
-    feature = "cuda-13000",
-    feature = "cuda-13010",
-    feature = "cuda-13020",
-    feature = "cuda-13030",
-    feature = "cuda-13040"
-));
-
-/// `cuStreamGetCaptureInfo` (the `_v3` signature, CUDA 12.3 and later):
-/// the capture status, its id and the graph being captured.
-///
-/// # Safety
-/// As [`current_capture`]; `status`, `id` and `graph` are valid places.
-#[cfg(any(
-    feature = "cuda-12030",
-    feature = "cuda-12040",
-    feature = "cuda-12050",
-    feature = "cuda-12060",
-    feature = "cuda-12080",
-    feature = "cuda-12090",
-    feature = "cuda-13000",
-    feature = "cuda-13010",
-    feature = "cuda-13020",
-    feature = "cuda-13030",
-    feature = "cuda-13040"
-))]
-unsafe fn capture_info(
-    stream: StreamHandle,
-    status: &mut sys::CUstreamCaptureStatus,
-    id: &mut u64,
-    graph: &mut sys::CUgraph,
-) -> sys::CUresult {
-    // SAFETY: the caller's contract; the outputs not asked for are null,
-    // which the driver allows.
-    unsafe {
-        sys::cuStreamGetCaptureInfo_v3(
-            crate::driver::raw_stream(stream),
-            status,
-            id,
-            graph,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
-    }
-}
-
-/// `cuStreamGetCaptureInfo_v2` (CUDA 11.3 to 12.2).
-///
-/// # Safety
-/// As [`current_capture`]; `status`, `id` and `graph` are valid places.
-#[cfg(all(
-    any(
-        feature = "cuda-11040",
-        feature = "cuda-11050",
-        feature = "cuda-11060",
-        feature = "cuda-11070",
-        feature = "cuda-11080",
-        feature = "cuda-12000",
-        feature = "cuda-12010",
-        feature = "cuda-12020"
+/// `cuStreamGetCaptureInfo` as the driver exports it: the `_v3` entry
+/// point (drivers for CUDA 12.3 and later), else `_v2` (11.3 and later),
+/// looked up once in the driver library cudarc loaded, whatever CUDA version
+/// cudarc's bindings were generated for (the two signatures differ; the
+/// outputs asked for here come first in both). The dependency and edge
+/// outputs are not asked for (null).
+#[derive(Copy, Clone)]
+enum CaptureInfoFn {
+    V3(
+        unsafe extern "C" fn(
+            sys::CUstream,
+            *mut sys::CUstreamCaptureStatus,
+            *mut u64,
+            *mut sys::CUgraph,
+            *mut std::ffi::c_void,
+            *mut std::ffi::c_void,
+            *mut usize,
+        ) -> sys::CUresult,
     ),
-    not(any(
-        feature = "cuda-12030",
-        feature = "cuda-12040",
-        feature = "cuda-12050",
-        feature = "cuda-12060",
-        feature = "cuda-12080",
-        feature = "cuda-12090",
-        feature = "cuda-13000",
-        feature = "cuda-13010",
-        feature = "cuda-13020",
-        feature = "cuda-13030",
-        feature = "cuda-13040"
-    ))
-))]
+    V2(
+        unsafe extern "C" fn(
+            sys::CUstream,
+            *mut sys::CUstreamCaptureStatus,
+            *mut u64,
+            *mut sys::CUgraph,
+            *mut std::ffi::c_void,
+            *mut usize,
+        ) -> sys::CUresult,
+    ),
+}
+
+/// The driver's `cuStreamGetCaptureInfo` entry point, or `None` if it
+/// exports neither (a driver older than CUDA 11.3, or none loaded).
+fn capture_info_fn() -> Option<CaptureInfoFn> {
+    static FN: std::sync::OnceLock<Option<CaptureInfoFn>> = std::sync::OnceLock::new();
+    *FN.get_or_init(|| {
+        // SAFETY: `culib` loads the driver library (or panics, as every
+        // cudarc driver call does without one; gpupool reaches this only
+        // after the driver answered). Each symbol is read with the signature
+        // the CUDA headers give that versioned name.
+        unsafe {
+            let lib = sys::culib();
+            if let Ok(f) = lib.get(b"cuStreamGetCaptureInfo_v3\0") {
+                return Some(CaptureInfoFn::V3(*f));
+            }
+            lib.get(b"cuStreamGetCaptureInfo_v2\0")
+                .ok()
+                .map(|f| CaptureInfoFn::V2(*f))
+        }
+    })
+}
+
+/// `cuStreamGetCaptureInfo`: the capture status, its id and the graph being
+/// captured; `CUDA_ERROR_NOT_SUPPORTED` where the driver exports no entry
+/// point for it.
+///
+/// # Safety
+/// As [`current_capture`]; `status`, `id` and `graph` are valid places.
 unsafe fn capture_info(
     stream: StreamHandle,
     status: &mut sys::CUstreamCaptureStatus,
     id: &mut u64,
     graph: &mut sys::CUgraph,
 ) -> sys::CUresult {
-    // SAFETY: as for the `_v3` variant.
-    unsafe {
-        sys::cuStreamGetCaptureInfo_v2(
-            crate::driver::raw_stream(stream),
-            status,
-            id,
-            graph,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-        )
+    let raw = crate::driver::raw_stream(stream);
+    let null = std::ptr::null_mut();
+    match capture_info_fn() {
+        // SAFETY: the caller's contract; the outputs not asked for are null,
+        // which the driver allows.
+        Some(CaptureInfoFn::V3(f)) => unsafe { f(raw, status, id, graph, null, null, null.cast()) },
+        // SAFETY: as above.
+        Some(CaptureInfoFn::V2(f)) => unsafe { f(raw, status, id, graph, null, null.cast()) },
+        None => sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
     }
-}
-
-/// No version feature of this crate on (the CUDA version chosen by
-/// cudarc's build-system detection): the graph cannot be asked for with a
-/// known signature, so blocks are kept for the life of the process.
-///
-/// # Safety
-/// None needed (no call).
-#[cfg(not(any(
-    feature = "cuda-11040",
-    feature = "cuda-11050",
-    feature = "cuda-11060",
-    feature = "cuda-11070",
-    feature = "cuda-11080",
-    feature = "cuda-12000",
-    feature = "cuda-12010",
-    feature = "cuda-12020",
-    feature = "cuda-12030",
-    feature = "cuda-12040",
-    feature = "cuda-12050",
-    feature = "cuda-12060",
-    feature = "cuda-12080",
-    feature = "cuda-12090",
-    feature = "cuda-13000",
-    feature = "cuda-13010",
-    feature = "cuda-13020",
-    feature = "cuda-13030",
-    feature = "cuda-13040"
-)))]
-unsafe fn capture_info(
-    _stream: StreamHandle,
-    _status: &mut sys::CUstreamCaptureStatus,
-    _id: &mut u64,
-    _graph: &mut sys::CUgraph,
-) -> sys::CUresult {
-    sys::CUresult::CUDA_ERROR_NOT_SUPPORTED
 }
