@@ -19,7 +19,7 @@
 //!
 //! ```sh
 //! cargo run --release --example 03-generic-runtime                        # the mock
-//! cargo run --release --example 03-generic-runtime --features cuda,nvrtc  # an NVIDIA GPU
+//! cargo run --release --example 03-generic-runtime --features cuda,nvrtc,cuda-12080  # an NVIDIA GPU
 //! ```
 //!
 //! Prints a line `OK` and exits 0 when every element of every iteration is right,

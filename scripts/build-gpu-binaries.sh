@@ -86,14 +86,16 @@ collect() {
 }
 
 echo "== gpupool-cuda: test executables and examples (release)"
-collect gpupool-cuda test --release --no-run -p gpupool-cuda
-collect gpupool-cuda build --release -p gpupool-cuda --examples
+# CUDA 12.8 bindings (what runs on the H200's driver), named: without a
+# version the bindings would follow this machine's toolkit, or cudarc's newest.
+collect gpupool-cuda test --release --no-run -p gpupool-cuda --features cuda-12080
+collect gpupool-cuda build --release -p gpupool-cuda --features cuda-12080 --examples
 if [[ $with_suite == 1 ]]; then
   echo "== gpupool-tests --features cuda: test executables (release)"
   collect gpupool-tests test --release --no-run -p gpupool-tests --features cuda --tests
 fi
-echo "== gpupool --features cuda,nvrtc: the generic runtime example (release)"
-collect gpupool build --release -p gpupool --features cuda,nvrtc --example 03-generic-runtime
+echo "== gpupool --features cuda,nvrtc,cuda-12080: the generic runtime example (release)"
+collect gpupool build --release -p gpupool --features cuda,nvrtc,cuda-12080 --example 03-generic-runtime
 echo "== .ci/downstream --features cuda: an application on CUDA 13.0 bindings (release)"
 collect gpupool-downstream build --release --manifest-path .ci/downstream/Cargo.toml \
   --target-dir target/downstream --features cuda

@@ -63,10 +63,10 @@ path = "$root/scripts/same-process-rows/main.rs"
 
 [dependencies]
 gpupool_core_before = { package = "gpupool-core", path = "../before/core", features = ["std"] }
-gpupool_cuda_before = { package = "gpupool-cuda", path = "../before/backend-cuda" }
+gpupool_cuda_before = { package = "gpupool-cuda", path = "../before/backend-cuda", features = ["cuda-12080"] }
 gpupool_mock_before = { package = "gpupool-mock", path = "../before/backend-mock" }
 gpupool_core_after = { package = "gpupool-core", path = "$after/core", features = ["std"] }
-gpupool_cuda_after = { package = "gpupool-cuda", path = "$after/backend-cuda" }
+gpupool_cuda_after = { package = "gpupool-cuda", path = "$after/backend-cuda", features = ["cuda-12080"] }
 gpupool_mock_after = { package = "gpupool-mock", path = "$after/backend-mock" }
 
 [profile.release]

@@ -17,7 +17,7 @@
 //! ```toml
 //! [dependencies]
 //! gpupool = "0.1"                                    # the mock: tests and CI without a GPU
-//! # gpupool = { version = "0.1", features = ["cuda"] }  # a real GPU, CUDA 12.8 bindings
+//! # gpupool = { version = "0.1", features = ["cuda", "cuda-12080"] }  # a real GPU, CUDA 12.8 bindings
 //! ```
 //!
 //! Code written against [`DefaultBackend`], [`streams()`], [`events()`] and
@@ -25,11 +25,12 @@
 //! with that one feature and no `cfg` of its own.
 //!
 //! More features:
-//! - `cuda-11040` … `cuda-13040`, `cuda-version-from-build-system`: the CUDA
-//!   version cudarc's bindings are built for (exactly one; with `cuda`).
-//!   `cuda-12080` is a default feature (it runs on every driver for CUDA 12.8
-//!   or later); to pick another, turn default features off:
-//!   `default-features = false, features = ["cuda", "cuda-13000"]`.
+//! - `cuda-11040` … `cuda-13040`: the CUDA version cudarc's bindings are
+//!   built for, with `cuda` (at most one: the oldest driver the application
+//!   runs on; `cuda-12080` runs on every driver for CUDA 12.8 or later). With
+//!   none, the bindings follow the CUDA toolkit installed at build time
+//!   (`cuda-version-from-build-system`), or cudarc's newest without one. No
+//!   version is a default feature, so naming one never clashes with another.
 //! - `nvrtc`: cudarc's NVRTC bindings, at `gpupool::cuda::cudarc::nvrtc`
 //!   (loading PTX with cudarc's `CudaContext::load_module` needs its `Ptx`).
 //! - `std`: the core's std conveniences (on with either backend). With

@@ -207,7 +207,13 @@ fn graph_summary(g: sys::CUgraph) -> String {
         let mut edges = 0usize;
         // SAFETY: `g` as above; null arrays ask for the count.
         let r = unsafe {
-            sys::cuGraphGetEdges(g, std::ptr::null_mut(), std::ptr::null_mut(), &mut edges)
+            sys::cuGraphGetEdges_v2(
+                g,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut edges,
+            )
         };
         let edges = if r == SUCCESS {
             format!("{edges} edges")
@@ -1580,19 +1586,6 @@ fn timings() -> Vec<(String, String)> {
         // SAFETY: see above.
         unsafe { sys::cuStreamIsCapturing(s, &mut st) }
     });
-    one("cuStreamGetCaptureInfo_v2 (status + id)", &mut || {
-        // SAFETY: see above.
-        unsafe {
-            sys::cuStreamGetCaptureInfo_v2(
-                s,
-                &mut st,
-                &mut id,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        }
-    });
     one("cuStreamGetCaptureInfo_v3 (status + id)", &mut || {
         // SAFETY: see above.
         unsafe {
@@ -1622,13 +1615,14 @@ fn timings() -> Vec<(String, String)> {
             // SAFETY: see above.
             unsafe { sys::cuStreamIsCapturing(c, &mut st) }
         });
-        one("cuStreamGetCaptureInfo_v2 (capturing stream)", &mut || {
+        one("cuStreamGetCaptureInfo_v3 (capturing stream)", &mut || {
             // SAFETY: see above.
             unsafe {
-                sys::cuStreamGetCaptureInfo_v2(
+                sys::cuStreamGetCaptureInfo_v3(
                     c,
                     &mut st,
                     &mut id,
+                    std::ptr::null_mut(),
                     std::ptr::null_mut(),
                     std::ptr::null_mut(),
                     std::ptr::null_mut(),

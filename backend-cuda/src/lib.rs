@@ -32,19 +32,23 @@
 //!
 //! cudarc generates its driver bindings for one CUDA version, chosen by a
 //! cargo feature, and this crate forwards them: `cuda-11040` ...
-//! `cuda-13040` (every version cudarc 0.19.10 has), and
-//! `cuda-version-from-build-system` (asks the CUDA toolkit installed where
-//! the crate is built). **Exactly one must be on** in the whole build: none
-//! fails cudarc's build script, two define its bindings twice (E0428). The
-//! default is `cuda-12080`, what runs on the H200's driver (580). The driver
-//! is loaded at run time and must support the version chosen (drivers are
-//! backward compatible: a newer driver runs code built for an older CUDA
-//! version). To pick another, turn the default off:
+//! `cuda-13040` (every version cudarc 0.19.10 has). Name at most one, the
+//! oldest driver the application runs on: the driver is loaded at run time
+//! and must support the version chosen (drivers are backward compatible: a
+//! newer driver runs code built for an older CUDA version); two define
+//! cudarc's bindings twice (E0428). None is a default feature. With none,
+//! the bindings follow the CUDA toolkit installed where the crate is built
+//! (`nvcc --version`, cudarc's `cuda-version-from-build-system`), or, without
+//! a toolkit, the newest version cudarc knows:
 //!
 //! ```toml
 //! [dependencies]
-//! gpupool-cuda = { version = "0.1", default-features = false, features = ["cuda-13000"] }
+//! gpupool-cuda = { version = "0.1", features = ["cuda-12080"] }
 //! ```
+//!
+//! gpupool's own driver calls do not depend on the version chosen (the one
+//! whose signature changed between versions, `cuStreamGetCaptureInfo`, is
+//! looked up in the driver at run time).
 //!
 //! An application that also depends on cudarc itself should leave cudarc's
 //! version features to this crate (or enable the same one). The `nvrtc`
