@@ -91,4 +91,4 @@ pub type DefaultError = Error<<DefaultBackend as Backend>::Error>;
 mod process_wide;
 
 #[cfg(any(feature = "mock", feature = "cuda"))]
-pub use process_wide::{backend, events, streams};
+pub use process_wide::{backend, events, streams, take_errors, ErrorsOutOfSight};

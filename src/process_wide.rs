@@ -3,7 +3,7 @@
 
 use std::sync::OnceLock;
 
-use crate::{DefaultBackend, EventPool, StreamPool};
+use crate::{DefaultBackend, DefaultError, EventPool, StreamPool};
 
 /// The process-wide backend of the selected kind.
 ///
@@ -16,6 +16,12 @@ use crate::{DefaultBackend, EventPool, StreamPool};
 ///   runs on it unchanged — and, for the same reason, a missing wait is never
 ///   seen as a hazard there. It has one device, or as many as the environment
 ///   variable `GPUPOOL_MOCK_DEVICES` says (1 to 64, read once, on first use).
+///   With `GPUPOOL_MOCK_CHECK=1` it runs in checking mode instead
+///   ([`MockBackend::set_checking`](gpupool_mock::MockBackend::set_checking)):
+///   work completes only when the host waits for it, and a hazard (a missing
+///   wait, a read-back before the kernel that writes it) panics where it is
+///   found; `gpupool::backend().set_checking(true)` does the same from code.
+///   Any other value of either variable panics on first use, naming it.
 ///   Tests that complete work by hand, inject faults or check hazards make a
 ///   machine of their own with `gpupool::mock::MockBackend::new`.
 ///
@@ -37,14 +43,45 @@ fn make_backend() -> DefaultBackend {
 
 #[cfg(all(feature = "mock", not(feature = "cuda")))]
 fn make_backend() -> DefaultBackend {
-    let devices = std::env::var("GPUPOOL_MOCK_DEVICES")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .filter(|n| (1..=64).contains(n))
-        .unwrap_or(1);
+    let devices = match mock_setting("GPUPOOL_MOCK_DEVICES") {
+        None => 1,
+        Some(v) => match v.trim().parse::<u32>() {
+            Ok(n @ 1..=64) => n,
+            _ => bad_setting(
+                "GPUPOOL_MOCK_DEVICES",
+                &v,
+                "a number of devices from 1 to 64",
+            ),
+        },
+    };
+    let checking = match mock_setting("GPUPOOL_MOCK_CHECK").as_deref().map(str::trim) {
+        None | Some("0") | Some("") => false,
+        Some("1") => true,
+        Some(v) => bad_setting("GPUPOOL_MOCK_CHECK", v, "1 (checking mode) or 0"),
+    };
     let machine = gpupool_mock::MockBackend::new(devices);
-    machine.set_policy(gpupool_mock::CompletionPolicy::Immediate);
+    if checking {
+        machine.set_checking(true);
+    } else {
+        machine.set_policy(gpupool_mock::CompletionPolicy::Immediate);
+    }
     machine
+}
+
+/// The value of the environment variable `name`, if it is set (one that is
+/// not Unicode is taken as it reads, lossily, and refused by the caller).
+#[cfg(all(feature = "mock", not(feature = "cuda")))]
+fn mock_setting(name: &str) -> Option<std::string::String> {
+    std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+}
+
+/// A configuration of the process-wide mock that means nothing: a panic that
+/// names the variable, its value and what it takes, on first use of
+/// [`backend()`] (a wrong setting is never taken for the default).
+#[cfg(all(feature = "mock", not(feature = "cuda")))]
+#[cold]
+fn bad_setting(name: &str, value: &str, expected: &str) -> ! {
+    panic!("{name}={value:?}: expected {expected}")
 }
 
 /// The process-wide stream pool of [`backend()`]: non-blocking streams at the
@@ -71,6 +108,55 @@ pub fn streams() -> &'static StreamPool<DefaultBackend> {
 /// ```
 pub fn events() -> &'static EventPool<DefaultBackend> {
     pools::events()
+}
+
+/// What went wrong out of sight in the process-wide pools and in drops, as
+/// [`take_errors`] finds it.
+#[derive(Debug)]
+#[must_use]
+pub struct ErrorsOutOfSight {
+    /// The first error [`streams()`] parked (a lease's drop, a failed query
+    /// in a scan, a purge's second failure) and nobody took yet; taken now.
+    pub streams: Option<DefaultError>,
+    /// The same for [`events()`].
+    pub events: Option<DefaultError>,
+    /// Errors the two pools dropped because one was already parked, since
+    /// the process started.
+    pub dropped: usize,
+    /// Errors with nobody to report them to ([`lost_errors`](crate::lost_errors):
+    /// pools', scratchpads' and leases' drops), since the process started.
+    pub lost: usize,
+}
+
+impl ErrorsOutOfSight {
+    /// Whether nothing went wrong out of sight.
+    pub fn is_clean(&self) -> bool {
+        self.streams.is_none() && self.events.is_none() && self.dropped == 0 && self.lost == 0
+    }
+}
+
+/// One call that tells whether anything went wrong where no error could be
+/// returned: takes the errors the process-wide pools parked, and counts those
+/// they dropped and those lost in drops (of any pool or scratchpad). A
+/// runtime calls it at a checkpoint (the end of a request batch, shutdown) and
+/// logs or fails on what it finds; a scratchpad's or pool's own errors are
+/// best taken where they happen, with its fallible form (`release`, `purge`).
+///
+/// ```
+/// let lease = gpupool::streams().get(0)?;
+/// drop(lease); // a return whose query failed would be parked
+/// let found = gpupool::take_errors();
+/// assert!(found.is_clean(), "{found:?}");
+/// # Ok::<(), gpupool::DefaultError>(())
+/// ```
+pub fn take_errors() -> ErrorsOutOfSight {
+    let (streams, events) = (pools::streams(), pools::events());
+    ErrorsOutOfSight {
+        streams: streams.take_error(),
+        events: events.take_error(),
+        dropped: streams.dropped_errors() + events.dropped_errors(),
+        lost: crate::lost_errors(),
+    }
 }
 
 // With `cuda`, the CUDA backend's own process-wide pools (so code that uses

@@ -28,7 +28,7 @@ use gpupool_core::{
 use crate::error::{BlockLayout, Misuse, MockError};
 
 use crate::state::State;
-use crate::sync::{read, write};
+use crate::sync::read;
 use crate::MockBackend;
 
 /// What an open capture refuses of a read-only call (see
@@ -76,7 +76,7 @@ impl MockBackend {
         handles: &[usize],
         op: impl FnOnce(&mut State) -> Result<T, MockError>,
     ) -> Result<T, MockError> {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         state.begin_call_on(kind, handles)?;
         let result = op(&mut state);
         state.reclaim();

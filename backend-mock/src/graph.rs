@@ -86,7 +86,7 @@ impl MockBackend {
         call: HarnessCall,
         op: impl FnOnce(&mut State) -> Result<T, MockError>,
     ) -> Result<T, MockError> {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         let result = op(&mut state);
         state.reclaim();
         result.inspect_err(|error| state.misuses.push(Misuse::harness(call, error.clone())))
@@ -247,7 +247,7 @@ impl MockBackend {
         drop(graph);
         if foreign {
             let misuse = Misuse::harness(HarnessCall::DestroyGraph, MockError::ForeignGraph);
-            write(&self.inner.state).misuses.push(misuse);
+            self.state().misuses.push(misuse);
             return Err(MockError::ForeignGraph);
         }
         Ok(())
@@ -259,13 +259,13 @@ impl MockBackend {
     /// injection; a bad handle is an error, not a misuse). A special handle
     /// names the current device's implicit stream.
     pub fn capture_status_of(&self, stream: StreamHandle) -> Result<CaptureStatus, MockError> {
-        let state = write(&self.inner.state);
+        let state = self.state();
         let key = state.harness_key(stream)?;
         Ok(state.captures.status(key))
     }
 
     /// How many graph captures are open (begun and not yet ended).
     pub fn open_captures(&self) -> usize {
-        write(&self.inner.state).captures.open_count()
+        self.state().captures.open_count()
     }
 }

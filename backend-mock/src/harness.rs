@@ -11,7 +11,6 @@ use crate::quarantine;
 #[cfg(doc)]
 use crate::queue::CompletionPolicy;
 use crate::queue::StreamKey;
-use crate::sync::write;
 use crate::{CallKind, MockBackend};
 
 impl MockBackend {
@@ -26,7 +25,7 @@ impl MockBackend {
     /// stream in a graph capture the item is captured instead (see
     /// [Capture](crate#capture)): the queue does not change.
     pub fn enqueue_work(&self, stream: StreamHandle) -> Result<(), MockError> {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         let key = state.harness_key(stream)?;
         state.enqueue_work(key);
         state.reclaim();
@@ -37,7 +36,7 @@ impl MockBackend {
     /// waits that are satisfied. `Ok(false)` if there is nothing to complete or
     /// the stream is blocked on a wait that is not.
     pub fn complete_one(&self, stream: StreamHandle) -> Result<bool, MockError> {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         let key = state.harness_key(stream)?;
         let policy = state.policy;
         state.streams.settle(policy);
@@ -50,7 +49,7 @@ impl MockBackend {
     /// the work that its waits depend on, on other streams, is completed first
     /// (up to the points awaited, not beyond).
     pub fn complete_all(&self, stream: StreamHandle) -> Result<(), MockError> {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         let key = state.harness_key(stream)?;
         state.streams.drain_stream(key);
         state.reclaim();
@@ -60,7 +59,7 @@ impl MockBackend {
     /// Completes everything queued on every stream of every device (so every
     /// free-pending block is reclaimed).
     pub fn complete_everything(&self) {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         state.streams.drain_everything();
         state.reclaim();
     }
@@ -69,7 +68,7 @@ impl MockBackend {
     /// not counted: ask [`query_stream`](gpupool_core::StreamBackend::query_stream) whether
     /// the stream is idle.
     pub fn pending_work(&self, stream: StreamHandle) -> Result<usize, MockError> {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         let key = state.harness_key(stream)?;
         let policy = state.policy;
         state.streams.settle(policy);
@@ -104,7 +103,7 @@ impl MockBackend {
         ptr: *const u8,
         len: usize,
     ) -> Result<(), MockError> {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         let key = state.harness_key(stream)?;
         state.use_memory(key, ptr.addr(), len)?;
         state.reclaim();
@@ -124,7 +123,7 @@ impl MockBackend {
     /// a range of a reclaimed block ([`MockError::UseAfterFree`]), or of a
     /// block reserved for a graph ([`MockError::HeldByGraph`]).
     pub fn host_access(&self, ptr: *const u8, len: usize) -> Result<(), MockError> {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         state.host_access(ptr.addr(), len)?;
         state.reclaim();
         Ok(())
@@ -133,19 +132,21 @@ impl MockBackend {
     /// Every hazard found so far, in order. A correct caller causes none;
     /// tests assert this is empty.
     pub fn hazards(&self) -> Vec<Hazard> {
-        write(&self.inner.state).memory.hazards.clone()
+        self.state().memory.hazards.clone()
     }
 
     /// Forgets the hazards found so far.
     pub fn clear_hazards(&self) {
-        write(&self.inner.state).memory.hazards.clear();
+        let mut state = self.state();
+        state.memory.hazards.clear();
+        state.hazards_reported = 0;
     }
 
     /// Bytes of `kind` allocated and not yet returned to `std::alloc`,
     /// free-pending blocks included (sizes as requested). Zero at the end of a
     /// test that leaked nothing (after the streams are drained or destroyed).
     pub fn live_bytes(&self, kind: MemoryKind) -> usize {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         state.reclaim();
         state.memory.live_bytes(kind)
     }
@@ -153,20 +154,20 @@ impl MockBackend {
     /// Bytes of `kind` freed in stream order whose stream has not passed the
     /// free yet.
     pub fn pending_free_bytes(&self, kind: MemoryKind) -> usize {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         state.reclaim();
         state.memory.pending_free_bytes(kind)
     }
 
     /// The highest [`live_bytes`](Self::live_bytes) of `kind` has been.
     pub fn peak_live_bytes(&self, kind: MemoryKind) -> usize {
-        write(&self.inner.state).memory.peak_live_bytes(kind)
+        self.state().memory.peak_live_bytes(kind)
     }
 
     /// Blocks of every kind not yet returned to `std::alloc`, free-pending
     /// ones included.
     pub fn live_blocks(&self) -> usize {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         state.reclaim();
         state.memory.live_blocks()
     }
@@ -184,7 +185,7 @@ impl MockBackend {
     /// How many reclaimed blocks the mock remembers now, their memory still
     /// allocated (not counted by [`live_blocks`](Self::live_blocks)).
     pub fn quarantined_blocks(&self) -> usize {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         state.reclaim();
         state.memory.quarantine.len()
     }
@@ -192,7 +193,7 @@ impl MockBackend {
     /// How many bytes those blocks hold (not counted by
     /// [`live_bytes`](Self::live_bytes)).
     pub fn quarantined_bytes(&self) -> usize {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         state.reclaim();
         state.memory.quarantine.bytes()
     }
@@ -201,27 +202,27 @@ impl MockBackend {
 
     /// How many backend calls of `kind` were made, failed ones included.
     pub fn calls(&self, kind: CallKind) -> u64 {
-        write(&self.inner.state).calls.get(kind)
+        self.state().calls.get(kind)
     }
 
     /// How many backend calls were made, of every kind.
     pub fn total_calls(&self) -> u64 {
-        write(&self.inner.state).calls.total()
+        self.state().calls.total()
     }
 
     /// Streams created and not yet destroyed, on every device.
     pub fn live_streams(&self) -> usize {
-        write(&self.inner.state).streams.created().count()
+        self.state().streams.created().count()
     }
 
     /// Events created and not yet destroyed, on every device.
     pub fn live_events(&self) -> usize {
-        write(&self.inner.state).events.len()
+        self.state().events.len()
     }
 
     /// Streams created on `device` and not yet destroyed.
     pub fn live_streams_on(&self, device: DeviceId) -> usize {
-        let state = write(&self.inner.state);
+        let state = self.state();
         state
             .streams
             .created()
@@ -237,9 +238,7 @@ impl MockBackend {
 
     /// Whether `event` was created and not yet destroyed.
     pub fn is_live_event(&self, event: EventHandle) -> bool {
-        write(&self.inner.state)
-            .events
-            .contains_key(&event.as_raw())
+        self.state().events.contains_key(&event.as_raw())
     }
 
     /// Every backend call so far that was handed a bad handle or device (a
@@ -248,15 +247,12 @@ impl MockBackend {
     /// or that a graph capture refused, and every bad use of the capture
     /// harness, in order. Injected failures are not misuses.
     pub fn misuses(&self) -> Vec<Misuse> {
-        write(&self.inner.state).misuses.clone()
+        self.state().misuses.clone()
     }
 
     /// The flags a live event was created with.
     pub fn event_flags(&self, event: EventHandle) -> Option<EventFlags> {
-        write(&self.inner.state)
-            .events
-            .get(&event.as_raw())
-            .map(|e| e.flags)
+        self.state().events.get(&event.as_raw()).map(|e| e.flags)
     }
 
     /// The priority a live stream was created with (`Some(None)`: the device
@@ -265,7 +261,7 @@ impl MockBackend {
         if stream.is_special() {
             return None;
         }
-        let state = write(&self.inner.state);
+        let state = self.state();
         state
             .streams
             .get(StreamKey::Created(stream.as_raw()))
@@ -279,7 +275,7 @@ impl MockBackend {
     /// still counted by [`calls`](Self::calls)). Several faults may be armed at
     /// once; `n == 0` arms nothing.
     pub fn fail_nth(&self, kind: CallKind, n: u64) {
-        write(&self.inner.state).arm(kind, n);
+        self.state().arm(kind, n);
     }
 
     /// Arms a fault on one stream: the next call of `kind` that names `stream`
@@ -306,30 +302,26 @@ impl MockBackend {
     /// }
     /// ```
     pub fn fail_stream(&self, kind: CallKind, stream: StreamHandle) {
-        write(&self.inner.state)
-            .armed_handles
-            .push((kind, stream.as_raw()));
+        self.state().armed_handles.push((kind, stream.as_raw()));
     }
 
     /// Arms a fault on one event: the next call of `kind` that names `event`
     /// fails with [`MockError::Injected`] and has no effect (see
     /// [`fail_stream`](Self::fail_stream)).
     pub fn fail_event(&self, kind: CallKind, event: EventHandle) {
-        write(&self.inner.state)
-            .armed_handles
-            .push((kind, event.as_raw()));
+        self.state().armed_handles.push((kind, event.as_raw()));
     }
 
     /// Disarms every fault not yet fired.
     pub fn clear_faults(&self) {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         state.armed.clear();
         state.armed_handles.clear();
     }
 
     /// How many armed faults (per call count or per handle) have not fired yet.
     pub fn armed_faults(&self) -> usize {
-        let state = write(&self.inner.state);
+        let state = self.state();
         state.armed.len() + state.armed_handles.len()
     }
 }

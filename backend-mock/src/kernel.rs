@@ -16,7 +16,6 @@ use bytemuck::{AnyBitPattern, NoUninit};
 use gpupool_core::{AccessOrder, Backend, DeviceSlice};
 
 use crate::error::MockError;
-use crate::sync::write;
 use crate::MockBackend;
 
 impl MockBackend {
@@ -118,7 +117,7 @@ impl MockBackend {
         // Read the source under the lock (or capture the kernel: it does
         // not run now).
         let input: Vec<T> = {
-            let mut state = write(&self.inner.state);
+            let mut state = self.state();
             let key = state.stream_key(stream, device)?;
             state.check_device_range(key, src_range.0, src_range.1, device)?;
             state.check_device_range(key, dst_range.0, dst_range.1, device)?;
@@ -152,7 +151,7 @@ impl MockBackend {
 
         // Check again (another thread may have freed or destroyed meanwhile),
         // queue the work item, write the destination.
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         let key = state.stream_key(stream, device)?;
         state.check_device_range(key, src_range.0, src_range.1, device)?;
         state.check_device_range(key, dst_range.0, dst_range.1, device)?;

@@ -428,7 +428,7 @@ pub use memory::{Hazard, HazardKind};
 pub use queue::CompletionPolicy;
 
 use state::State;
-use sync::{write, Arc, RwLock};
+use sync::{write, Arc, RwLock, RwLockWriteGuard};
 
 /// A simulated machine with a fixed number of devices. See the
 /// [crate documentation](crate) for the model.
@@ -507,9 +507,51 @@ struct Machine {
     state: RwLock<State>,
 }
 
+/// The machine's state, locked for writing. When the lock is released, a
+/// machine that fails on hazards ([`MockBackend::set_fail_on_hazard`])
+/// panics for the hazards found meanwhile (not while the thread is already
+/// panicking): after the lock is released, so the machine stays usable.
+pub(crate) struct StateGuard<'a>(Option<RwLockWriteGuard<'a, State>>);
+
+impl core::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        // Some until dropped.
+        self.0.as_ref().expect("state guard in use")
+    }
+}
+
+impl core::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.0.as_mut().expect("state guard in use")
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        let Some(mut state) = self.0.take() else {
+            return;
+        };
+        let report = state.unreported_hazards();
+        drop(state);
+        if let Some(message) = report {
+            if !std::thread::panicking() {
+                panic!("{message}");
+            }
+        }
+    }
+}
+
+impl MockBackend {
+    /// The machine's state, locked for writing (see [`StateGuard`]).
+    pub(crate) fn state(&self) -> StateGuard<'_> {
+        StateGuard(Some(write(&self.inner.state)))
+    }
+}
+
 impl fmt::Debug for MockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = write(&self.inner.state);
+        let state = self.state();
         f.debug_struct("MockBackend")
             .field("id", &self.inner.id)
             .field("devices", &state.devices)
@@ -544,7 +586,7 @@ impl MockBackend {
     /// sees the change. An out-of-range device is accepted, so tests can check
     /// how callers handle one.
     pub fn set_current_device(&self, device: DeviceId) {
-        write(&self.inner.state).current = device;
+        self.state().current = device;
     }
 
     /// Sets what [`batches_host_reuse`](gpupool_core::MemoryBackend::batches_host_reuse)
@@ -553,12 +595,38 @@ impl MockBackend {
     /// as it does over the CUDA backend, so the hazard detector checks that
     /// path too. The mock's memory itself behaves the same either way.
     pub fn set_batches_host_reuse(&self, on: bool) {
-        write(&self.inner.state).batches_host_reuse = on;
+        self.state().batches_host_reuse = on;
+    }
+
+    /// Makes each hazard ([`hazards`](Self::hazards)) panic, with what was
+    /// found, at the end of the call that found it (`false` by default: a
+    /// hazard is only recorded). A test or a program run to check its
+    /// ordering then fails at the first missing wait instead of reading
+    /// [`hazards`](Self::hazards) itself. (A call made while the thread is
+    /// already panicking records the hazard without a second panic.)
+    pub fn set_fail_on_hazard(&self, on: bool) {
+        let mut state = self.state();
+        state.fail_on_hazard = on;
+        let found = state.memory.hazards.len();
+        state.hazards_reported = found;
+    }
+
+    /// Checking mode on or off: on, work completes only when the host waits
+    /// for it ([`CompletionPolicy::Manual`]) and every hazard panics
+    /// ([`set_fail_on_hazard`](Self::set_fail_on_hazard)), so a missing wait
+    /// between two streams, or a read-back before the kernel that writes it,
+    /// fails loudly where it happens; off, as a machine made by
+    /// [`new`](Self::new) (manual completion, hazards only recorded). The
+    /// process-wide machine of the `gpupool` crate turns it on when the
+    /// environment variable `GPUPOOL_MOCK_CHECK` is `1`.
+    pub fn set_checking(&self, on: bool) {
+        self.set_policy(CompletionPolicy::Manual);
+        self.set_fail_on_hazard(on);
     }
 
     /// Sets when simulated work completes.
     pub fn set_policy(&self, policy: CompletionPolicy) {
-        let mut state = write(&self.inner.state);
+        let mut state = self.state();
         state.policy = policy;
         if policy == CompletionPolicy::Immediate {
             state.streams.settle_all(policy);

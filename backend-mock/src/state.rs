@@ -162,6 +162,11 @@ pub(crate) struct State {
     /// kind fails). Stream and event handles never collide (see
     /// [`FIRST_EVENT`]), so one raw value names one object.
     pub(crate) armed_handles: Vec<(CallKind, usize)>,
+    /// Whether a hazard panics, once the call that found it releases the
+    /// machine ([`MockBackend::set_fail_on_hazard`](crate::MockBackend::set_fail_on_hazard)).
+    pub(crate) fail_on_hazard: bool,
+    /// How many of `memory.hazards` have been reported that way.
+    pub(crate) hazards_reported: usize,
     pub(crate) misuses: Vec<Misuse>,
 }
 
@@ -182,8 +187,28 @@ impl State {
             calls: Calls::new(),
             armed: Vec::new(),
             armed_handles: Vec::new(),
+            fail_on_hazard: false,
+            hazards_reported: 0,
             misuses: Vec::new(),
         }
+    }
+
+    /// With [`fail_on_hazard`](Self::fail_on_hazard), what to panic with for
+    /// the hazards found since the last report (marked reported); else
+    /// `None`.
+    pub(crate) fn unreported_hazards(&mut self) -> Option<String> {
+        let found = &self.memory.hazards;
+        if !self.fail_on_hazard || found.len() <= self.hazards_reported {
+            self.hazards_reported = self.hazards_reported.min(found.len());
+            return None;
+        }
+        let mut message = String::from("gpupool mock: the GPU would use memory unordered:");
+        for h in &found[self.hazards_reported..] {
+            message.push_str("\n  ");
+            message.push_str(&h.to_string());
+        }
+        self.hazards_reported = found.len();
+        Some(message)
     }
 
     // ---- accounting -------------------------------------------------------

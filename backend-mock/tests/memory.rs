@@ -424,6 +424,39 @@ fn hazard_sync_free_while_a_kernel_uses_the_block() {
     assert!(mock.misuses().is_empty());
 }
 
+/// With `set_fail_on_hazard`, the call that finds a hazard panics with it,
+/// once the machine is released: the machine stays usable, the hazard is
+/// recorded as usual, and a later call that finds none does not panic.
+/// `set_checking` turns manual completion on with it.
+#[test]
+fn a_hazard_panics_where_it_is_found_when_asked() {
+    let (mock, s) = mock_with_stream(1);
+    mock.set_policy(CompletionPolicy::Immediate);
+    mock.set_checking(true);
+    let p = mock.allocate(Device, D0, 128, 8).unwrap();
+    mock.use_memory(s, p.as_ptr(), 128).unwrap();
+    assert_eq!(
+        mock.pending_work(s),
+        Ok(1),
+        "checking mode completes lazily"
+    );
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        free(&mock, Device, p, 128, 8);
+    }))
+    .expect_err("the free under the kernel panics");
+    let message = panicked.downcast_ref::<String>().expect("a message");
+    assert!(message.contains("FreedWhileInUse"), "{message}");
+    assert_eq!(mock.hazards().len(), 1, "recorded too");
+    // Still usable: a correctly ordered free panics no more.
+    let q = mock.allocate(Device, D0, 128, 8).unwrap();
+    mock.use_memory(s, q.as_ptr(), 128).unwrap();
+    // SAFETY: `s` is a live stream of device 0 of this mock.
+    unsafe { mock.synchronize_stream(s, D0) }.unwrap();
+    free(&mock, Device, q, 128, 8);
+    mock.set_checking(false);
+    assert_eq!(mock.hazards().len(), 1);
+}
+
 #[test]
 fn hazard_async_free_on_one_stream_while_another_uses_the_block() {
     let mock = MockBackend::new(1);
