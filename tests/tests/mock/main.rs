@@ -7,6 +7,7 @@
 //! `soundness` needs only the mock and runs in every build.
 
 mod attacks;
+mod attacks2;
 mod bad_input;
 mod capture;
 mod capture_rounds;
