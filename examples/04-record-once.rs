@@ -19,7 +19,9 @@ const READERS: usize = 3;
 
 fn main() -> Result<(), DefaultError> {
     let (backend, streams, events) = (gpupool::backend(), gpupool::streams(), gpupool::events());
-    let data: Vec<u32> = (0..ELEMENTS as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    let data: Vec<u32> = (0..ELEMENTS as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
 
     let producer = streams.get(0)?;
     let upload = Scratchpad::new(backend, producer.order())?;

@@ -127,12 +127,17 @@ impl CudaGraphExec {
     /// or kept for it by gpupool until the graph is gone, whenever it runs.
     ///
     /// # Safety
-    /// Every other memory the graph's work uses (buffers of the caller's,
-    /// cudarc's `CudaSlice`s captured as kernel arguments) is valid, and
-    /// used by nothing else that is not ordered with this launch, until the
-    /// launch has run: the graph replays the captured kernels, whose own
-    /// `unsafe` launch vouched for their arguments only when they were
-    /// captured.
+    /// 1. Every other memory the graph's work uses (buffers of the caller's,
+    ///    cudarc's `CudaSlice`s captured as kernel arguments) is valid, and
+    ///    used by nothing else that is not ordered with this launch, until
+    ///    the launch has run: the graph replays the captured kernels, whose
+    ///    own `unsafe` launch vouched for their arguments only when they were
+    ///    captured.
+    /// 2. The launch is ordered after the work the capture's streams had
+    ///    issued before the capture began (launch in the origin's order, or
+    ///    in an order that waited on the streams first): a scratchpad
+    ///    reuses its memory in its stream's order, so scratch memory the
+    ///    graph uses may be what that earlier work used.
     pub unsafe fn launch(&self, order: &AccessOrder<'_>) -> Result<(), CudaError> {
         if !order.is_usable_with(&CudaBackend::new()) {
             return Err(CudaError::ForeignStream(
@@ -170,8 +175,15 @@ impl Drop for CudaGraphExec {
 /// backend's own calls run in relaxed interaction mode ([`unrestricted`]).
 static RESTRICTING_CAPTURES: AtomicUsize = AtomicUsize::new(0);
 
-/// The origin streams (raw handles) of those captures.
-static RESTRICTING_ORIGINS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// The origin streams (raw handles) of the captures gpupool began and has
+/// not seen end, each with whether it restricts (counted above).
+static OPEN_ORIGINS: Mutex<Vec<(usize, bool)>> = Mutex::new(Vec::new());
+
+/// Whether a capture gpupool began (in any mode) may still be open: then a
+/// context synchronization would break it (`trim_memory` waits instead).
+pub(crate) fn captures_open() -> bool {
+    !origins().is_empty()
+}
 
 /// Runs `op`, a backend call of the kind a capture in global or
 /// thread-local mode refuses ("potentially unsafe": queries,
@@ -252,13 +264,12 @@ impl CaptureBackend for CudaBackend {
                 check(unsafe { sys::cuStreamBeginCapture_v2(raw_stream(stream), raw_mode(mode)) })
             })
         });
-        if restricting {
-            match begun {
-                Ok(()) => origins().push(stream.as_raw()),
-                Err(_) => {
-                    RESTRICTING_CAPTURES.fetch_sub(1, Ordering::Relaxed);
-                }
+        match begun {
+            Ok(()) => origins().push((stream.as_raw(), restricting)),
+            Err(_) if restricting => {
+                RESTRICTING_CAPTURES.fetch_sub(1, Ordering::Relaxed);
             }
+            Err(_) => {}
         }
         begun
     }
@@ -292,20 +303,20 @@ impl CaptureBackend for CudaBackend {
             unsafe { CudaBackend::raw_capture_status(stream) }.map_or(true, |s| !s.is_capturing());
         if over {
             let mut origins = origins();
-            if let Some(i) = origins.iter().position(|&o| o == stream.as_raw()) {
-                origins.swap_remove(i);
-                RESTRICTING_CAPTURES.fetch_sub(1, Ordering::Relaxed);
+            if let Some(i) = origins.iter().position(|&(o, _)| o == stream.as_raw()) {
+                let (_, restricting) = origins.swap_remove(i);
+                if restricting {
+                    RESTRICTING_CAPTURES.fetch_sub(1, Ordering::Relaxed);
+                }
             }
         }
         ended
     }
 }
 
-/// The origins of the restricting captures gpupool began.
-fn origins() -> std::sync::MutexGuard<'static, Vec<usize>> {
+/// The origins of the captures gpupool began and has not seen end.
+fn origins() -> std::sync::MutexGuard<'static, Vec<(usize, bool)>> {
     // A panic while the lock was held left the list whole (each change is
     // one push or one removal): go on with it.
-    RESTRICTING_ORIGINS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+    OPEN_ORIGINS.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -588,28 +588,28 @@ impl MemoryBackend for CudaBackend {
         // A graph's own allocation means nothing outside its graph's work: a
         // copy that names one is refused unless it is captured into that
         // graph (the capture that allocated it).
-        for addr in [dst.as_ptr() as usize, src.as_ptr() as usize] {
-            if let Some(made) = mem.graph_allocation_touched(addr, size) {
-                // SAFETY: the caller's contract: a usable stream of `device`.
-                let now = unsafe { DeviceMemory::capture_of(drv, stream, device) }?;
-                if made == 0 || now != Some(made) {
-                    return Err(CudaError::GraphMemory { addr });
+        // The capture the check saw is still the stream's when the copy is
+        // issued (no capture gpupool ends ends meanwhile); a copy that names
+        // no graph allocation takes no lock.
+        let touches = [dst.as_ptr() as usize, src.as_ptr() as usize]
+            .into_iter()
+            .any(|addr| mem.graph_allocation_touched(addr, size).is_some());
+        if !touches {
+            // SAFETY: the caller's contract.
+            return unsafe { Self::issue_copy(drv, dst, src, size, stream, device) };
+        }
+        no_capture_ends(|| {
+            for addr in [dst.as_ptr() as usize, src.as_ptr() as usize] {
+                if let Some(made) = mem.graph_allocation_touched(addr, size) {
+                    // SAFETY: the caller's contract: a usable stream of `device`.
+                    let now = unsafe { DeviceMemory::capture_of(drv, stream, device) }?;
+                    if made == 0 || now != Some(made) {
+                        return Err(CudaError::GraphMemory { addr });
+                    }
                 }
             }
-        }
-        drv.on_stream(stream, device, || {
-            // SAFETY: the caller's contract: both ranges are valid for `size`
-            // bytes until the copy has run on `stream`, and do not overlap;
-            // `stream` is a live stream of `device` or a special stream of
-            // the context `Driver::on_stream` made current.
-            check(unsafe {
-                sys::cuMemcpyAsync(
-                    dst.as_ptr() as usize as sys::CUdeviceptr,
-                    src.as_ptr() as usize as sys::CUdeviceptr,
-                    size,
-                    raw_stream(stream),
-                )
-            })
+            // SAFETY: the caller's contract.
+            unsafe { Self::issue_copy(drv, dst, src, size, stream, device) }
         })
     }
 
@@ -708,6 +708,36 @@ impl MemoryBackend for CudaBackend {
     /// as before.
     fn batches_host_reuse(&self) -> bool {
         crate::block_pool::idle_probe()
+    }
+}
+
+impl CudaBackend {
+    /// `cuMemcpyAsync` on `stream`.
+    ///
+    /// # Safety
+    /// The contract of [`MemoryBackend::copy_async`].
+    unsafe fn issue_copy(
+        drv: &Driver,
+        dst: NonNull<u8>,
+        src: NonNull<u8>,
+        size: usize,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<(), CudaError> {
+        drv.on_stream(stream, device, || {
+            // SAFETY: the caller's contract: both ranges are valid for `size`
+            // bytes until the copy has run on `stream`, and do not overlap;
+            // `stream` is a live stream of `device` or a special stream of
+            // the context `Driver::on_stream` made current.
+            check(unsafe {
+                sys::cuMemcpyAsync(
+                    dst.as_ptr() as usize as sys::CUdeviceptr,
+                    src.as_ptr() as usize as sys::CUdeviceptr,
+                    size,
+                    raw_stream(stream),
+                )
+            })
+        })
     }
 }
 

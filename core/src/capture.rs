@@ -25,10 +25,13 @@
 use crate::sync::{AtomicU32, Ordering};
 
 /// A stream's capture epoch: 0 while the stream has never been in a graph
-/// capture as far as gpupool can tell; bumped each time it may have begun or
-/// joined one. (Not when one ends: a round that a capture overlapped is
-/// told by the bump at its beginning, or by a stream capturing when the
-/// round began.)
+/// capture as far as gpupool can tell; moved by 2 each time it may have
+/// joined one, and by 1 just before and 1 just after gpupool begins one on it
+/// ([`begin_half`](Self::begin_half)), so an odd epoch says a beginning is
+/// under way (not when one ends: a round that a capture overlapped is told
+/// by the move during the round, or by a stream capturing when the round
+/// began). A move of 2 is one capture begun or joined; a move of 1, the
+/// beginning under way at one end of the interval.
 #[derive(Debug, Default)]
 pub(crate) struct CaptureNote {
     epoch: AtomicU32,
@@ -54,18 +57,42 @@ impl CaptureNote {
         }
     }
 
-    /// Notes that the stream may have begun or joined a capture.
-    /// Saturates rather than wrapping back to 0, which would say "never".
+    /// Notes that the stream may have joined a capture (or began one through
+    /// the raw handle). Saturates rather than wrapping back to 0, which would
+    /// say "never".
     #[inline]
     pub(crate) fn bump(&self) {
+        self.add(2);
+    }
+
+    /// One half of the note of a capture gpupool begins: called once before
+    /// the backend begins it (waits on other threads then ask, see
+    /// `AccessOrder::wait`) and once after (a round that began in between
+    /// sees the move).
+    #[inline]
+    pub(crate) fn begin_half(&self) {
+        self.add(1);
+    }
+
+    fn add(&self, n: u32) {
         // AcqRel, with the Acquire of `epoch`: a thread that sees the new
         // epoch (a scratchpad ending its round on another thread) also sees
         // everything the bumping thread did before (the wait that joined
-        // the capture). `fetch_update` only fails when the epoch is already
-        // at its maximum, which it then keeps.
+        // the capture). `fetch_update` fails only on a saturated note,
+        // which keeps its epoch.
         let _ = self
             .epoch
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| e.checked_add(1));
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
+                (e != Self::SATURATED).then(|| e.saturating_add(n))
+            });
+    }
+
+    /// Whether gpupool is beginning a capture on the stream now (between
+    /// the two halves of [`begin_half`](Self::begin_half)).
+    #[inline]
+    pub(crate) fn beginning(&self) -> bool {
+        let e = self.epoch();
+        e % 2 == 1 && e != Self::SATURATED
     }
 
     /// The epoch now.

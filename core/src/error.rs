@@ -115,10 +115,13 @@ pub enum Error<E> {
     /// [`BackendId`](crate::BackendId) is not the receiver's.
     ForeignHandle,
     /// The call would have to synchronize with, query or free host-visible
-    /// memory in the order of a stream that is capturing a CUDA graph, which
-    /// the driver refuses (and a refused call can break the capture). Nothing
-    /// was called that could break it, and nothing was changed. See
-    /// `docs/graph-capture.md` for what works inside a capture.
+    /// memory in the order of a stream that is capturing a CUDA graph, make a
+    /// special stream (null, legacy, per-thread) join a capture, or make a
+    /// capturing stream wait on work outside its capture (another stream, or
+    /// another capture), which the driver refuses (and a refused call can
+    /// break the capture). Nothing was called that could break it, and
+    /// nothing was changed. See `docs/graph-capture.md` for what works inside
+    /// a capture.
     StreamCapturing,
     /// The calling thread's per-thread default stream
     /// ([`AccessOrder::per_thread_stream`](crate::AccessOrder::per_thread_stream))

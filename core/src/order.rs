@@ -453,7 +453,10 @@ impl<'s> AccessOrder<'s> {
     ///   fork/join), and a capturing stream's wait on a joined one is the
     ///   join. A lease whose order waited asks whether its stream is still
     ///   capturing when it is returned, and is not leased again until that
-    ///   capture has ended.
+    ///   capture has ended. Refused ([`Error::StreamCapturing`], nothing
+    ///   called, the captures intact): a special stream (null, legacy,
+    ///   per-thread) waiting on a capturing one; a capturing stream waiting
+    ///   on one outside its capture, or in another capture.
     ///
     /// Transitive: if `b.wait(a)` then `c.wait(b)`, `c` is ordered after `a`.
     ///
@@ -522,16 +525,32 @@ impl<'s> AccessOrder<'s> {
                     .map_err(Error::backend(BackendOp::SynchronizeStream));
             }
         };
-        // Whether `self` is in a capture already (as the origin that joins
-        // a side stream back is): then it joins nothing new. Asked only
-        // where it may be.
+        // The capture `self` is in already (as the origin that joins a side
+        // stream back is: then it joins nothing new), and `other`'s. Asked
+        // only where they may be capturing.
         // SAFETY: both orders' streams are usable for `backend` (see above).
-        let already = unsafe { self.capturing(backend) }?;
-        // SAFETY: as above.
-        if self.joins_no_capture() && unsafe { other.capturing(backend) }? {
-            // The null and legacy streams cannot join a capture: the driver
-            // would refuse the wait and break the capture.
-            return Err(Error::StreamCapturing);
+        let already = unsafe { self.capture(backend) }?;
+        // `other`'s capture matters before the record only where `self` may
+        // not join it: `self` is special, or capturing already.
+        let theirs = if already.is_some() || self.is_special() {
+            // SAFETY: as above.
+            unsafe { other.capture(backend) }?
+        } else {
+            None
+        };
+        match (already, theirs) {
+            // A special stream joins no capture: the driver refuses the null
+            // and legacy streams (breaking the capture), and the per-thread
+            // stream, a blocking stream, would make every later use of the
+            // legacy stream break it.
+            (None, Some(_)) if self.is_special() => return Err(Error::StreamCapturing),
+            // A capturing stream cannot wait on work outside its capture, nor
+            // on another capture: the driver refuses and breaks the captures.
+            (Some(_), None) => return Err(Error::StreamCapturing),
+            (Some(mine), Some(other_capture)) if mine != other_capture => {
+                return Err(Error::StreamCapturing)
+            }
+            _ => {}
         }
         let event = lease(other_device)?;
         // SAFETY: the event is leased from `events` (created by `backend` on
@@ -545,13 +564,18 @@ impl<'s> AccessOrder<'s> {
                 .map_err(|source| (BackendOp::StreamWaitEvent, source))
         });
         // Whether the record was captured (and so the wait joined `other`'s
-        // capture): asked after the record, so that a capture begun on
-        // `other` before it is seen (`begin_capture` bumps the note before
-        // it begins the capture; one begun after the record captured
-        // nothing of it). Where it cannot be asked, taken as captured.
+        // capture), and into which: asked after the record, so that a
+        // capture begun on `other` before it is seen (`begin_capture` bumps
+        // the note before it begins the capture; one begun after the record
+        // captured nothing of it). Where it cannot be asked, taken as
+        // captured into a capture `self` was not in. The note is bumped
+        // unless `self` was in that same capture already (a join back): also
+        // when the capture it was in ended meanwhile and `other` is in
+        // another one now.
         // SAFETY: as above.
-        let captured = unsafe { other.capturing(backend) }.unwrap_or(true);
-        if captured && !already {
+        let after = unsafe { other.capture(backend) }.unwrap_or(Some(u64::MAX));
+        let captured = after.is_some();
+        if captured && after != already {
             self.note_join();
         }
         match waited {
@@ -575,18 +599,11 @@ impl<'s> AccessOrder<'s> {
         }
     }
 
-    /// Whether this is the null or the legacy default stream, which CUDA
-    /// never lets join a capture.
+    /// Whether this is a special stream (null, legacy or per-thread), which
+    /// gpupool never lets join a capture.
     #[inline]
-    fn joins_no_capture(&self) -> bool {
-        matches!(
-            self.order,
-            Order::Stream {
-                owner: None,
-                unseen: false,
-                ..
-            }
-        )
+    fn is_special(&self) -> bool {
+        matches!(self.order, Order::Stream { owner: None, .. })
     }
 
     /// Notes, on the lease or owned stream this order came from (if any),
@@ -631,9 +648,9 @@ impl<'s> AccessOrder<'s> {
         // new then). Asked only where it may be.
         // SAFETY: this order's stream is usable for `backend` (owner checked
         // above; the order borrows its stream).
-        let already = unsafe { self.capturing(backend) }?;
-        if self.joins_no_capture() && event.may_be_captured() {
-            // The null and legacy streams cannot join a capture.
+        let already = unsafe { self.capture(backend) }?;
+        if self.is_special() && event.may_be_captured() {
+            // A special stream joins no capture (see `wait`).
             return Err(Error::CapturedEvent);
         }
         // SAFETY: the event as above; the stream is usable for `backend`
@@ -643,8 +660,16 @@ impl<'s> AccessOrder<'s> {
         // Read after the wait: a record made in a capture before it (which
         // the wait joined) is seen, even one made on another thread at the
         // same time (`EventLease::record` marks itself first).
-        if event.may_be_captured() && !already {
-            self.note_join();
+        // The capture the wait joined, if any, asked of the stream itself:
+        // the note is bumped unless it is the one the stream was in already
+        // (also when that one ended meanwhile and the event's record is
+        // another's). Where it cannot be asked, taken as a new one.
+        if event.may_be_captured() {
+            // SAFETY: as above.
+            let now = unsafe { self.capture(backend) }.unwrap_or(Some(u64::MAX));
+            if already.is_none() || now != already {
+                self.note_join();
+            }
         }
         Ok(())
     }

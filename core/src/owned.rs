@@ -130,7 +130,7 @@ owned_handle! {
         /// What gpupool knows of the stream's graph captures (see
         /// `capture.rs`); an adopted stream starts as one that may be in a
         /// capture, since gpupool did not see its past.
-        capture: CaptureNote = CaptureNote::with_epoch(1);
+        capture: CaptureNote = CaptureNote::with_epoch(2);
     /// Takes ownership of a raw stream of `backend` that belongs to `device`.
     /// The null handle and CUDA's other special streams are refused.
     ///
@@ -195,7 +195,7 @@ impl OwnedStream {
             handle,
             device,
             owner: backend.id(),
-            capture: CaptureNote::with_epoch(1),
+            capture: CaptureNote::with_epoch(2),
         })
     }
 }

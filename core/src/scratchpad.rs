@@ -141,17 +141,26 @@ impl KindState {
 /// later one is reported as lost (the caller sees only one).
 struct FirstError<E: fmt::Display> {
     first: Option<Error<E>>,
+    /// The later errors, reported through [`lost_errors`](crate::lost_errors)
+    /// when the call is done ([`result`](Self::result), or the drop on an
+    /// early exit): a lost-error hook then runs after the scratchpad's own
+    /// backend calls, so one that begins or joins a capture cannot do it
+    /// between two of them.
+    rest: Vec<Error<E>>,
 }
 
 impl<E: fmt::Display> FirstError<E> {
     const fn new() -> Self {
-        FirstError { first: None }
+        FirstError {
+            first: None,
+            rest: Vec::new(),
+        }
     }
 
     fn push(&mut self, e: Error<E>) {
         match self.first {
             None => self.first = Some(e),
-            Some(_) => crate::lost::report(&e),
+            Some(_) => self.rest.push(e),
         }
     }
 
@@ -159,8 +168,26 @@ impl<E: fmt::Display> FirstError<E> {
         self.first.is_none()
     }
 
-    fn result(self) -> Result<(), Error<E>> {
-        self.first.map_or(Ok(()), Err)
+    fn result(mut self) -> Result<(), Error<E>> {
+        self.report_rest();
+        self.first.take().map_or(Ok(()), Err)
+    }
+
+    fn report_rest(&mut self) {
+        for e in core::mem::take(&mut self.rest) {
+            crate::lost::report(&e);
+        }
+    }
+}
+
+impl<E: fmt::Display> Drop for FirstError<E> {
+    /// An exit that did not take the errors (a panic unwinding): each one
+    /// is reported, none silently dropped.
+    fn drop(&mut self) {
+        if let Some(e) = self.first.take() {
+            crate::lost::report(&e);
+        }
+        self.report_rest();
     }
 }
 

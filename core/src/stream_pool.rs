@@ -833,13 +833,19 @@ impl<'p, B: CaptureBackend> StreamLease<'p, B> {
         // Noted before the capture begins: a wait on another thread that
         // records on this stream after the beginning sees the note (and so
         // asks), and one that read it before recorded before (see
-        // `AccessOrder::wait`). A failed beginning leaves the note bumped:
+        // `AccessOrder::wait`). A failed beginning leaves the note moved:
         // only a cost (one question at the return and per round).
-        self.capture.bump();
+        self.capture.begin_half();
         // SAFETY: as above; a created stream (pools hold no special one),
         // not in a capture: asked above, or never in one (its note).
-        unsafe { backend.begin_capture(self.stream, self.device, mode) }
-            .map_err(Error::backend(BackendOp::BeginCapture))
+        let begun = unsafe { backend.begin_capture(self.stream, self.device, mode) }
+            .map_err(Error::backend(BackendOp::BeginCapture));
+        // And noted again once it has begun (or failed to): a scratchpad
+        // round that began on another thread between the two halves read the
+        // first and found the stream not capturing yet; the second tells its
+        // end that a capture may have overlapped it.
+        self.capture.begin_half();
+        begun
     }
 
     /// Ends the capture this lease's stream began and returns its graph
@@ -847,12 +853,15 @@ impl<'p, B: CaptureBackend> StreamLease<'p, B> {
     /// capture, whatever the outcome.
     ///
     /// Errors: [`Error::CaptureState`] (nothing called) if the stream is not
-    /// capturing; a backend failure (the capture was invalidated, or a
+    /// capturing, or another thread is beginning a capture on this lease
+    /// right now; a backend failure (the capture was invalidated, or a
     /// stream that joined was not joined back): the capture has ended all
     /// the same, with no graph.
     pub fn end_capture(&self) -> Result<B::Graph, Error<B::Error>> {
         let backend = &self.pool.inner.backend;
-        if !self.capture.ever() {
+        // Never while another thread is beginning a capture on this lease:
+        // the capture it begins must be noted as a whole before it can end.
+        if !self.capture.ever() || self.capture.beginning() {
             return Err(Error::CaptureState);
         }
         // SAFETY: the lease holds this live stream of the pool's backend on

@@ -179,11 +179,18 @@ impl DeviceMemory {
     /// [`keep_for_graphs`](Self::keep_for_graphs)): when there are any,
     /// synchronizes the device's primary context (work issued before a
     /// capture may still use a block), then frees each the way it would have
-    /// been without the capture, in host order. Returns the host and device
+    /// been without the capture, in host order. Not while a capture gpupool
+    /// began is open (the synchronization would break it): the blocks wait
+    /// for a later call then. Returns the host and device
     /// bytes given back (pinned and managed blocks go to their pools). A
     /// block whose free fails is kept for a later call, and the first error
     /// returned.
     pub(super) fn give_back_graphs_blocks(&'static self, drv: &Driver) -> Result<usize, CudaError> {
+        // A context synchronization would break a capture still open on the
+        // device (in any mode): the blocks wait for a later call.
+        if crate::graph::captures_open() {
+            return Ok(0);
+        }
         let released = std::mem::take(&mut self.kept().released);
         let Some(device) = released.first().map(|h| h.device) else {
             return Ok(0);

@@ -72,6 +72,10 @@ pub(super) struct RoundState {
     /// The capture it was in, if the watched streams were in one capture
     /// with an id.
     start_capture: Option<u64>,
+    /// A capture was being begun on a watched stream when the round began
+    /// (its note odd): a later move of 2 may be the end of that beginning
+    /// and the start of another, so it does not tell one capture.
+    start_beginning: bool,
     /// While the device kind holds blocks that a graph capture allocated:
     /// the watched epochs when the first was taken, how many blocks the kind
     /// held before it (the blocks after those are the graph's), and the
@@ -140,15 +144,23 @@ impl<'b> Watch<'b> {
     /// saturated (its bumps no longer show: nothing is quiet any more).
     #[inline]
     fn epochs(&self) -> Option<u64> {
-        let mut sum = 0;
+        self.epochs_and_beginning().0
+    }
+
+    /// [`epochs`](Self::epochs), and whether a watched note was odd (a
+    /// capture being begun on its stream) when it was read.
+    #[inline]
+    fn epochs_and_beginning(&self) -> (Option<u64>, bool) {
+        let (mut sum, mut beginning) = (0, false);
         for n in self.notes.iter().flatten() {
             let e = n.epoch();
             if e == CaptureNote::SATURATED {
-                return None;
+                return (None, true);
             }
+            beginning |= e % 2 == 1;
             sum += u64::from(e);
         }
-        Some(sum)
+        (Some(sum), beginning)
     }
 
     /// Whether no watched stream can have been in a capture since the round
@@ -267,7 +279,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// capturing (the round then cannot end quietly).
     pub(super) fn begin_round(&self) -> Result<(), Error<B::Error>> {
         let w = &self.watch;
-        let epochs = w.epochs();
+        let (epochs, beginning) = w.epochs_and_beginning();
         // A saturated note is as good as a stream gpupool cannot see.
         let unseen = epochs.is_none() || self.stream_orders().iter().any(|o| o.captures_unseen());
         let captured = if epochs == Some(0) && !unseen {
@@ -279,7 +291,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // tell apart.
         let at_start = captured.as_ref().map_or(Capturing::Several, |c| *c);
         let start_captured = !matches!(at_start, Capturing::None);
-        if start_captured || unseen {
+        if start_captured || unseen || beginning {
             w.start.set(NOT_QUIET);
             w.state.set(Some(Box::new(RoundState {
                 start_epochs: epochs.unwrap_or(u64::MAX),
@@ -288,6 +300,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                     Capturing::One(_, id) => Some(id),
                     _ => None,
                 },
+                start_beginning: beginning,
                 ..RoundState::default()
             })));
         } else {
@@ -317,14 +330,16 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 return RoundEnd::AfterCapture;
             }
         };
-        let (start_epochs, start_captured, start_capture, graph_mode) = w.read(|st| {
-            (
-                st.start_epochs,
-                st.start_captured,
-                st.start_capture,
-                st.graph.is_some(),
-            )
-        });
+        let (start_epochs, start_captured, start_capture, start_beginning, graph_mode) =
+            w.read(|st| {
+                (
+                    st.start_epochs,
+                    st.start_captured,
+                    st.start_capture,
+                    st.start_beginning,
+                    st.graph.is_some(),
+                )
+            });
         let moved = w.epochs().and_then(|e| e.checked_sub(start_epochs));
         match (now, start_captured, moved) {
             // The capture the round began in, still open, and no other
@@ -332,8 +347,14 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             (Capturing::One(o, id), true, Some(0)) if start_capture == Some(id) => {
                 RoundEnd::InCapture(o, id)
             }
-            // The round began outside, and one capture began or was joined
-            // since: the one open now.
+            // The round began outside, and since then one capture was
+            // joined, or begun (both halves of its note), from a start where
+            // none was being begun: the one open now. Or one half only: the
+            // beginning under way when the round began, or under way now
+            // (the stream asked capturing: begun).
+            (Capturing::One(o, id), false, Some(2)) if !start_beginning => {
+                RoundEnd::InCapture(o, id)
+            }
             (Capturing::One(o, id), false, Some(1)) => RoundEnd::InCapture(o, id),
             // Only streams gpupool cannot see, asked at both ends, never
             // capturing: their contract excludes a capture begun and ended

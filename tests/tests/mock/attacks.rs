@@ -121,30 +121,33 @@ fn a_pinned_block_of_one_capture_is_given_to_another_captures_graph() {
 }
 
 // ---------------------------------------------------------------------------
-// Finding 3 (mock model): the mock's three special handles name one implicit
-// stream, so once the per-thread stream joins a capture, gpupool's
-// "excluded" null and legacy orders name a capturing stream.
+// Finding 3 (mock model): the mock's three special handles named one
+// implicit stream, so once the per-thread stream joined a capture, gpupool's
+// "excluded" null and legacy orders named a capturing stream. (Now the
+// per-thread stream is a stream of its own, and joins no capture.)
 // ---------------------------------------------------------------------------
 
-/// The per-thread default stream joins a capture (a wait through gpupool);
-/// a scratchpad on `null_stream` (which gpupool never asks about: CUDA
-/// captures neither the null nor the legacy stream) allocates device memory
-/// on it: on the mock that is a graph allocation, later handed out again.
+/// The per-thread default stream is asked to join a capture (a wait through
+/// gpupool): refused (on CUDA a blocking stream in a capture makes every
+/// later use of the legacy stream break it), the capture intact; a
+/// scratchpad on `null_stream` then works outside the capture.
 #[test]
 fn a_null_stream_scratchpad_while_the_per_thread_stream_captures() {
     let (gpu, streams, events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let per_thread = AccessOrder::per_thread_stream(D0);
-    per_thread.wait(&origin.order(), &events).unwrap(); // joins the capture
+    assert_eq!(
+        per_thread.wait(&origin.order(), &events),
+        Err(Error::StreamCapturing)
+    );
     let mut scratch = Scratchpad::new(&gpu, AccessOrder::null_stream(D0)).unwrap();
     let x = scratch.device::<u32>(16).unwrap();
     gpu.launch_map(&AccessOrder::null_stream(D0), &x, &x, |v| v + 1)
         .unwrap();
     let _ = x;
     scratch.reset().unwrap();
-    origin.order().wait(&per_thread, &events).unwrap(); // joined back
-    let graph = origin.end_capture();
+    let graph = origin.end_capture().unwrap();
     let y = scratch.device::<u32>(16).unwrap();
     let _ = gpu.launch_map(&AccessOrder::null_stream(D0), &y, &y, |v| v + 1);
     drop(scratch);
