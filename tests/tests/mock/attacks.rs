@@ -368,9 +368,14 @@ fn a_saturated_capture_note_hides_a_capture() {
 // mock then frees the block in stream order, under the graph.
 // ---------------------------------------------------------------------------
 
-/// What the hook below ends: the mock and the origin stream of a capture.
-static END_IN_HOOK: std::sync::Mutex<Option<(MockBackend, gpupool_core::StreamHandle)>> =
-    std::sync::Mutex::new(None);
+/// What the hook below ends: the mock and the origin stream of a capture,
+/// and the test's thread (another test's lost error is not its business).
+type EndArmed = (
+    MockBackend,
+    gpupool_core::StreamHandle,
+    std::thread::ThreadId,
+);
+static END_IN_HOOK: std::sync::Mutex<Option<EndArmed>> = std::sync::Mutex::new(None);
 
 /// The graph the hook's end made.
 static GRAPHS: std::sync::Mutex<Vec<gpupool_mock::MockGraph>> = std::sync::Mutex::new(Vec::new());
@@ -378,8 +383,15 @@ static GRAPHS: std::sync::Mutex<Vec<gpupool_mock::MockGraph>> = std::sync::Mutex
 /// A lost-error hook that ends the armed capture (through the mock's safe
 /// harness) the first time it runs.
 fn end_capture_hook(_: &dyn core::fmt::Display) {
-    let armed = END_IN_HOOK.lock().unwrap().take();
-    if let Some((gpu, origin)) = armed {
+    let mut armed = END_IN_HOOK.lock().unwrap_or_else(|e| e.into_inner());
+    if !armed
+        .as_ref()
+        .is_some_and(|(.., t)| *t == std::thread::current().id())
+    {
+        return;
+    }
+    let armed = armed.take();
+    if let Some((gpu, origin, _)) = armed {
         if let Ok(graph) = gpu.end_capture(origin) {
             GRAPHS.lock().unwrap().push(graph);
         }
@@ -411,7 +423,12 @@ fn keep_for_graph_after_the_capture_ended_in_the_middle_of_a_reset() {
     assert_eq!(scratch.stats().blocks[MemoryKind::Pinned.index()], 3);
     gpu.fail_nth(BackendOp::KeepForGraph, 1);
     gpu.fail_nth(BackendOp::KeepForGraph, 2);
-    *END_IN_HOOK.lock().unwrap() = Some((gpu.clone(), origin.handle()));
+    // One hook test at a time in this binary (the hook is process-wide).
+    let _one = crate::attacks2::HOOK_TESTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    *END_IN_HOOK.lock().unwrap() =
+        Some((gpu.clone(), origin.handle(), std::thread::current().id()));
     let previous = gpupool_core::set_lost_error_hook(Some(end_capture_hook));
     let reset = scratch.reset();
     gpupool_core::set_lost_error_hook(previous);

@@ -40,7 +40,7 @@ fn misuses_of(gpu: &MockBackend, call: BackendOp) -> usize {
 /// Serialises the tests of this file that set the process-wide lost-error
 /// hook (the hooks also check the thread they were armed on, since other
 /// test files' lost errors may reach them).
-static HOOK_TESTS: Mutex<()> = Mutex::new(());
+pub(crate) static HOOK_TESTS: Mutex<()> = Mutex::new(());
 
 fn hook_lock() -> std::sync::MutexGuard<'static, ()> {
     HOOK_TESTS.lock().unwrap_or_else(|e| e.into_inner())
