@@ -39,7 +39,6 @@ use gpupool_core::{AccessOrder, CaptureBackend, CaptureMode, DeviceId, StreamHan
 use crate::backend::CudaBackend;
 use crate::driver::{driver, raw_stream};
 use crate::error::{check, CudaError};
-use crate::memory::CAPTURES_ENDING;
 
 /// A graph a capture ended in (`CUgraph`), owned: destroyed when dropped.
 /// Every executable graph made from it ([`instantiate`](Self::instantiate))
@@ -226,6 +225,40 @@ fn relaxed_mode<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaE
     }
     let _restore = Restore(mode);
     op()
+}
+
+/// Taken for reading while a capture seen on a stream is acted on (a graph
+/// being captured given a reference, `hold_in_graph`; a graph's allocation
+/// freed inside its own capture), and for writing while gpupool ends a
+/// capture (`CaptureBackend::end_capture`): the capture a capture info call
+/// returned is still the stream's, and its graph alive, until the action is
+/// done.
+pub(crate) static CAPTURES_ENDING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+std::thread_local! {
+    /// Whether this thread holds `CAPTURES_ENDING` for reading (through
+    /// [`no_capture_ends`]): a nested call goes on under the outer hold
+    /// instead of reading again, which could wait forever behind a writer
+    /// that waits for the outer hold.
+    static HOLDING_CAPTURES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with `CAPTURES_ENDING` held for reading: no capture that
+/// gpupool ends ends meanwhile. Re-entrant on one thread.
+pub(crate) fn no_capture_ends<R>(f: impl FnOnce() -> R) -> R {
+    if HOLDING_CAPTURES.get() {
+        return f();
+    }
+    /// Clears the flag when the hold ends, a panic included.
+    struct Hold<'a>(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>);
+    impl Drop for Hold<'_> {
+        fn drop(&mut self) {
+            HOLDING_CAPTURES.set(false);
+        }
+    }
+    let _hold = Hold(CAPTURES_ENDING.read().unwrap_or_else(|e| e.into_inner()));
+    HOLDING_CAPTURES.set(true);
+    f()
 }
 
 /// The driver's capture mode.

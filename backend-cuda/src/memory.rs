@@ -174,10 +174,11 @@ use crate::backend::CudaBackend;
 use crate::block_pool::ThreadBlocks;
 use crate::driver::{driver, raw_stream, Driver};
 use crate::error::{check, invalid_value, out_of_memory, CudaError};
+use crate::graph::no_capture_ends;
 use crate::graph::unrestricted;
 use crate::shards::LocalShards;
-pub(crate) use capture::{current_capture, CAPTURES_ENDING};
-use capture::{no_capture_ends, GiveBack};
+pub(crate) use capture::current_capture;
+use capture::GiveBack;
 use state::{state, DeviceMemory};
 
 thread_local! {

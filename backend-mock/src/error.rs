@@ -8,7 +8,21 @@ use gpupool_core::{DeviceId, EventHandle, MemoryKind, StreamHandle};
 
 use gpupool_core::BackendOp as CallKind;
 
-use crate::capture::{CaptureMode, HarnessCall};
+use gpupool_core::CaptureMode;
+
+/// A call of the capture harness, named by the [`Misuse`](crate::Misuse)
+/// it caused.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HarnessCall {
+    /// [`MockBackend::begin_capture`](crate::MockBackend::begin_capture).
+    BeginCapture,
+    /// [`MockBackend::end_capture`](crate::MockBackend::end_capture).
+    EndCapture,
+    /// [`MockBackend::launch_graph`](crate::MockBackend::launch_graph).
+    LaunchGraph,
+    /// [`MockBackend::destroy_graph`](crate::MockBackend::destroy_graph).
+    DestroyGraph,
+}
 
 /// Why a call to the mock failed.
 ///

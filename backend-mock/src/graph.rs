@@ -8,7 +8,8 @@ use core::fmt;
 
 use gpupool_core::{Backend, CaptureStatus, DeviceId, StreamHandle};
 
-use crate::capture::{CaptureId, CaptureMode, HarnessCall, Node};
+use crate::capture::{CaptureId, CaptureMode, Node};
+use crate::error::HarnessCall;
 use crate::error::{Misuse, MockError};
 use crate::queue::StreamKey;
 use crate::state::State;

@@ -402,6 +402,7 @@
 
 mod backend;
 mod capture;
+mod capture_calls;
 mod error;
 mod graph;
 mod harness;
@@ -421,8 +422,8 @@ use gpupool_core::{BackendId, DeviceId};
 #[cfg(doc)]
 use gpupool_core::{EventHandle, StreamHandle};
 
-pub use capture::{CaptureMode, HarnessCall};
-pub use error::{BlockLayout, Misuse, MockError};
+pub use capture::CaptureMode;
+pub use error::{BlockLayout, HarnessCall, Misuse, MockError};
 pub use graph::MockGraph;
 pub use memory::{Hazard, HazardKind};
 pub use queue::CompletionPolicy;

@@ -22,7 +22,6 @@ use crate::backend::DeviceSelector;
 use crate::backend::{DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend};
 use crate::epoch::Pinning;
 use crate::error::{BackendOp, Error, Rejected};
-use crate::order::AccessOrder;
 pub use crate::owned::OwnedEvent;
 use crate::pool::{fmt_lease, shared_pool_methods, Pool, PoolKind, Slot};
 use crate::stats::Counters;
@@ -392,69 +391,31 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
     }
 }
 
-impl<'p, B: StreamBackend + EventBackend> EventLease<'p, B> {
-    /// Records, in the event, the work issued in `order` so far: a stream
-    /// order's stream is where the event is recorded; host order has nothing
-    /// queued, so the event is recorded on `order`'s device's null stream
-    /// (the host's waits on it return at once once that has run).
-    /// Record once, wait many: any number of orders may then
-    /// [`wait_event`](AccessOrder::wait_event) on it, each in its own
-    /// stream order.
+impl<B: StreamBackend + EventBackend> EventLease<'_, B> {
+    /// Records the event on `stream` of the event's device (checked by the
+    /// caller, [`record`](Self::record)), then marks it captured if
+    /// `captured` says the record was (asked after it: a capture begun on
+    /// the stream before the record is seen, as `begin_capture` notes the
+    /// capture before it begins).
     ///
-    /// Recorded on a stream that is capturing a graph, the event marks a
-    /// point of the capture: a stream that waits on it joins the capture
-    /// (as with [`AccessOrder::wait`]), the host cannot wait on it
-    /// ([`Error::CapturedEvent`]), and it is destroyed when the lease ends
-    /// instead of going back to the pool.
-    ///
-    /// Errors, with nothing recorded: [`Error::ForeignHandle`] for an order
-    /// of another backend; [`Error::WrongDevice`] for a stream of another
-    /// device than the event's (CUDA records an event only on its own
-    /// device's streams); a backend failure.
-    ///
-    /// ```
-    /// use gpupool_core::{EventPool, StreamPool};
-    /// use gpupool_mock::MockBackend;
-    ///
-    /// let gpu = MockBackend::new(1);
-    /// let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
-    /// let producer = streams.get(0)?;
-    /// let consumers: Vec<_> = (0..3).map(|_| streams.get(0)).collect::<Result<_, _>>()?;
-    /// let ready = events.get(0)?;
-    /// ready.record(&producer.order())?;
-    /// for c in &consumers {
-    ///     c.order().wait_event(&ready)?; // each consumer's later work waits for the producer's
-    /// }
-    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
-    /// ```
-    pub fn record(&self, order: &AccessOrder<'_>) -> Result<(), Error<B::Error>> {
+    /// # Safety
+    /// `stream` is a usable stream of the event's device for its backend.
+    pub(crate) unsafe fn record_on(
+        &self,
+        stream: crate::backend::StreamHandle,
+        captured: impl FnOnce() -> bool,
+    ) -> Result<(), Error<B::Error>> {
         let backend = self.pool.backend();
-        order.check_backend(backend)?;
-        let (stream, device) = order
-            .stream_and_device()
-            .unwrap_or((crate::backend::StreamHandle::NULL, self.device));
-        if device != self.device {
-            return Err(Error::WrongDevice {
-                given: self.device,
-                actual: device,
-            });
-        }
         // Marked as under way first (AcqRel: before the record, which a
         // wait on another thread may see through the driver: that wait then
         // reads the mark), cleared after, with the captured bit set if the
-        // stream was capturing. Asked after the record: a capture begun on
-        // the stream before the record is seen (`begin_capture` bumps the
-        // note before it begins). Where it cannot be asked, taken as
-        // captured.
+        // stream was capturing.
         self.records.fetch_add(1, Ordering::AcqRel);
-        // SAFETY: the event is leased (live, of `backend`, on `device`); the
-        // stream is `order`'s (the order borrows it, owner and device
-        // checked above), or the null stream of the event's device.
-        let recorded = unsafe { backend.record_event(self.event, stream, device) }
+        // SAFETY: the event is leased (live, of `backend`, on its device);
+        // the stream is usable there (the caller's contract).
+        let recorded = unsafe { backend.record_event(self.event, stream, self.device) }
             .map_err(Error::backend(BackendOp::RecordEvent));
-        // SAFETY: as above.
-        let captured = recorded.is_ok() && unsafe { order.capturing(backend) }.unwrap_or(true);
-        if captured {
+        if recorded.is_ok() && captured() {
             self.records.fetch_or(CAPTURED, Ordering::AcqRel);
         }
         self.records.fetch_sub(1, Ordering::AcqRel);

@@ -702,6 +702,64 @@ impl<B: StreamBackend> StreamLease<'_, B> {
     }
 }
 
+impl<B: StreamBackend + EventBackend> EventLease<'_, B> {
+    /// Records, in the event, the work issued in `order` so far: a stream
+    /// order's stream is where the event is recorded; host order has nothing
+    /// queued, so the event is recorded on `order`'s device's null stream
+    /// (the host's waits on it return at once once that has run).
+    /// Record once, wait many: any number of orders may then
+    /// [`wait_event`](AccessOrder::wait_event) on it, each in its own
+    /// stream order.
+    ///
+    /// Recorded on a stream that is capturing a graph, the event marks a
+    /// point of the capture: a stream that waits on it joins the capture
+    /// (as with [`AccessOrder::wait`]), the host cannot wait on it
+    /// ([`Error::CapturedEvent`]), and it is destroyed when the lease ends
+    /// instead of going back to the pool.
+    ///
+    /// Errors, with nothing recorded: [`Error::ForeignHandle`] for an order
+    /// of another backend; [`Error::WrongDevice`] for a stream of another
+    /// device than the event's (CUDA records an event only on its own
+    /// device's streams); a backend failure.
+    ///
+    /// ```
+    /// use gpupool_core::{EventPool, StreamPool};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    /// let producer = streams.get(0)?;
+    /// let consumers: Vec<_> = (0..3).map(|_| streams.get(0)).collect::<Result<_, _>>()?;
+    /// let ready = events.get(0)?;
+    /// ready.record(&producer.order())?;
+    /// for c in &consumers {
+    ///     c.order().wait_event(&ready)?; // each consumer's later work waits for the producer's
+    /// }
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
+    pub fn record(&self, order: &AccessOrder<'_>) -> Result<(), Error<B::Error>> {
+        let backend = self.pool().backend();
+        order.check_backend(backend)?;
+        let (stream, device) = order
+            .stream_and_device()
+            .unwrap_or((StreamHandle::NULL, self.device()));
+        if device != self.device() {
+            return Err(Error::WrongDevice {
+                given: self.device(),
+                actual: device,
+            });
+        }
+        // Whether the record was captured, asked after it; where it cannot
+        // be asked, taken as captured.
+        // SAFETY: `order`'s stream is usable for `backend` (the order
+        // borrows it, owner checked above).
+        let captured = || unsafe { order.capturing(backend) }.unwrap_or(true);
+        // SAFETY: the stream is `order`'s (as above, device checked), or the
+        // null stream of the event's device.
+        unsafe { self.record_on(stream, captured) }
+    }
+}
+
 impl<'l, B: StreamBackend> From<&'l StreamLease<'_, B>> for AccessOrder<'l> {
     fn from(l: &'l StreamLease<'_, B>) -> AccessOrder<'l> {
         l.order()

@@ -11,10 +11,12 @@ use std::sync::{Mutex, MutexGuard};
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryKind, StreamHandle};
 
-use super::state::{DeviceMemory, KeptForGraphs};
+pub(super) use super::state::GiveBack;
+use super::state::{DeviceMemory, GraphAllocation, GraphHeld, KeptForGraphs};
 use crate::backend::CudaBackend;
 use crate::driver::Driver;
 use crate::error::{check, CudaError};
+use crate::graph::no_capture_ends;
 
 impl DeviceMemory {
     /// The id of the capture `stream` is in ([`current_capture`]), or
@@ -248,71 +250,6 @@ impl DeviceMemory {
         let kept = self.kept();
         (kept.blocks, kept.bytes)
     }
-}
-
-/// Taken for reading while a capture seen on a stream is acted on (a graph
-/// being captured given a reference, `hold_in_graph`; a graph's allocation
-/// freed inside its own capture), and for writing while gpupool ends a
-/// capture (`CaptureBackend::end_capture`): the capture a capture info call
-/// returned is still the stream's, and its graph alive, until the action is
-/// done.
-pub(crate) static CAPTURES_ENDING: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-std::thread_local! {
-    /// Whether this thread holds `CAPTURES_ENDING` for reading (through
-    /// [`no_capture_ends`]): a nested call goes on under the outer hold
-    /// instead of reading again, which could wait forever behind a writer
-    /// that waits for the outer hold.
-    static HOLDING_CAPTURES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f` with `CAPTURES_ENDING` held for reading: no capture that
-/// gpupool ends ends meanwhile. Re-entrant on one thread.
-pub(super) fn no_capture_ends<R>(f: impl FnOnce() -> R) -> R {
-    if HOLDING_CAPTURES.get() {
-        return f();
-    }
-    /// Clears the flag when the hold ends, a panic included.
-    struct Hold<'a>(#[allow(dead_code)] std::sync::RwLockReadGuard<'a, ()>);
-    impl Drop for Hold<'_> {
-        fn drop(&mut self) {
-            HOLDING_CAPTURES.set(false);
-        }
-    }
-    let _hold = Hold(CAPTURES_ENDING.read().unwrap_or_else(|e| e.into_inner()));
-    HOLDING_CAPTURES.set(true);
-    f()
-}
-
-/// A device block allocated on a capturing stream: an allocation node of
-/// the graph being captured.
-#[derive(Copy, Clone, Debug)]
-pub(super) struct GraphAllocation {
-    pub(super) size: usize,
-    /// The capture's id (0 where the driver cannot tell).
-    pub(super) capture: u64,
-}
-
-/// How a block kept for a graph is given back once the graph is gone.
-#[derive(Copy, Clone, Debug)]
-pub(super) enum GiveBack {
-    /// As `MemoryBackend::deallocate` would (the address, size and alignment
-    /// the block was handed out with).
-    Block { align: usize },
-    /// As a device block the driver allocated (the device cache's level).
-    DeviceBlock,
-}
-
-/// A block a graph holds (through a CUDA user object), to be given back
-/// when the graph is gone.
-#[derive(Debug)]
-pub(super) struct GraphHeld {
-    mem: &'static DeviceMemory,
-    device: DeviceId,
-    kind: MemoryKind,
-    addr: usize,
-    size: usize,
-    how: GiveBack,
 }
 
 /// Gives the graph being captured on `stream` in capture `capture` a

@@ -11,11 +11,12 @@ use cudarc::driver::result;
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryKind, StreamBackend, StreamHandle, StreamOptions};
 
-use super::capture::{no_capture_ends, GiveBack};
+use super::capture::GiveBack;
 use super::state::{state, DeviceMemory};
 use crate::backend::CudaBackend;
 use crate::driver::{raw_stream, Driver};
 use crate::error::{check, invalid_value, not_supported, teardown_ok, CudaError};
+use crate::graph::no_capture_ends;
 
 /// `CUmemLocation` as the CUDA headers lay it out in every version: the
 /// location type, then the id. From CUDA 13.2 the id sits in an anonymous

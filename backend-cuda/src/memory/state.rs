@@ -54,7 +54,7 @@ pub(super) struct DeviceMemory {
 pub(super) struct GraphMemory {
     /// Device blocks allocated on a capturing stream and not freed yet:
     /// start address to size and capture.
-    pub(super) allocations: Mutex<BTreeMap<usize, super::capture::GraphAllocation>>,
+    pub(super) allocations: Mutex<BTreeMap<usize, GraphAllocation>>,
     /// `allocations.len()`, readable without the lock (written under it).
     pub(super) allocations_len: AtomicUsize,
     /// Blocks kept for graphs.
@@ -75,7 +75,7 @@ pub(super) struct KeptForGraphs {
     /// Blocks whose graphs are gone (every graph and executable graph that
     /// held them destroyed and their launches done): to be given back by
     /// `trim_memory`.
-    pub(super) released: Vec<super::capture::GraphHeld>,
+    pub(super) released: Vec<GraphHeld>,
 }
 
 /// The memory state of every device, by ordinal; created on the first memory
@@ -145,4 +145,35 @@ impl DeviceMemory {
             MemoryKind::Managed => &self.managed.counters,
         }
     }
+}
+
+/// A device block allocated on a capturing stream: an allocation node of
+/// the graph being captured.
+#[derive(Copy, Clone, Debug)]
+pub(super) struct GraphAllocation {
+    pub(super) size: usize,
+    /// The capture's id (0 where the driver cannot tell).
+    pub(super) capture: u64,
+}
+
+/// How a block kept for a graph is given back once the graph is gone.
+#[derive(Copy, Clone, Debug)]
+pub(super) enum GiveBack {
+    /// As `MemoryBackend::deallocate` would (the address, size and alignment
+    /// the block was handed out with).
+    Block { align: usize },
+    /// As a device block the driver allocated (the device cache's level).
+    DeviceBlock,
+}
+
+/// A block a graph holds (through a CUDA user object), to be given back
+/// when the graph is gone.
+#[derive(Debug)]
+pub(super) struct GraphHeld {
+    pub(super) mem: &'static DeviceMemory,
+    pub(super) device: DeviceId,
+    pub(super) kind: MemoryKind,
+    pub(super) addr: usize,
+    pub(super) size: usize,
+    pub(super) how: GiveBack,
 }
