@@ -32,9 +32,43 @@ use crate::sync::{AtomicU32, Ordering};
 /// by the move during the round, or by a stream capturing when the round
 /// began). A move of 2 is one capture begun or joined; a move of 1, the
 /// beginning under way at one end of the interval.
+///
+/// Beside the epoch, the number of waits under way on the stream that may
+/// join a capture ([`joining`](Self::joining)): a wait joins in the driver
+/// first and moves the epoch after, so a scratchpad on another thread that
+/// allocated on the stream right after the join and ends its round before
+/// the move sees the wait under way instead ([`watched`](Self::watched)).
 #[derive(Debug, Default)]
 pub(crate) struct CaptureNote {
     epoch: AtomicU32,
+    /// Waits under way that may make the stream join a capture.
+    joining: AtomicU32,
+}
+
+/// A wait under way that may make a stream join a capture
+/// ([`CaptureNote::joining`]): counted from before the wait reaches the
+/// driver until after the note moves for the join (or the wait turned out
+/// to join nothing), also on an early exit or a panic.
+pub(crate) struct Joining<'n> {
+    note: &'n CaptureNote,
+}
+
+impl Joining<'_> {
+    /// The wait joined a capture: the note moves as for [`bump`](CaptureNote::bump),
+    /// before the wait stops being counted.
+    #[inline]
+    pub(crate) fn joined(&self) {
+        self.note.bump();
+    }
+}
+
+impl Drop for Joining<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // Release, with the Acquire of `watched`: a reader that sees the
+        // count back down also sees the move of `joined` made before.
+        self.note.joining.fetch_sub(1, Ordering::Release);
+    }
 }
 
 impl CaptureNote {
@@ -46,6 +80,7 @@ impl CaptureNote {
     pub(crate) fn new() -> Self {
         CaptureNote {
             epoch: AtomicU32::new(0),
+            joining: AtomicU32::new(0),
         }
     }
 
@@ -54,6 +89,7 @@ impl CaptureNote {
     pub(crate) fn with_epoch(epoch: u32) -> Self {
         CaptureNote {
             epoch: AtomicU32::new(epoch),
+            joining: AtomicU32::new(0),
         }
     }
 
@@ -103,9 +139,83 @@ impl CaptureNote {
     }
 
     /// Whether the stream has ever been in a capture as far as gpupool can
-    /// tell: only then can it be capturing now.
+    /// tell, or a wait under way may make it join one: only then can it be
+    /// capturing now.
     #[inline]
     pub(crate) fn ever(&self) -> bool {
-        self.epoch() != 0
+        // The count first: see `watched`.
+        self.joining.load(Ordering::Acquire) != 0 || self.epoch() != 0
+    }
+
+    /// Counts a wait that may make the stream join a capture, until the
+    /// returned guard is dropped. Called before the wait reaches the driver.
+    #[inline]
+    pub(crate) fn joining(&self) -> Joining<'_> {
+        // AcqRel: the count is up before the wait reaches the driver (which
+        // orders the calls made on one stream), so a thread whose call on
+        // the stream came after the join reads it (or the move that
+        // follows it).
+        self.joining.fetch_add(1, Ordering::AcqRel);
+        Joining { note: self }
+    }
+
+    /// What a scratchpad compares between the start and the end of a round:
+    /// the waits under way (high 32 bits) and the epoch (low 32 bits). The
+    /// same value at both ends, with no wait under way at the start, says
+    /// that nothing joined or began a capture on the stream in between.
+    #[inline]
+    pub(crate) fn watched(&self) -> u64 {
+        // The count before the epoch (both Acquire, with the Release of a
+        // `Joining`'s drop): a count read back at 0 after a wait's join
+        // comes with the move that wait made before.
+        let joining = self.joining.load(Ordering::Acquire);
+        (u64::from(joining) << 32) | u64::from(self.epoch())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::CaptureNote;
+
+    #[test]
+    fn a_wait_under_way_shows_until_it_is_over() {
+        let note = CaptureNote::new();
+        let quiet = note.watched();
+        assert!(!note.ever());
+        let joining = note.joining();
+        // Under way: the value a round would compare has moved, and the
+        // stream may be capturing.
+        assert_ne!(note.watched(), quiet);
+        assert!(note.ever());
+        drop(joining);
+        // A wait that joined nothing leaves the note as it was.
+        assert_eq!(note.watched(), quiet);
+        assert!(!note.ever());
+    }
+
+    #[test]
+    fn a_wait_that_joins_moves_the_epoch_before_it_stops_counting() {
+        let note = CaptureNote::new();
+        let joining = note.joining();
+        joining.joined();
+        // The join shows while the wait is still counted...
+        assert_eq!(note.watched() as u32, 2);
+        assert_eq!(note.watched() >> 32, 1);
+        drop(joining);
+        // ...and stays once it is not.
+        assert_eq!(note.watched(), 2);
+        assert!(note.ever());
+    }
+
+    #[test]
+    fn waits_on_several_threads_count_each() {
+        let note = CaptureNote::new();
+        let (a, b) = (note.joining(), note.joining());
+        assert_eq!(note.watched() >> 32, 2);
+        a.joined();
+        drop(a);
+        assert_eq!(note.watched(), (1 << 32) | 2);
+        drop(b);
+        assert_eq!(note.watched(), 2);
     }
 }

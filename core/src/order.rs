@@ -553,6 +553,9 @@ impl<'s> AccessOrder<'s> {
             _ => {}
         }
         let event = lease(other_device)?;
+        // Counted as a wait that may join a capture from before the record
+        // until the note has moved for the join (see `CaptureNote::joining`).
+        let joining = self.note.map(CaptureNote::joining);
         // SAFETY: the event is leased from `events` (created by `backend` on
         // `other_device`, live while the lease is); both streams are usable
         // for `backend` (see above: borrowed by their orders, owners checked).
@@ -575,9 +578,10 @@ impl<'s> AccessOrder<'s> {
         // SAFETY: as above.
         let after = unsafe { other.capture(backend) }.unwrap_or(Some(u64::MAX));
         let captured = after.is_some();
-        if captured && after != already {
-            self.note_join();
+        if let (true, Some(joining)) = (captured && after != already, &joining) {
+            joining.joined();
         }
+        drop(joining);
         match waited {
             // An event recorded in a capture stays the capture's: back in
             // the pool, another user's wait on it would join the capture.
@@ -604,18 +608,6 @@ impl<'s> AccessOrder<'s> {
     #[inline]
     fn is_special(&self) -> bool {
         matches!(self.order, Order::Stream { owner: None, .. })
-    }
-
-    /// Notes, on the lease or owned stream this order came from (if any),
-    /// that its stream has just joined a graph capture (the callers do not
-    /// call this for a stream that was in a capture already: the origin's
-    /// wait that joins a side stream back says nothing new of its own
-    /// captures).
-    #[inline]
-    fn note_join(&self) {
-        if let Some(note) = self.note {
-            note.bump();
-        }
     }
 
     /// Makes `self` wait for the work `event` has captured: a stream waits on
@@ -653,6 +645,9 @@ impl<'s> AccessOrder<'s> {
             // A special stream joins no capture (see `wait`).
             return Err(Error::CapturedEvent);
         }
+        // Counted as a wait that may join a capture until the note has
+        // moved for the join (see `CaptureNote::joining`).
+        let joining = self.note.map(CaptureNote::joining);
         // SAFETY: the event as above; the stream is usable for `backend`
         // (borrowed by this order, owner checked).
         unsafe { backend.stream_wait_event(stream, device, event.handle()) }
@@ -667,10 +662,11 @@ impl<'s> AccessOrder<'s> {
         if event.may_be_captured() {
             // SAFETY: as above.
             let now = unsafe { self.capture(backend) }.unwrap_or(Some(u64::MAX));
-            if already.is_none() || now != already {
-                self.note_join();
+            if let (true, Some(joining)) = (already.is_none() || now != already, &joining) {
+                joining.joined();
             }
         }
+        drop(joining);
         Ok(())
     }
 }

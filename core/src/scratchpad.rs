@@ -272,31 +272,47 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     pub fn new(backend: &'b B, device_order: AccessOrder<'b>) -> Result<Self, Error<B::Error>> {
         Self::check_order(backend, &device_order)?;
         let config = ScratchpadConfig::default();
-        if Watch::needs_asking_for(&device_order, &config) {
-            return Self::build_asked(backend, device_order, config, device_order.device());
-        }
-        // Built in place (no move of the scratchpad into the result).
+        let watch = Self::first_round(backend, &device_order, &config)?;
+        // Built in place, after the last way out (no copy of the
+        // scratchpad into the result).
         Ok(Self::build(
             backend,
             device_order,
             config,
             device_order.device(),
+            watch,
         ))
     }
 
-    /// `build` where a stream of the orders may be capturing: its first
-    /// round begins by asking.
+    /// The watch of a scratchpad with these orders, its first round begun:
+    /// by asking the backend where a stream of the orders may be capturing
+    /// (cold), else quiet.
+    #[inline(always)]
+    fn first_round(
+        backend: &B,
+        device_order: &AccessOrder<'b>,
+        config: &ScratchpadConfig<'b>,
+    ) -> Result<Watch<'b>, Error<B::Error>> {
+        let watch = Watch::new(
+            device_order,
+            config.pinned_release.as_ref(),
+            config.managed_release.as_ref(),
+        );
+        if Watch::needs_asking_for(device_order, config) {
+            Self::begin_first_round_asking(&watch, backend, stream_orders(device_order, config))?;
+        }
+        Ok(watch)
+    }
+
+    /// [`first_round`](Self::first_round) where a stream may be capturing.
     #[cold]
     #[inline(never)]
-    fn build_asked(
-        backend: &'b B,
-        device_order: AccessOrder<'b>,
-        config: ScratchpadConfig<'b>,
-        device: Option<DeviceId>,
-    ) -> Result<Self, Error<B::Error>> {
-        let scratchpad = Self::build(backend, device_order, config, device);
-        scratchpad.begin_round()?;
-        Ok(scratchpad)
+    fn begin_first_round_asking(
+        watch: &Watch<'b>,
+        backend: &B,
+        orders: [AccessOrder<'b>; 3],
+    ) -> Result<(), Error<B::Error>> {
+        watch.begin_round(backend, orders)
     }
 
     /// The checks every order of a scratchpad passes.
@@ -336,10 +352,8 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 _ => {}
             }
         }
-        if Watch::needs_asking_for(&device_order, &config) {
-            return Self::build_asked(backend, device_order, config, device);
-        }
-        Ok(Self::build(backend, device_order, config, device))
+        let watch = Self::first_round(backend, &device_order, &config)?;
+        Ok(Self::build(backend, device_order, config, device, watch))
     }
 
     /// The scratchpad, once its orders are checked; `device` as resolved
@@ -350,6 +364,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         device_order: AccessOrder<'b>,
         config: ScratchpadConfig<'b>,
         device: Option<DeviceId>,
+        watch: Watch<'b>,
     ) -> Self {
         // Host-visible kinds released in stream order keep fenced blocks.
         let pinned = config.pinned_release.unwrap_or(device_order);
@@ -373,11 +388,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             upstream_allocations: Cell::new(0),
             upstream_releases: Cell::new(0),
             sizes: None,
-            watch: Watch::new(
-                &device_order,
-                config.pinned_release.as_ref(),
-                config.managed_release.as_ref(),
-            ),
+            watch,
             kept_for_graphs: Cell::new(0),
         }
     }
@@ -386,11 +397,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// order and the pinned and managed release orders (some may be the
     /// same, or host order).
     fn stream_orders(&self) -> [AccessOrder<'b>; 3] {
-        [
-            self.device_order,
-            self.release_order(MemoryKind::Pinned),
-            self.release_order(MemoryKind::Managed),
-        ]
+        stream_orders(&self.device_order, &self.config)
     }
 
     /// Starts each kind with one block the size `sizes` learned for it (when
@@ -522,8 +529,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let device = self.device_id()?;
         let up = self.counting(kind, device);
         let st = &self.kinds[kind.index()];
-        let graph = kind == MemoryKind::Device && self.watch.graph().is_some();
-        if graph && self.graph_round_goes_on()? {
+        // Graph captures matter only in a round that is not quiet (which
+        // stays so until it ends), and never to pageable host memory.
+        let watched = kind != MemoryKind::Host && !self.watch.quiet();
+        if watched && kind == MemoryKind::Device && self.graph_round_goes_on()? {
             if let Some(p) = self.graph_bump(bytes, align) {
                 return Ok(Some(p));
             }
@@ -531,12 +540,17 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let settled = self.settle_fence(st, &up);
         self.note_held(kind);
         settled?;
-        self.note_first_block(kind)?;
+        if watched {
+            self.note_first_block(kind)?;
+        }
         let taken = self.upstream_allocations.get();
         let p = st.res.allocate(&up, bytes, align);
         self.note_held(kind);
         let p = p?;
-        if kind == MemoryKind::Device && self.device_order.may_capture() {
+        // Asked after the block is taken: a capture the device stream began
+        // or joined before it moved a note (or counts as a wait under way)
+        // by now, so the round is not quiet any more.
+        if kind == MemoryKind::Device && !self.watch.quiet() {
             self.note_device_block(self.upstream_allocations.get() != taken)?;
         }
         st.high_water
@@ -725,6 +739,19 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     pub fn first_block_size(&self, kind: MemoryKind) -> usize {
         self.kinds[kind.index()].res.first_block()
     }
+}
+
+/// The stream orders of a scratchpad with this device order and config
+/// (see [`Scratchpad::stream_orders`]).
+fn stream_orders<'b>(
+    device_order: &AccessOrder<'b>,
+    config: &ScratchpadConfig<'b>,
+) -> [AccessOrder<'b>; 3] {
+    [
+        *device_order,
+        config.pinned_release.unwrap_or(*device_order),
+        config.managed_release.unwrap_or(*device_order),
+    ]
 }
 
 impl<B: ScratchBackend> Drop for Scratchpad<'_, B> {

@@ -46,13 +46,16 @@ use crate::order::AccessOrder;
 use super::{FirstError, ScratchBackend, Scratchpad, ScratchpadConfig};
 
 /// What a scratchpad watches of its orders' graph captures: the notes and
-/// the epochs when the round began (all the quiet check reads), and the
+/// their values when the round began (all the quiet check reads), and the
 /// rest, made only for a round that is not quiet ([`RoundState`]).
 pub(super) struct Watch<'b> {
     /// The capture notes of its stream orders (the device order, the pinned
-    /// and managed release orders), where they have one, each once.
+    /// and managed release orders), where they have one, each once, the
+    /// ones it has first (so that the quiet check of a scratchpad without
+    /// notes reads one word, and of one with a note one more).
     notes: [Option<&'b CaptureNote>; 3],
-    /// The sum of the notes' epochs when the round began, or [`NOT_QUIET`]
+    /// The sum of the notes' values ([`CaptureNote::watched`]) when the
+    /// round began, or [`NOT_QUIET`]
     /// when the round cannot be quiet (a watched stream was capturing then,
     /// or gpupool cannot see an order's captures): what the reset's one
     /// comparison reads.
@@ -65,7 +68,7 @@ pub(super) struct Watch<'b> {
 /// A round's capture state beyond the quiet check.
 #[derive(Default)]
 pub(super) struct RoundState {
-    /// The sum of the notes' epochs when the round began.
+    /// The sum of the notes' values when the round began.
     start_epochs: u64,
     /// A watched stream was capturing when the round began.
     start_captured: bool,
@@ -93,7 +96,8 @@ pub(super) struct RoundState {
     retired: Vec<(usize, usize)>,
 }
 
-/// Never a sum of three `u32` epochs.
+/// Never a sum of the notes' values: that would need some 2^32 threads
+/// waiting on the scratchpad's streams at once.
 const NOT_QUIET: u64 = u64::MAX;
 
 impl<'b> Watch<'b> {
@@ -118,8 +122,11 @@ impl<'b> Watch<'b> {
         let n2 = managed
             .and_then(|o| o.capture_note())
             .filter(|n| !same(n0, n) && !same(n1, n));
+        // The ones there are first.
+        let mut notes = [n0, n1, n2];
+        notes.sort_by_key(Option::is_none);
         Watch {
-            notes: [n0, n1, n2],
+            notes,
             start: Cell::new(0),
             state: Cell::new(None),
         }
@@ -140,34 +147,109 @@ impl<'b> Watch<'b> {
             || config.managed_release.as_ref().is_some_and(asks)
     }
 
-    /// The sum of the watched notes' epochs now; `None` once a note has
+    /// The sum of the watched notes' values now
+    /// ([`CaptureNote::watched`]): what the quiet check compares.
+    #[inline(always)]
+    pub(super) fn sum(&self) -> u64 {
+        // The notes there are come first: a scratchpad without notes (host
+        // order, a special stream, `from_raw`) reads one word, one with a
+        // note (a lease's order) one more.
+        let [Some(first), second, third] = self.notes else {
+            return 0;
+        };
+        let mut sum = first.watched();
+        if let Some(second) = second {
+            sum = sum.wrapping_add(self.sum_rest(second, third));
+        }
+        sum
+    }
+
+    /// The rest of [`sum`](Self::sum): release orders with notes of their
+    /// own.
+    #[cold]
+    #[inline(never)]
+    fn sum_rest(&self, second: &CaptureNote, third: Option<&CaptureNote>) -> u64 {
+        second
+            .watched()
+            .wrapping_add(third.map_or(0, CaptureNote::watched))
+    }
+
+    /// The sum of the watched notes' values now; `None` once a note has
     /// saturated (its bumps no longer show: nothing is quiet any more).
     #[inline]
     fn epochs(&self) -> Option<u64> {
         self.epochs_and_beginning().0
     }
 
-    /// [`epochs`](Self::epochs), and whether a watched note was odd (a
-    /// capture being begun on its stream) when it was read.
+    /// [`epochs`](Self::epochs), and whether a watched note said a capture
+    /// was being begun on its stream (its epoch odd) or a wait that may join
+    /// one was under way when it was read.
     #[inline]
     fn epochs_and_beginning(&self) -> (Option<u64>, bool) {
-        let (mut sum, mut beginning) = (0, false);
-        for n in self.notes.iter().flatten() {
-            let e = n.epoch();
-            if e == CaptureNote::SATURATED {
+        let (mut sum, mut beginning) = (0u64, false);
+        for n in self.notes.into_iter().flatten() {
+            let value = n.watched();
+            let (joining, epoch) = (value >> 32, value as u32);
+            if epoch == CaptureNote::SATURATED {
                 return (None, true);
             }
-            beginning |= e % 2 == 1;
-            sum += u64::from(e);
+            beginning |= epoch % 2 == 1 || joining != 0;
+            sum = sum.wrapping_add(value);
         }
         (Some(sum), beginning)
     }
 
     /// Whether no watched stream can have been in a capture since the round
-    /// began: none was capturing then, and no note was bumped since.
-    #[inline]
+    /// began: none was capturing then, and no note was bumped since nor a
+    /// wait under way on it. The round's start is [`NOT_QUIET`] where a note
+    /// was saturated then; one that saturates later has moved. So: one sum
+    /// and one comparison (at every reset and drop).
+    #[inline(always)]
     pub(super) fn quiet(&self) -> bool {
-        Some(self.start.get()) == self.epochs()
+        self.start.get() == self.sum()
+    }
+
+    /// Begins a round of a scratchpad with these stream orders: notes the
+    /// epochs, and asks `backend` whether a watched stream is capturing
+    /// (only if one may be). A failure to ask counts as
+    /// capturing (the round then cannot end quietly).
+    pub(super) fn begin_round<B: ScratchBackend>(
+        &self,
+        backend: &B,
+        orders: [AccessOrder<'b>; 3],
+    ) -> Result<(), Error<B::Error>> {
+        let w = self;
+        let (epochs, beginning) = self.epochs_and_beginning();
+        // A saturated note is as good as a stream gpupool cannot see.
+        let unseen = epochs.is_none() || orders.iter().any(AccessOrder::captures_unseen);
+        let captured = if epochs == Some(0) && !unseen {
+            Ok(Capturing::None)
+        } else {
+            capturing_now(backend, orders)
+        };
+        // A failure to ask counts as capturing in captures gpupool cannot
+        // tell apart.
+        let at_start = captured.as_ref().map_or(Capturing::Several, |c| *c);
+        let start_captured = !matches!(at_start, Capturing::None);
+        if start_captured || unseen || beginning {
+            w.start.set(NOT_QUIET);
+            w.state.set(Some(Box::new(RoundState {
+                start_epochs: epochs.unwrap_or(u64::MAX),
+                start_captured,
+                start_capture: match at_start {
+                    Capturing::One(_, id) => Some(id),
+                    _ => None,
+                },
+                start_beginning: beginning,
+                ..RoundState::default()
+            })));
+        } else {
+            // A quiet round needs no state (and the device kind is in graph
+            // mode only in a round that is not).
+            w.start.set(epochs.unwrap_or(NOT_QUIET));
+            w.state.set(None);
+        }
+        captured.map(drop)
     }
 
     /// Runs `f` on the round's capture state (made if there is none).
@@ -224,6 +306,36 @@ enum Capturing<'b> {
     Several,
 }
 
+/// The capture `orders` are in now (only those that may be are asked, each
+/// once): `Ok(None)` if none is, [`Capturing::One`] if every one that is
+/// capturing is in the same capture (the order one of them), and
+/// [`Capturing::Several`] if they are in different captures.
+fn capturing_now<'b, B: ScratchBackend>(
+    backend: &B,
+    orders: [AccessOrder<'b>; 3],
+) -> Result<Capturing<'b>, Error<B::Error>> {
+    let mut found = Capturing::None;
+    for (i, o) in orders.iter().enumerate() {
+        if orders[..i].contains(o) || !o.may_capture() {
+            continue;
+        }
+        // SAFETY: every order of a scratchpad is usable for its backend for
+        // the scratchpad's whole life (checked at construction, before this
+        // is first asked; each borrows its stream).
+        let Some(id) = (unsafe { o.capture(backend) })? else {
+            continue;
+        };
+        found = match found {
+            Capturing::None => Capturing::One(*o, id),
+            Capturing::One(first, first_id) if first_id == id && id != 0 => {
+                Capturing::One(first, first_id)
+            }
+            _ => Capturing::Several,
+        };
+    }
+    Ok(found)
+}
+
 /// How a round ended, as far as graph captures go.
 #[derive(Copy, Clone)]
 pub(super) enum RoundEnd<'b> {
@@ -239,77 +351,15 @@ pub(super) enum RoundEnd<'b> {
 }
 
 impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
-    /// The scratchpad's distinct stream orders that may be capturing.
-    fn capturable_orders(&self) -> impl Iterator<Item = AccessOrder<'b>> + '_ {
-        let orders = self.stream_orders();
-        (0..orders.len()).filter_map(move |i| {
-            let o = orders[i];
-            let first = !orders[..i].iter().any(|p| p == &o);
-            (first && o.may_capture()).then_some(o)
-        })
-    }
-
-    /// The capture the scratchpad's stream orders are in now (only those
-    /// that may be are asked): `Ok(None)` if none is, `Ok(Some((order,
-    /// id)))` if every one that is capturing is in the same capture (`order`
-    /// one of them), and [`Capturing::Several`] if they are in different
-    /// captures.
+    /// The capture the scratchpad's stream orders are in now (see
+    /// [`capturing_now`]).
     fn capturing_now(&self) -> Result<Capturing<'b>, Error<B::Error>> {
-        let mut found = Capturing::None;
-        for o in self.capturable_orders() {
-            // SAFETY: every order of the scratchpad is usable for its
-            // backend for the scratchpad's whole life (checked at
-            // construction; each borrows its stream).
-            let Some(id) = (unsafe { o.capture(self.backend) })? else {
-                continue;
-            };
-            found = match found {
-                Capturing::None => Capturing::One(o, id),
-                Capturing::One(first, first_id) if first_id == id && id != 0 => {
-                    Capturing::One(first, first_id)
-                }
-                _ => Capturing::Several,
-            };
-        }
-        Ok(found)
+        capturing_now(self.backend, self.stream_orders())
     }
 
-    /// Begins a round: notes the epochs, and asks whether a watched stream
-    /// is capturing (only if one may be). A failure to ask counts as
-    /// capturing (the round then cannot end quietly).
+    /// Begins a round (see [`Watch::begin_round`]).
     pub(super) fn begin_round(&self) -> Result<(), Error<B::Error>> {
-        let w = &self.watch;
-        let (epochs, beginning) = w.epochs_and_beginning();
-        // A saturated note is as good as a stream gpupool cannot see.
-        let unseen = epochs.is_none() || self.stream_orders().iter().any(|o| o.captures_unseen());
-        let captured = if epochs == Some(0) && !unseen {
-            Ok(Capturing::None)
-        } else {
-            self.capturing_now()
-        };
-        // A failure to ask counts as capturing in captures gpupool cannot
-        // tell apart.
-        let at_start = captured.as_ref().map_or(Capturing::Several, |c| *c);
-        let start_captured = !matches!(at_start, Capturing::None);
-        if start_captured || unseen || beginning {
-            w.start.set(NOT_QUIET);
-            w.state.set(Some(Box::new(RoundState {
-                start_epochs: epochs.unwrap_or(u64::MAX),
-                start_captured,
-                start_capture: match at_start {
-                    Capturing::One(_, id) => Some(id),
-                    _ => None,
-                },
-                start_beginning: beginning,
-                ..RoundState::default()
-            })));
-        } else {
-            // A quiet round needs no state (and the device kind is in graph
-            // mode only in a round that is not).
-            w.start.set(epochs.unwrap_or(NOT_QUIET));
-            w.state.set(None);
-        }
-        captured.map(drop)
+        self.watch.begin_round(self.backend, self.stream_orders())
     }
 
     /// How the round ends (see [`RoundEnd`]). Precise only where it can be:
@@ -320,7 +370,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// is [`RoundEnd::AfterCapture`].
     pub(super) fn round_end(&self, errors: &mut FirstError<B::Error>) -> RoundEnd<'b> {
         let w = &self.watch;
-        if w.quiet() {
+        if self.watch.quiet() {
             return RoundEnd::Clean;
         }
         let now = match self.capturing_now() {
@@ -340,7 +390,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                     st.graph.is_some(),
                 )
             });
-        let moved = w.epochs().and_then(|e| e.checked_sub(start_epochs));
+        let moved = self
+            .watch
+            .epochs()
+            .and_then(|e| e.checked_sub(start_epochs));
         match (now, start_captured, moved) {
             // The capture the round began in, still open, and no other
             // began or was joined since.
@@ -393,7 +446,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // Only a round that began in a capture can take memory after it
         // (one that began outside and saw a capture begin moved a note); a
         // quiet round has no state.
-        if kind == MemoryKind::Host || w.quiet() {
+        if kind == MemoryKind::Host || self.watch.quiet() {
             return Ok(());
         }
         let (start_captured, after_capture, start_epochs) =
@@ -401,7 +454,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if !start_captured
             || after_capture & bit != 0
             || self.kinds[kind.index()].res.block_count() > 0
-            || w.epochs() != Some(start_epochs)
+            || self.watch.epochs() != Some(start_epochs)
         {
             return Ok(());
         }
