@@ -174,11 +174,31 @@ impl<'b> Watch<'b> {
             .wrapping_add(third.map_or(0, CaptureNote::watched))
     }
 
-    /// The sum of the watched notes' values now; `None` once a note has
-    /// saturated (its bumps no longer show: nothing is quiet any more).
+    /// The sum of the watched notes' epochs now (not their counts of waits
+    /// under way: a move of the sum is a number of bumps); `None` once a
+    /// note has saturated (its bumps no longer show: nothing is quiet any
+    /// more).
     #[inline]
     fn epochs(&self) -> Option<u64> {
         self.epochs_and_beginning().0
+    }
+
+    /// [`epochs`](Self::epochs), where no wait that may join a capture is
+    /// under way on a watched stream; else `None`. What tells that nothing
+    /// joined or began a capture since an earlier reading: a join that the
+    /// driver made is noted by then, or its wait still counts.
+    #[inline]
+    fn settled_epochs(&self) -> Option<u64> {
+        let mut sum = 0u64;
+        for n in self.notes.into_iter().flatten() {
+            let value = n.watched();
+            let (joining, epoch) = (value >> 32, value as u32);
+            if epoch == CaptureNote::SATURATED || joining != 0 {
+                return None;
+            }
+            sum += u64::from(epoch);
+        }
+        Some(sum)
     }
 
     /// [`epochs`](Self::epochs), and whether a watched note said a capture
@@ -194,7 +214,7 @@ impl<'b> Watch<'b> {
                 return (None, true);
             }
             beginning |= epoch % 2 == 1 || joining != 0;
-            sum = sum.wrapping_add(value);
+            sum += u64::from(epoch);
         }
         (Some(sum), beginning)
     }
@@ -426,7 +446,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         let bit = 1 << kind.index();
         let (after_capture, start_epochs) =
             self.watch.read(|st| (st.after_capture, st.start_epochs));
-        let after = after_capture & bit != 0 && self.watch.epochs() == Some(start_epochs);
+        let after = after_capture & bit != 0 && self.watch.settled_epochs() == Some(start_epochs);
         match end {
             _ if kind == MemoryKind::Host => RoundEnd::Clean,
             RoundEnd::AfterCapture if after => RoundEnd::Clean,
@@ -454,7 +474,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if !start_captured
             || after_capture & bit != 0
             || self.kinds[kind.index()].res.block_count() > 0
-            || self.watch.epochs() != Some(start_epochs)
+            || self.watch.settled_epochs() != Some(start_epochs)
         {
             return Ok(());
         }
@@ -544,7 +564,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         // SAFETY: the device order is usable for the backend for the
         // scratchpad's life (checked at construction; it borrows its stream).
         let now = unsafe { self.device_order.capture(self.backend) }?;
-        if now == Some(capture) && self.watch.epochs() == Some(since) {
+        if now == Some(capture) && self.watch.settled_epochs() == Some(since) {
             return Ok(true);
         }
         // The capture has ended (or gpupool cannot tell that it goes on):
@@ -616,7 +636,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if let Some(capture) = unsafe { self.device_order.capture(self.backend) }? {
             let before = st.res.block_count() - 1;
             // (A saturated note ends graph mode at the next allocation.)
-            let epochs = self.watch.epochs().unwrap_or(u64::MAX);
+            let epochs = self.watch.settled_epochs().unwrap_or(u64::MAX);
             self.watch
                 .with_state(|st| st.graph = Some((epochs, before, capture)));
             st.res.pause();

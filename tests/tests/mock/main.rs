@@ -8,6 +8,7 @@
 
 mod attacks;
 mod attacks2;
+mod attacks3;
 mod bad_input;
 mod capture;
 mod capture_rounds;
