@@ -69,10 +69,12 @@ pub use gpupool_core::*;
 /// The simulated GPU (`gpupool-mock`): streams with queued work that tests
 /// complete, stream-ordered memory with hazard detection, fault injection.
 #[cfg(feature = "mock")]
+#[doc(inline)]
 pub use gpupool_mock as mock;
 
 /// The CUDA backend (`gpupool-cuda`), and through it [`cudarc`](gpupool_cuda::cudarc).
 #[cfg(feature = "cuda")]
+#[doc(inline)]
 pub use gpupool_cuda as cuda;
 
 /// The backend the features select: `CudaBackend` with `cuda`.
