@@ -515,7 +515,10 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     }
 
     /// Everything `alloc`'s fast path leaves: checks, the first block, growth,
-    /// a fence to settle.
+    /// a fence to settle. Graph captures matter only in a round that is not
+    /// quiet (which stays so until it ends), and never to pageable host
+    /// memory: such a round's allocations go to
+    /// [`alloc_in_watched_round`](Self::alloc_in_watched_round), out of line.
     #[inline(never)]
     fn alloc_slow(
         &self,
@@ -526,17 +529,46 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
         if !check_request(bytes, align)? {
             return Ok(None);
         }
-        let device = self.device_id()?;
-        let up = self.counting(kind, device);
-        let st = &self.kinds[kind.index()];
-        // Graph captures matter only in a round that is not quiet (which
-        // stays so until it ends), and never to pageable host memory.
-        let watched = kind != MemoryKind::Host && !self.watch.quiet();
-        if watched && kind == MemoryKind::Device && self.graph_round_goes_on()? {
+        if kind != MemoryKind::Host && !self.watch.quiet() {
+            return self.alloc_in_watched_round(kind, bytes, align);
+        }
+        self.alloc_from_upstream(kind, bytes, align, false)
+    }
+
+    /// `alloc_slow` in a round that a graph capture may have overlapped: the
+    /// device kind's graph mode, and whether a kind's first block of the
+    /// round comes after the capture (`capture.rs`).
+    #[cold]
+    #[inline(never)]
+    fn alloc_in_watched_round(
+        &self,
+        kind: MemoryKind,
+        bytes: usize,
+        align: usize,
+    ) -> Result<Option<NonNull<u8>>, Error<B::Error>> {
+        if kind == MemoryKind::Device && self.graph_round_goes_on()? {
             if let Some(p) = self.graph_bump(bytes, align) {
                 return Ok(Some(p));
             }
         }
+        self.alloc_from_upstream(kind, bytes, align, true)
+    }
+
+    /// The common part of an allocation that the current block cannot
+    /// serve: the kind's fence settled, then a block (or the current one)
+    /// from upstream; with `watched`, the first block of a kind in a round
+    /// that is not quiet is noted (see `note_first_block`).
+    #[inline(always)]
+    fn alloc_from_upstream(
+        &self,
+        kind: MemoryKind,
+        bytes: usize,
+        align: usize,
+        watched: bool,
+    ) -> Result<Option<NonNull<u8>>, Error<B::Error>> {
+        let device = self.device_id()?;
+        let up = self.counting(kind, device);
+        let st = &self.kinds[kind.index()];
         let settled = self.settle_fence(st, &up);
         self.note_held(kind);
         settled?;
@@ -658,20 +690,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     fn release_all(&mut self, sink: &mut dyn FnMut(Error<B::Error>)) {
         let device = self.device.get();
         if let (false, Some(device)) = (self.watch.quiet(), device) {
-            // The last round may have been in a graph capture: its memory
-            // goes to the graph, or is kept (`capture.rs`).
-            let mut errors = FirstError::new();
-            let end = self.round_end(&mut errors);
-            for kind in MemoryKind::ALL {
-                let end = self.kind_round_end(kind, end);
-                if !matches!(end, RoundEnd::Clean) && self.kinds[kind.index()].res.block_count() > 0
-                {
-                    self.retire_kind(kind, device, end, &mut errors);
-                }
-            }
-            if let Some(e) = errors.first.take() {
-                sink(e);
-            }
+            self.retire_last_round(device, sink);
         }
         for kind in MemoryKind::ALL {
             let st = &self.kinds[kind.index()];
@@ -705,6 +724,25 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             }
         }
         self.held.set(0);
+    }
+
+    /// The part of `release_all` for a last round that may have been in a
+    /// graph capture: its memory goes to the graph, or is kept
+    /// (`capture.rs`).
+    #[cold]
+    #[inline(never)]
+    fn retire_last_round(&mut self, device: DeviceId, sink: &mut dyn FnMut(Error<B::Error>)) {
+        let mut errors = FirstError::new();
+        let end = self.round_end(&mut errors);
+        for kind in MemoryKind::ALL {
+            let end = self.kind_round_end(kind, end);
+            if !matches!(end, RoundEnd::Clean) && self.kinds[kind.index()].res.block_count() > 0 {
+                self.retire_kind(kind, device, end, &mut errors);
+            }
+        }
+        if let Some(e) = errors.first.take() {
+            sink(e);
+        }
     }
 
     /// Statistics per kind.

@@ -123,8 +123,11 @@ impl<'b> Watch<'b> {
             .and_then(|o| o.capture_note())
             .filter(|n| !same(n0, n) && !same(n1, n));
         // The ones there are first.
-        let mut notes = [n0, n1, n2];
-        notes.sort_by_key(Option::is_none);
+        let notes = match (n0, n1, n2) {
+            (None, None, n) => [n, None, None],
+            (None, Some(n), m) | (Some(n), None, m) => [Some(n), m, None],
+            all => [all.0, all.1, all.2],
+        };
         Watch {
             notes,
             start: Cell::new(0),
@@ -613,6 +616,8 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// order is capturing, the block is the graph's allocation, and the
     /// kind enters graph mode (its cursor paused, see the module
     /// documentation). Asked only where the device order may capture.
+    #[cold]
+    #[inline(never)]
     pub(super) fn note_device_block(&self, block_taken: bool) -> Result<(), Error<B::Error>> {
         let st = &self.kinds[MemoryKind::Device.index()];
         if block_taken {
