@@ -114,7 +114,21 @@ impl<B: EventBackend> EventPool<B> {
     shared_pool_methods! {
         EventLease, "event";
         // The memo hit inline, the rest out of line.
-        get: [#[inline]], get_slow: [#[inline(never)]];
+        get: [
+            ///
+            /// ```
+            /// use gpupool_core::EventPool;
+            /// use gpupool_mock::MockBackend;
+            ///
+            /// let events = EventPool::new(MockBackend::new(1));
+            /// let event = events.get(0)?;
+            /// assert_eq!(event.device().0, 0);
+            /// drop(event); // back to the pool: no backend call
+            /// assert_eq!(events.get(0)?.pool().total_stats().created, 1); // reused
+            /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+            /// ```
+            #[inline]
+        ], get_slow: [#[inline(never)]];
         /// Destroys every pooled event. Leases that are out come back normally
         /// later. Returns how many were destroyed. An event whose destroy fails
         /// stays pooled for the next purge; the first failure is returned after the
@@ -175,6 +189,19 @@ impl<B: EventBackend> EventPool<B> {
     }
 
     /// Leases an event as a [`SharedEvent`], returned when the last clone drops.
+    ///
+    /// ```
+    /// use gpupool_core::EventPool;
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let events = EventPool::new(MockBackend::new(1));
+    /// let shared = events.get_shared(0)?;
+    /// let other = shared.clone();        // the same event
+    /// assert_eq!(other.handle(), shared.handle());
+    /// drop(shared);                      // still leased through `other`
+    /// assert_eq!(events.total_stats().live_leases, 1);
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     #[cfg(feature = "std")]
     pub fn get_shared(
         &self,

@@ -463,6 +463,19 @@ impl<'s> AccessOrder<'s> {
     /// Errors: [`Error::ForeignHandle`] when either order's stream is not of
     /// `events`' backend (nothing is called); [`Error::StreamCapturing`] (see
     /// above); a backend failure.
+    ///
+    /// ```
+    /// use gpupool_core::{EventPool, StreamPool};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    /// let (upload, compute) = (streams.get(0)?, streams.get(0)?);
+    /// gpu.enqueue_work(upload.handle()).unwrap();       // e.g. a copy
+    /// compute.order().wait(&upload.order(), &events)?; // a pooled event between them
+    /// gpu.enqueue_work(compute.handle()).unwrap();      // runs after the copy
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     #[cfg(feature = "std")]
     pub fn wait<B>(
         &self,
@@ -621,6 +634,22 @@ impl<'s> AccessOrder<'s> {
     ///
     /// Errors: [`Error::ForeignHandle`] when `self`'s stream is not of the
     /// event's backend; [`Error::CapturedEvent`] (above); a backend failure.
+    ///
+    /// ```
+    /// use gpupool_core::{EventPool, StreamPool};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    /// let producer = streams.get(0)?;
+    /// let done = events.get(0)?;
+    /// done.record(&producer.order())?;       // once
+    /// for _ in 0..3 {
+    ///     let consumer = streams.get(0)?;
+    ///     consumer.order().wait_event(&done)?; // from any number of orders
+    /// }
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     pub fn wait_event<B>(&self, event: &EventLease<'_, B>) -> Result<(), Error<B::Error>>
     where
         B: StreamBackend + EventBackend,
@@ -687,6 +716,17 @@ impl OwnedStream {
 impl<B: StreamBackend> StreamLease<'_, B> {
     /// The stream as an access order, borrowing the lease: the order cannot
     /// be used after the lease ends.
+    ///
+    /// ```
+    /// use gpupool_core::{AccessOrder, StreamPool};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let streams = StreamPool::new(MockBackend::new(1));
+    /// let lease = streams.get(0)?;
+    /// let order: AccessOrder<'_> = lease.order(); // Copy; borrows `lease`
+    /// assert_eq!(order.stream_handle(), Some(lease.handle()));
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     #[inline]
     pub fn order(&self) -> AccessOrder<'_> {
         AccessOrder::of_held(

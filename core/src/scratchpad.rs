@@ -268,6 +268,18 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// move between threads); [`Error::DeviceOutOfRange`] for a special
     /// stream of a device that does not exist; a backend failure asking
     /// whether a stream that was in a graph capture still is.
+    ///
+    /// ```
+    /// use gpupool_core::{MemoryKind, Scratchpad, StreamPool};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let streams = StreamPool::new(gpu.clone());
+    /// let stream = streams.get(0)?;
+    /// let scratch = Scratchpad::new(&gpu, stream.order())?; // allocates nothing yet
+    /// assert!(scratch.alloc(MemoryKind::Device, 256, 64)?.is_some());
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     #[inline(always)]
     pub fn new(backend: &'b B, device_order: AccessOrder<'b>) -> Result<Self, Error<B::Error>> {
         Self::check_order(backend, &device_order)?;
@@ -404,6 +416,20 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// larger than the configured first block) and, when this scratchpad is
     /// released or dropped, records there the most it held of each kind. See
     /// [`ScratchSizes`].
+    ///
+    /// ```
+    /// use gpupool_core::{AccessOrder, MemoryKind, ScratchSizes, Scratchpad};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let sizes = ScratchSizes::new();
+    /// for _request in 0..2 {
+    ///     let scratch = Scratchpad::new(&gpu, AccessOrder::host())?.learn_sizes(&sizes);
+    ///     scratch.host::<u8>(100_000)?; // the first request learns 100 kB
+    /// }
+    /// assert!(sizes.get()[MemoryKind::Host.index()] >= 100_000);
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     pub fn learn_sizes(mut self, sizes: &'b ScratchSizes) -> Self {
         let learned = sizes.get();
         for (st, size) in self.kinds.iter_mut().zip(learned) {
@@ -598,6 +624,24 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// fails is forgotten: the error says it is still allocated); the
     /// scratchpad stays usable. The first error is returned, any further one
     /// reported through [`lost_errors`](crate::lost_errors).
+    ///
+    /// ```
+    /// use gpupool_core::{AccessOrder, Scratchpad};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let mut scratch = Scratchpad::new(&gpu, AccessOrder::host())?;
+    /// let mut after_first = None;
+    /// for round in 0..3u32 {
+    ///     let x = scratch.to_device(&[round; 64])?; // this round's memory
+    ///     assert_eq!(scratch.to_host(&x)?[0], round);
+    ///     scratch.reset()?; // `x` is gone (the borrow ends); its block is reused
+    ///     after_first.get_or_insert(scratch.stats().upstream_allocations);
+    /// }
+    /// // The later rounds took nothing new from the backend.
+    /// assert_eq!(Some(scratch.stats().upstream_allocations), after_first);
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     #[inline]
     pub fn reset(&mut self) -> Result<(), Error<B::Error>> {
         // A round that a graph capture may have overlapped gives its memory

@@ -268,7 +268,20 @@ impl<B: StreamBackend> StreamPool<B> {
     shared_pool_methods! {
         StreamLease, "stream";
         // The slow path stays inline: the stream pool's `get` is one body.
-        get: [], get_slow: [#[inline]];
+        get: [
+            ///
+            /// ```
+            /// use gpupool_core::StreamPool;
+            /// use gpupool_mock::MockBackend;
+            ///
+            /// let streams = StreamPool::new(MockBackend::new(1));
+            /// let lease = streams.get(0)?; // device 0 (or `DeviceSelector::Current`)
+            /// let raw = lease.handle();    // for the backend's own calls
+            /// drop(lease);                 // back to the pool, queried once
+            /// assert_eq!(streams.get(0)?.handle(), raw); // the same stream again
+            /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+            /// ```
+        ], get_slow: [#[inline]];
         /// Destroys every stream in the pool, ready or busy (CUDA lets pending work
         /// finish). Leases that are out are untouched and come back normally later;
         /// so does a stream another thread's `get` is scanning at this moment,
@@ -279,6 +292,18 @@ impl<B: StreamBackend> StreamPool<B> {
         /// the purge: that stream stays in the pool (so it is not lost and the next
         /// purge tries again) but is never leased again; the first error is
         /// returned, later ones are parked.
+        ///
+        /// ```
+        /// use gpupool_core::StreamPool;
+        /// use gpupool_mock::MockBackend;
+        ///
+        /// let streams = StreamPool::new(MockBackend::new(1));
+        /// let kept = streams.get(0)?;
+        /// drop(streams.get(0)?);             // an idle stream in the pool
+        /// assert_eq!(streams.purge()?, 1);   // destroyed; `kept` is untouched
+        /// drop(kept);                        // and comes back normally
+        /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+        /// ```
     }
 
     /// The configuration.
@@ -716,6 +741,17 @@ impl<B: StreamBackend> fmt::Debug for StreamLease<'_, B> {
 impl<'p, B: StreamBackend> StreamLease<'p, B> {
     /// The raw stream handle, for the backend's own calls (valid while the
     /// lease lives).
+    ///
+    /// ```
+    /// use gpupool_core::StreamPool;
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let streams = StreamPool::new(gpu.clone());
+    /// let lease = streams.get(0)?;
+    /// gpu.enqueue_work(lease.handle()).unwrap(); // the backend's own call on the stream
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     #[inline]
     pub fn handle(&self) -> StreamHandle {
         self.stream
@@ -734,6 +770,17 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
     }
 
     /// Ends the lease without returning the stream: the caller owns it now.
+    ///
+    /// ```
+    /// use gpupool_core::StreamPool;
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let streams = StreamPool::new(MockBackend::new(1));
+    /// let owned = streams.get(0)?.detach(); // no longer the pool's
+    /// streams.put(owned, None).map_err(|rejected| rejected.error)?; // until put back
+    /// assert_eq!(streams.total_stats().created, 1);
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     pub fn detach(self) -> OwnedStream {
         let this = ManuallyDrop::new(self);
         // Released: no longer live, and its stream left the pool.
@@ -750,6 +797,15 @@ impl<'p, B: StreamBackend> StreamLease<'p, B> {
     /// Returns the stream to the pool now, reporting a failure (which `Drop`
     /// would park). On a failed query the stream is quarantined by the pool:
     /// not lost, destroyed by the next purge, never leased again.
+    ///
+    /// ```
+    /// use gpupool_core::StreamPool;
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let streams = StreamPool::new(MockBackend::new(1));
+    /// streams.get(0)?.return_to_pool()?; // as a drop, with the error in hand
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     pub fn return_to_pool(self) -> Result<(), Error<B::Error>> {
         let this = ManuallyDrop::new(self);
         this.pool

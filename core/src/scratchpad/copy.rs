@@ -69,6 +69,19 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     }
 
     /// `count` uninitialised `T`s of pinned host memory.
+    ///
+    /// ```
+    /// use gpupool_core::{AccessOrder, Scratchpad};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let scratch = Scratchpad::new(&gpu, AccessOrder::host())?;
+    /// let staging = scratch.pinned::<u32>(4)?;
+    /// for (i, x) in staging.iter_mut().enumerate() {
+    ///     x.write(i as u32);
+    /// }
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     // A bump allocator: every call hands out a fresh region, disjoint from all
     // others, so `&self` may return `&mut` (as bumpalo's `alloc` does).
     #[allow(clippy::mut_from_ref)]
@@ -113,6 +126,17 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     }
 
     /// Shorthand for [`device_slice`](Self::device_slice).
+    ///
+    /// ```
+    /// use gpupool_core::{AccessOrder, Scratchpad};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let scratch = Scratchpad::new(&gpu, AccessOrder::host())?;
+    /// let out = scratch.device::<f32>(1024)?; // for a kernel to write
+    /// assert_eq!(out.len(), 1024);
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     pub fn device<T>(&self, count: usize) -> Result<DeviceSlice<'_, T>, Error<B::Error>> {
         self.device_slice(count)
     }
@@ -172,6 +196,17 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// be read back as any [`AnyBitPattern`] type ([`to_host`](Self::to_host)),
     /// after a reset under another type too, so every byte written to it
     /// must be initialised.
+    ///
+    /// ```
+    /// use gpupool_core::{AccessOrder, Scratchpad};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let scratch = Scratchpad::new(&gpu, AccessOrder::host())?;
+    /// let on_gpu = scratch.to_device(&[1u16, 2, 3])?; // staged in pinned memory, copied in order
+    /// assert_eq!(on_gpu.len(), 3);
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     pub fn to_device<T: NoUninit>(&self, src: &[T]) -> Result<DeviceSlice<'_, T>, Error<B::Error>> {
         self.to_contiguous_device(&[src]).map(|(dst, _)| dst)
     }
