@@ -20,7 +20,8 @@ use crate::{DefaultBackend, DefaultError, EventPool, StreamPool};
 ///   ([`MockBackend::set_checking`](gpupool_mock::MockBackend::set_checking)):
 ///   work completes only when the host waits for it, and a hazard (a missing
 ///   wait, a read-back before the kernel that writes it) panics where it is
-///   found; `gpupool::backend().set_checking(true)` does the same from code.
+///   found, a drop included; `gpupool::backend().set_checking(true)` does the
+///   same from code, and `set_checking(false)` puts back completion at once.
 ///   Any other value of either variable panics on first use, naming it.
 ///   Tests that complete work by hand, inject faults or check hazards make a
 ///   machine of their own with `gpupool::mock::MockBackend::new`.
@@ -121,10 +122,11 @@ pub struct ErrorsOutOfSight {
     /// The same for [`events()`].
     pub events: Option<DefaultError>,
     /// Errors the two pools dropped because one was already parked, since
-    /// the process started.
+    /// the previous `take_errors` (or the start of the process).
     pub dropped: usize,
     /// Errors with nobody to report them to ([`lost_errors`](crate::lost_errors):
-    /// pools', scratchpads' and leases' drops), since the process started.
+    /// pools', scratchpads' and leases' drops), since the previous
+    /// `take_errors` (or the start of the process).
     pub lost: usize,
 }
 
@@ -137,8 +139,9 @@ impl ErrorsOutOfSight {
 
 /// One call that tells whether anything went wrong where no error could be
 /// returned: takes the errors the process-wide pools parked, and counts those
-/// they dropped and those lost in drops (of any pool or scratchpad). A
-/// runtime calls it at a checkpoint (the end of a request batch, shutdown) and
+/// they dropped and those lost in drops (of any pool or scratchpad) since the
+/// previous call, so each checkpoint sees what is new. A runtime calls it at
+/// a checkpoint (the end of a request batch, shutdown) and
 /// logs or fails on what it finds; a scratchpad's or pool's own errors are
 /// best taken where they happen, with its fallible form (`release`, `purge`).
 ///
@@ -150,12 +153,24 @@ impl ErrorsOutOfSight {
 /// # Ok::<(), gpupool::DefaultError>(())
 /// ```
 pub fn take_errors() -> ErrorsOutOfSight {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    /// The totals the previous calls reported up to.
+    static DROPPED_SEEN: AtomicUsize = AtomicUsize::new(0);
+    static LOST_SEEN: AtomicUsize = AtomicUsize::new(0);
+    // The counts only grow; `fetch_max` (Relaxed: counters, no data hangs on
+    // them) hands each part of them to one call, also when calls race.
+    let since = |seen: &AtomicUsize, total: usize| {
+        total.saturating_sub(seen.fetch_max(total, Ordering::Relaxed))
+    };
     let (streams, events) = (pools::streams(), pools::events());
     ErrorsOutOfSight {
         streams: streams.take_error(),
         events: events.take_error(),
-        dropped: streams.dropped_errors() + events.dropped_errors(),
-        lost: crate::lost_errors(),
+        dropped: since(
+            &DROPPED_SEEN,
+            streams.dropped_errors() + events.dropped_errors(),
+        ),
+        lost: since(&LOST_SEEN, crate::lost_errors()),
     }
 }
 

@@ -616,12 +616,30 @@ impl MockBackend {
     /// for it ([`CompletionPolicy::Manual`]) and every hazard panics
     /// ([`set_fail_on_hazard`](Self::set_fail_on_hazard)), so a missing wait
     /// between two streams, or a read-back before the kernel that writes it,
-    /// fails loudly where it happens; off, as a machine made by
-    /// [`new`](Self::new) (manual completion, hazards only recorded). The
-    /// process-wide machine of the `gpupool` crate turns it on when the
-    /// environment variable `GPUPOOL_MOCK_CHECK` is `1`.
+    /// fails loudly where it happens, also inside a drop (a scratchpad's
+    /// or a lease's: that is where a missing wait shows); off again, hazards
+    /// are only recorded and work completes as it did before checking mode
+    /// was turned on. The process-wide machine of the `gpupool` crate turns
+    /// it on when the environment variable `GPUPOOL_MOCK_CHECK` is `1`.
+    ///
+    /// Work completes only when the host waits for it: pinned and managed
+    /// scratch blocks released in stream order come back once the host
+    /// waits, so a loop that never waits holds more memory each round than
+    /// on a GPU (or without checking mode).
     pub fn set_checking(&self, on: bool) {
-        self.set_policy(CompletionPolicy::Manual);
+        let restore = {
+            let mut state = self.state();
+            if on {
+                let policy = state.policy;
+                state.policy_before_checking.get_or_insert(policy);
+                Some(CompletionPolicy::Manual)
+            } else {
+                state.policy_before_checking.take()
+            }
+        };
+        if let Some(policy) = restore {
+            self.set_policy(policy);
+        }
         self.set_fail_on_hazard(on);
     }
 

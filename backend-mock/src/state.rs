@@ -167,6 +167,10 @@ pub(crate) struct State {
     pub(crate) fail_on_hazard: bool,
     /// How many of `memory.hazards` have been reported that way.
     pub(crate) hazards_reported: usize,
+    /// While checking mode is on, the completion policy from before it
+    /// ([`MockBackend::set_checking`](crate::MockBackend::set_checking)
+    /// puts it back when turned off).
+    pub(crate) policy_before_checking: Option<CompletionPolicy>,
     pub(crate) misuses: Vec<Misuse>,
 }
 
@@ -189,6 +193,7 @@ impl State {
             armed_handles: Vec::new(),
             fail_on_hazard: false,
             hazards_reported: 0,
+            policy_before_checking: None,
             misuses: Vec::new(),
         }
     }

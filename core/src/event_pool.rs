@@ -27,6 +27,8 @@ use crate::pool::{fmt_lease, shared_pool_methods, Pool, PoolKind, Slot};
 use crate::stats::Counters;
 use crate::sync::epoch::{Collector, Guard};
 use crate::sync::Arc;
+#[cfg(any(loom, target_has_atomic = "64"))]
+use crate::sync::AtomicU64;
 use crate::sync::{AtomicU32, Ordering};
 use crate::thread_cache::InPlace;
 
@@ -160,6 +162,8 @@ impl<B: EventBackend> EventPool<B> {
             device,
             in_place: Some(cell_slot),
             records: AtomicU32::new(0),
+            #[cfg(any(loom, target_has_atomic = "64"))]
+            last_capture: AtomicU64::new(0),
         })
     }
 
@@ -280,6 +284,26 @@ pub struct EventLease<'p, B: EventBackend> {
     /// how many records are under way now (a wait that may have joined a
     /// capture through one is told before the record can be seen).
     records: AtomicU32,
+    /// The capture the latest record was made in ([`LastRecord`]'s
+    /// encoding: 0 outside any capture or none yet, `id + 1` in capture `id`,
+    /// `u64::MAX` in a capture gpupool could not name). Kept where the
+    /// target has 64-bit atomics (every target CUDA runs on); elsewhere
+    /// every record counts as one in a capture it cannot name.
+    #[cfg(any(loom, target_has_atomic = "64"))]
+    last_capture: AtomicU64,
+}
+
+/// Where the latest record of a leased event was made, as a wait on it from
+/// a capturing stream needs to know (the driver refuses, breaking the
+/// capture, a capturing stream's wait on work outside its capture).
+#[derive(Copy, Clone, PartialEq, Eq, Debug)]
+pub(crate) enum LastRecord {
+    /// Outside any capture, or never recorded.
+    Outside,
+    /// In the capture with this id.
+    In(u64),
+    /// In a capture gpupool cannot name, or a record is under way.
+    Unknown,
 }
 
 /// [`EventLease::records`]' bit: a record was made in a capture.
@@ -300,6 +324,8 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
             device,
             in_place: None,
             records: AtomicU32::new(0),
+            #[cfg(any(loom, target_has_atomic = "64"))]
+            last_capture: AtomicU64::new(0),
         }
     }
 
@@ -311,6 +337,33 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
         // after a record the caller saw reads that record's marks (see
         // `record`).
         self.records.load(Ordering::Acquire) != 0
+    }
+
+    /// Where the latest record was made ([`LastRecord`]); `Unknown` while
+    /// a record is under way.
+    pub(crate) fn last_record(&self) -> LastRecord {
+        // Acquire (both): as in `may_be_captured`; the count first, so that
+        // a count read with no record under way comes with the capture the
+        // latest finished record stored before its decrement.
+        if self.records.load(Ordering::Acquire) & !CAPTURED != 0 {
+            return LastRecord::Unknown;
+        }
+        #[cfg(any(loom, target_has_atomic = "64"))]
+        {
+            match self.last_capture.load(Ordering::Acquire) {
+                0 => LastRecord::Outside,
+                u64::MAX => LastRecord::Unknown,
+                n => LastRecord::In(n - 1),
+            }
+        }
+        #[cfg(not(any(loom, target_has_atomic = "64")))]
+        {
+            if self.is_captured() {
+                LastRecord::Unknown
+            } else {
+                LastRecord::Outside
+            }
+        }
     }
 
     /// Whether a record of the event was made in a capture.
@@ -421,16 +474,17 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
 impl<B: StreamBackend + EventBackend> EventLease<'_, B> {
     /// Records the event on `stream` of the event's device (checked by the
     /// caller, [`record`](Self::record)), then marks it captured if
-    /// `captured` says the record was (asked after it: a capture begun on
+    /// `capture` says the record was (asked after it: a capture begun on
     /// the stream before the record is seen, as `begin_capture` notes the
-    /// capture before it begins).
+    /// capture before it begins): `None` outside a capture, `Some(id)` in
+    /// capture `id`, `Some(u64::MAX)` in one it cannot name.
     ///
     /// # Safety
     /// `stream` is a usable stream of the event's device for its backend.
     pub(crate) unsafe fn record_on(
         &self,
         stream: crate::backend::StreamHandle,
-        captured: impl FnOnce() -> bool,
+        capture: impl FnOnce() -> Option<u64>,
     ) -> Result<(), Error<B::Error>> {
         let backend = self.pool.backend();
         // Marked as under way first (AcqRel: before the record, which a
@@ -442,8 +496,18 @@ impl<B: StreamBackend + EventBackend> EventLease<'_, B> {
         // the stream is usable there (the caller's contract).
         let recorded = unsafe { backend.record_event(self.event, stream, self.device) }
             .map_err(Error::backend(BackendOp::RecordEvent));
-        if recorded.is_ok() && captured() {
-            self.records.fetch_or(CAPTURED, Ordering::AcqRel);
+        if recorded.is_ok() {
+            let capture = capture();
+            if capture.is_some() {
+                self.records.fetch_or(CAPTURED, Ordering::AcqRel);
+            }
+            // Release: read with Acquire by `last_record` after it saw the
+            // count below go down.
+            #[cfg(any(loom, target_has_atomic = "64"))]
+            self.last_capture.store(
+                capture.map_or(0, |id| id.saturating_add(1)),
+                Ordering::Release,
+            );
         }
         self.records.fetch_sub(1, Ordering::AcqRel);
         recorded

@@ -22,7 +22,9 @@
 //! [`Error`] and leaves the pool as it was; `Drop` never panics (an error met
 //! there is parked and handed out by `take_error`, or, where no owner is left
 //! to park it with, counted by [`lost_errors`] and passed to the
-//! [`set_lost_error_hook`] hook).
+//! [`set_lost_error_hook`] hook). The one panic a drop may raise is the
+//! mock's checking mode reporting a hazard it found there, which is what that
+//! mode is for.
 //!
 //! ## Features
 //! - `std` (default): `get()`/`purge()` pin crossbeam-epoch's thread-local

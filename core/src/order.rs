@@ -11,7 +11,7 @@ use core::marker::PhantomData;
 use crate::backend::{Backend, BackendId, DeviceId, EventBackend, StreamBackend, StreamHandle};
 use crate::capture::CaptureNote;
 use crate::error::{BackendOp, Error};
-use crate::event_pool::{EventLease, EventPool};
+use crate::event_pool::{EventLease, EventPool, LastRecord};
 use crate::owned::OwnedStream;
 use crate::stream_pool::StreamLease;
 use crate::sync::epoch::Guard;
@@ -674,6 +674,14 @@ impl<'s> AccessOrder<'s> {
             // A special stream joins no capture (see `wait`).
             return Err(Error::CapturedEvent);
         }
+        // A capturing stream may wait only on a record made in its own
+        // capture: the driver refuses a wait on work outside it or in
+        // another capture, and breaks the captures (as `wait` refuses).
+        if let Some(mine) = already {
+            if event.last_record() != LastRecord::In(mine) {
+                return Err(Error::StreamCapturing);
+            }
+        }
         // Counted as a wait that may join a capture until the note has
         // moved for the join (see `CaptureNote::joining`).
         let joining = self.note.map(CaptureNote::joining);
@@ -785,14 +793,14 @@ impl<B: StreamBackend + EventBackend> EventLease<'_, B> {
                 actual: device,
             });
         }
-        // Whether the record was captured, asked after it; where it cannot
-        // be asked, taken as captured.
+        // The capture the record was made in, asked after it; where it
+        // cannot be asked, taken as made in one gpupool cannot name.
         // SAFETY: `order`'s stream is usable for `backend` (the order
         // borrows it, owner checked above).
-        let captured = || unsafe { order.capturing(backend) }.unwrap_or(true);
+        let capture = || unsafe { order.capture(backend) }.unwrap_or(Some(u64::MAX));
         // SAFETY: the stream is `order`'s (as above, device checked), or the
         // null stream of the event's device.
-        unsafe { self.record_on(stream, captured) }
+        unsafe { self.record_on(stream, capture) }
     }
 }
 

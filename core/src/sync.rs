@@ -14,6 +14,11 @@ pub(crate) use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering}
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
+#[cfg(all(not(loom), target_has_atomic = "64"))]
+pub(crate) use core::sync::atomic::AtomicU64;
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::AtomicU64;
+
 #[cfg(not(loom))]
 pub(crate) use core::sync::atomic::AtomicBool;
 #[cfg(loom)]
