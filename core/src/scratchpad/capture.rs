@@ -65,6 +65,17 @@ pub(super) struct Watch<'b> {
     state: Cell<Option<Box<RoundState>>>,
 }
 
+/// One reading of a scratchpad's capture notes ([`Watch::read_notes`]).
+#[derive(Default)]
+struct NotesRead {
+    /// The sum of their epochs.
+    epochs: u64,
+    /// An epoch was odd: a capture was being begun on its stream.
+    odd: bool,
+    /// A wait that may join a capture was under way on one.
+    joining: bool,
+}
+
 /// A round's capture state beyond the quiet check.
 #[derive(Default)]
 pub(super) struct RoundState {
@@ -183,7 +194,7 @@ impl<'b> Watch<'b> {
     /// more).
     #[inline]
     fn epochs(&self) -> Option<u64> {
-        self.epochs_and_beginning().0
+        self.read_notes().map(|r| r.epochs)
     }
 
     /// [`epochs`](Self::epochs), where no wait that may join a capture is
@@ -192,16 +203,7 @@ impl<'b> Watch<'b> {
     /// driver made is noted by then, or its wait still counts.
     #[inline]
     fn settled_epochs(&self) -> Option<u64> {
-        let mut sum = 0u64;
-        for n in self.notes.into_iter().flatten() {
-            let value = n.watched();
-            let (joining, epoch) = (value >> 32, value as u32);
-            if epoch == CaptureNote::SATURATED || joining != 0 {
-                return None;
-            }
-            sum += u64::from(epoch);
-        }
-        Some(sum)
+        self.read_notes().filter(|r| !r.joining).map(|r| r.epochs)
     }
 
     /// [`epochs`](Self::epochs), and whether a watched note said a capture
@@ -209,17 +211,27 @@ impl<'b> Watch<'b> {
     /// one was under way when it was read.
     #[inline]
     fn epochs_and_beginning(&self) -> (Option<u64>, bool) {
-        let (mut sum, mut beginning) = (0u64, false);
+        match self.read_notes() {
+            Some(r) => (Some(r.epochs), r.odd || r.joining),
+            None => (None, true),
+        }
+    }
+
+    /// One reading of every watched note (`None` if one has saturated).
+    #[inline]
+    fn read_notes(&self) -> Option<NotesRead> {
+        let mut read = NotesRead::default();
         for n in self.notes.into_iter().flatten() {
             let value = n.watched();
             let (joining, epoch) = (value >> 32, value as u32);
             if epoch == CaptureNote::SATURATED {
-                return (None, true);
+                return None;
             }
-            beginning |= epoch % 2 == 1 || joining != 0;
-            sum += u64::from(epoch);
+            read.epochs += u64::from(epoch);
+            read.odd |= epoch % 2 == 1;
+            read.joining |= joining != 0;
         }
-        (Some(sum), beginning)
+        Some(read)
     }
 
     /// Whether no watched stream can have been in a capture since the round
@@ -241,7 +253,6 @@ impl<'b> Watch<'b> {
         backend: &B,
         orders: [AccessOrder<'b>; 3],
     ) -> Result<(), Error<B::Error>> {
-        let w = self;
         let (epochs, beginning) = self.epochs_and_beginning();
         // A saturated note is as good as a stream gpupool cannot see.
         let unseen = epochs.is_none() || orders.iter().any(AccessOrder::captures_unseen);
@@ -255,8 +266,8 @@ impl<'b> Watch<'b> {
         let at_start = captured.as_ref().map_or(Capturing::Several, |c| *c);
         let start_captured = !matches!(at_start, Capturing::None);
         if start_captured || unseen || beginning {
-            w.start.set(NOT_QUIET);
-            w.state.set(Some(Box::new(RoundState {
+            self.start.set(NOT_QUIET);
+            self.state.set(Some(Box::new(RoundState {
                 start_epochs: epochs.unwrap_or(u64::MAX),
                 start_captured,
                 start_capture: match at_start {
@@ -269,8 +280,8 @@ impl<'b> Watch<'b> {
         } else {
             // A quiet round needs no state (and the device kind is in graph
             // mode only in a round that is not).
-            w.start.set(epochs.unwrap_or(NOT_QUIET));
-            w.state.set(None);
+            self.start.set(epochs.unwrap_or(NOT_QUIET));
+            self.state.set(None);
         }
         captured.map(drop)
     }
