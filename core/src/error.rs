@@ -143,6 +143,10 @@ pub enum Error<E> {
     /// A capture was begun on a stream that is already in one, or ended on
     /// a lease that did not begin one. Nothing was called.
     CaptureState,
+    /// The thread that watches pending events for [`Completed`](crate::Completed)
+    /// futures could not be started (the operating system refused a new
+    /// thread). The event went back to its pool; nothing else was changed.
+    CompletionThread,
     /// Two lengths that must be equal are not: a host buffer for a copy from
     /// device memory ([`Scratchpad::copy_to_host`](crate::Scratchpad::copy_to_host))
     /// has another length than the device slice. Nothing was copied.
@@ -248,6 +252,9 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             Error::CaptureState => f.write_str(
                 "the stream is already capturing, or this lease did not begin the capture",
             ),
+            Error::CompletionThread => {
+                f.write_str("the thread that watches pending events could not be started")
+            }
             Error::LengthMismatch { expected, actual } => {
                 write!(
                     f,

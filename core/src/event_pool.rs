@@ -84,6 +84,10 @@ pub struct EventPool<B: EventBackend> {
     /// The lists, tallies, parked error and (`std`) the per-thread cells in
     /// front of the ready lists.
     inner: Pool<B, Events>,
+    /// The thread that watches the events of [`Completed`](crate::Completed)
+    /// futures, started by the first one.
+    #[cfg(feature = "std")]
+    completion: crate::completion::EngineSlot<B>,
 }
 
 impl<B: EventBackend> EventPool<B> {
@@ -110,7 +114,20 @@ impl<B: EventBackend> EventPool<B> {
         EventPool {
             // Every cached event is idle: an adopted cell's may be served.
             inner: Pool::new(backend, flags, pinning, true),
+            #[cfg(feature = "std")]
+            completion: crate::completion::EngineSlot::new(),
         }
+    }
+
+    /// The completion engine, started by the first call.
+    #[cfg(feature = "std")]
+    pub(crate) fn completion_engine(&self) -> Result<&crate::completion::Engine<B>, Error<B::Error>>
+    where
+        B: Clone + 'static,
+    {
+        self.completion
+            .get(&self.inner.backend)
+            .map_err(|_| Error::CompletionThread)
     }
 
     shared_pool_methods! {
@@ -585,6 +602,24 @@ impl<'p, B: EventBackend> Deref for SharedEvent<'p, B> {
     type Target = EventLease<'p, B>;
     fn deref(&self) -> &EventLease<'p, B> {
         &self.lease
+    }
+}
+
+/// Stops the completion engine (if one started) before the lists are
+/// emptied: the events it still held for dropped futures go back to the
+/// pool first (pending or not: destroying a pending event is allowed; the
+/// driver frees it once it passes).
+#[cfg(feature = "std")]
+impl<B: EventBackend> Drop for EventPool<B> {
+    fn drop(&mut self) {
+        let mut left = alloc::vec::Vec::new();
+        self.completion.stop(|e| left.push(e));
+        let pool = &*self;
+        for e in left {
+            if let Err(r) = pool.put(e, None) {
+                pool.park(r.error);
+            }
+        }
     }
 }
 

@@ -60,6 +60,8 @@ extern crate std;
 
 mod backend;
 mod capture;
+#[cfg(feature = "std")]
+mod completion;
 mod epoch;
 mod error;
 pub mod event_pool;
@@ -88,6 +90,8 @@ pub use backend::{
     DeviceSelector, EventBackend, EventFlags, EventHandle, MemoryBackend, MemoryKind,
     StreamBackend, StreamHandle, StreamOptions, MAX_DEVICES,
 };
+#[cfg(feature = "std")]
+pub use completion::Completed;
 pub use error::{BackendOp, Error, Rejected};
 pub use event_pool::{EventLease, EventPool, OwnedEvent, SharedEvent};
 pub use lost::{lost_errors, set_lost_error_hook, LostErrorHook};

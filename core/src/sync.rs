@@ -25,9 +25,9 @@ pub(crate) use core::sync::atomic::AtomicBool;
 pub(crate) use loom::sync::atomic::AtomicBool;
 
 #[cfg(all(feature = "std", loom))]
-pub(crate) use loom::sync::Mutex;
+pub(crate) use loom::sync::{Mutex, MutexGuard};
 #[cfg(all(feature = "std", not(loom)))]
-pub(crate) use std::sync::Mutex;
+pub(crate) use std::sync::{Mutex, MutexGuard};
 
 /// Declares thread-locals with constant initial values: `std`'s
 /// `thread_local!` with `const` initializers (no lazy-initialization check on
@@ -83,5 +83,22 @@ impl<T> UnsafeCell<T> {
     #[allow(dead_code)] // part of loom's interface; not every build uses it
     pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
         f(self.0.get())
+    }
+}
+
+/// Threads for the completion engine: `std`'s, or loom's under `cfg(loom)`
+/// (where a timed park is a yield: loom has no clock).
+#[cfg(feature = "std")]
+pub(crate) mod thread {
+    #[cfg(loom)]
+    pub(crate) use loom::thread::{park, yield_now, Builder, JoinHandle, Thread};
+    #[cfg(not(loom))]
+    pub(crate) use std::thread::{park, park_timeout, Builder, JoinHandle, Thread};
+
+    /// A timed park: loom cannot model time, so there it lets the other
+    /// threads run instead.
+    #[cfg(loom)]
+    pub(crate) fn park_timeout(_: std::time::Duration) {
+        yield_now();
     }
 }

@@ -14,6 +14,7 @@ mod bad_input;
 mod capture;
 mod capture_rounds;
 mod compile_fail;
+mod completion;
 mod event_pool;
 mod faults;
 mod soak;

@@ -1,0 +1,405 @@
+//! [`Completed`]: a future that resolves once the GPU has passed a pooled
+//! event, for async code (`std`).
+//!
+//! [`AccessOrder::completed`] records a pooled event after the work queued in
+//! an order so far and hands it to its pool's *completion engine*: one thread
+//! per [`EventPool`], started by the first future, asleep whenever nothing is
+//! pending, stopped and joined when the pool drops. The engine asks the
+//! backend about the oldest pending event of each stream (a stream runs its
+//! work in order, so a later event of the same stream cannot have passed
+//! first), wakes each future whose event passed, and backs off (spinning,
+//! then short sleeps) while nothing moves.
+//!
+//! Why event queries: they are the cheap half of submission. On the H200 a
+//! `cuEventRecord` costs 0.12 µs on one thread and 1.7 µs per thread at 16
+//! threads; the alternatives cost more on the submitting thread
+//! (`cuStreamWriteValue32` for a host flag: 1.8 → 20 µs; `cuLaunchHostFunc`:
+//! 1.9 → 47 µs), and the pooled event itself ~25 ns. The queries run on the
+//! engine's thread, not the submitter's.
+//!
+//! A future dropped before its event passed never blocks: it leaves the
+//! event with the engine, which hands it back to the pool once the GPU has
+//! passed it (the next [`completed`](AccessOrder::completed) call or the
+//! pool's drop takes it in). A failed query resolves the future with the
+//! backend's error. Futures are runtime-agnostic: they use only
+//! [`core::task::Waker`].
+
+mod engine;
+
+use core::fmt;
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll, Waker};
+
+use engine::StreamKey;
+pub(crate) use engine::{Engine, EngineSlot};
+
+use crate::backend::{DeviceId, EventBackend, EventHandle, StreamBackend};
+use crate::error::{BackendOp, Error};
+use crate::event_pool::{EventLease, EventPool, OwnedEvent};
+use crate::order::AccessOrder;
+use crate::sync::{Arc, AtomicU32, Mutex, Ordering};
+
+/// A future that resolves once the GPU has passed the work it was made
+/// after: `Ok(())`, or the backend's error if asking about it failed (for
+/// CUDA: an error of the stream's work, such as a failed kernel).
+///
+/// Made by [`AccessOrder::completed`] or [`EventLease::completed`]; needs no
+/// particular async runtime. Dropping it early never blocks and loses
+/// nothing: its pooled event goes back to the pool once the GPU has passed
+/// it.
+///
+/// ```
+/// use gpupool_core::{EventPool, StreamPool};
+/// use gpupool_mock::{CompletionPolicy, MockBackend};
+/// # fn block_on<F: core::future::Future>(f: F) -> F::Output {
+/// #     use std::task::{Context, Poll, Wake, Waker};
+/// #     struct Unpark(std::thread::Thread);
+/// #     impl Wake for Unpark { fn wake(self: std::sync::Arc<Self>) { self.0.unpark() } }
+/// #     let waker = Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+/// #     let mut f = core::pin::pin!(f);
+/// #     loop {
+/// #         match f.as_mut().poll(&mut Context::from_waker(&waker)) {
+/// #             Poll::Ready(v) => return v,
+/// #             Poll::Pending => std::thread::park(),
+/// #         }
+/// #     }
+/// # }
+///
+/// let gpu = MockBackend::new(1);
+/// let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+/// let lease = streams.get(0)?;
+/// gpu.enqueue_work(lease.handle()).unwrap();      // a kernel, say
+/// let done = lease.order().completed(&events)?;  // resolves once it has run
+/// gpu.set_policy(CompletionPolicy::Immediate);    // the mock's GPU runs it
+/// block_on(done)?;                               // `done.await` in async code
+/// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+/// ```
+#[must_use = "a future does nothing unless polled; dropping it returns its event once the GPU passed it"]
+pub struct Completed<'p, B: EventBackend> {
+    state: State<'p, B>,
+}
+
+enum State<'p, B: EventBackend> {
+    /// Resolved when made (nothing was queued), or its result taken.
+    Ready(Option<Result<(), Error<B::Error>>>),
+    /// Watched by the engine; the lease is given up when the entry resolves
+    /// (or handed to the engine if the future is dropped first).
+    Watched {
+        lease: EventLease<'p, B>,
+        entry: Arc<Entry<B::Error>>,
+    },
+}
+
+impl<B: EventBackend> fmt::Debug for Completed<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Ready(Some(Ok(()))) => "passed",
+            State::Ready(Some(Err(_))) => "failed",
+            State::Ready(None) => "taken",
+            State::Watched { entry, .. } => match entry.state.load(Ordering::Relaxed) {
+                WATCHED => "pending",
+                FAILED => "failed",
+                _ => "passed",
+            },
+        };
+        f.debug_struct("Completed").field("state", &state).finish()
+    }
+}
+
+impl<'p, B> Completed<'p, B>
+where
+    B: EventBackend + Clone + 'static,
+{
+    /// Hands `lease` (recorded, not in a capture) to its pool's engine.
+    /// `key` names the stream it was recorded on, for the engine's per-stream
+    /// order.
+    fn watch(lease: EventLease<'p, B>, key: StreamKey) -> Result<Self, Error<B::Error>> {
+        let pool = lease.pool();
+        let engine = pool.completion_engine()?;
+        let entry = Arc::new(Entry::new(lease.handle(), lease.device()));
+        engine.submit(key, Arc::clone(&entry));
+        // Events the engine saw pass after their futures were dropped come
+        // back here, on a path that only futures pay for.
+        engine.return_passed(|e| {
+            // The pool made the event and it passed, so only a lost race
+            // with nothing (its own device, its own backend) could refuse it.
+            if let Err(r) = pool.put(e, None) {
+                pool.park(r.error);
+            }
+        });
+        Ok(Completed {
+            state: State::Watched { lease, entry },
+        })
+    }
+
+    /// A future that is resolved already.
+    fn ready(result: Result<(), Error<B::Error>>) -> Self {
+        Completed {
+            state: State::Ready(Some(result)),
+        }
+    }
+}
+
+impl<B: EventBackend> Future for Completed<'_, B> {
+    type Output = Result<(), Error<B::Error>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let result = match &mut this.state {
+            State::Ready(r) => return Poll::Ready(r.take().unwrap_or(Ok(()))),
+            State::Watched { entry, .. } => match entry.poll(cx.waker()) {
+                Some(r) => r,
+                None => return Poll::Pending,
+            },
+        };
+        // The event passed (or asking failed): the lease ends here, and the
+        // event goes back to the pool from the polling thread.
+        this.state = State::Ready(None);
+        Poll::Ready(result.map_err(Error::backend(BackendOp::QueryEvent)))
+    }
+}
+
+impl<B: EventBackend> Drop for Completed<'_, B> {
+    fn drop(&mut self) {
+        let State::Watched { lease, entry } =
+            core::mem::replace(&mut self.state, State::Ready(None))
+        else {
+            return;
+        };
+        if entry.is_resolved() {
+            return; // `lease` drops: the event passed
+        }
+        // Still pending: the engine keeps the event until it passes.
+        let pool = lease.pool();
+        if let Some(event) = entry.abandon(lease.detach()) {
+            // It passed meanwhile: straight back.
+            if let Err(r) = pool.put(event, None) {
+                pool.park(r.error);
+            }
+        }
+    }
+}
+
+impl<B: EventBackend> Unpin for Completed<'_, B> {}
+
+impl<'s> AccessOrder<'s> {
+    /// A future that resolves once every piece of work queued in this order
+    /// so far has finished on the GPU, without blocking a thread: records a
+    /// pooled event of `events` on the order's stream (one event record, a
+    /// few tens of nanoseconds more) and lets `events`' completion engine
+    /// watch it (see [`Completed`]). Host order has nothing queued: the
+    /// future is ready at once.
+    ///
+    /// Errors, with nothing recorded: [`Error::ForeignHandle`] for an order
+    /// of another backend; [`Error::StreamCapturing`] for a stream that is
+    /// capturing a graph (its work is recorded into the graph, not run: wait
+    /// for a launch of the graph instead), also when a capture began on it
+    /// during the call (the event is then destroyed, not pooled);
+    /// [`Error::CompletionThread`]; a backend failure.
+    ///
+    /// ```
+    /// use gpupool_core::{EventPool, StreamPool};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    /// let lease = streams.get(0)?;
+    /// gpu.enqueue_work(lease.handle()).unwrap();
+    /// let done = lease.order().completed(&events)?; // `done.await` in async code
+    /// drop(lease);                                   // the stream may go back first
+    /// gpu.complete_everything();                     // the mock's GPU runs the work
+    /// # drop(done);
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
+    pub fn completed<'p, B>(
+        &self,
+        events: &'p EventPool<B>,
+    ) -> Result<Completed<'p, B>, Error<B::Error>>
+    where
+        B: StreamBackend + EventBackend + Clone + 'static,
+    {
+        let backend = events.backend();
+        self.check_backend(backend)?;
+        let Some((stream, device)) = self.stream_and_device() else {
+            return Ok(Completed::ready(Ok(())));
+        };
+        // SAFETY: the order borrows its stream, whose owner was checked.
+        if unsafe { self.capturing(backend) }? {
+            return Err(Error::StreamCapturing);
+        }
+        let lease = events.get(device)?;
+        lease.record(self)?;
+        if lease.may_be_captured() {
+            // A capture began on the stream during the call: the lease's
+            // drop destroys the event.
+            return Err(Error::StreamCapturing);
+        }
+        Completed::watch(lease, StreamKey::of(stream, device, self.is_per_thread()))
+    }
+}
+
+impl<'p, B> EventLease<'p, B>
+where
+    B: EventBackend + Clone + 'static,
+{
+    /// A future that resolves once the GPU has passed this event's latest
+    /// record (at once if it was never recorded); the lease ends with it,
+    /// and the event goes back to the pool once it has passed (see
+    /// [`Completed`]).
+    ///
+    /// Errors: [`Error::CapturedEvent`] when the event was recorded in a
+    /// graph capture (the host cannot wait for it; the lease ends as usual,
+    /// destroying it); [`Error::CompletionThread`].
+    ///
+    /// ```
+    /// use gpupool_core::{EventPool, StreamPool};
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let gpu = MockBackend::new(1);
+    /// let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    /// let lease = streams.get(0)?;
+    /// let ready = events.get(0)?;
+    /// ready.record(&lease.order())?;     // waited on by other streams, say
+    /// let done = ready.completed()?;     // and by the host, asynchronously
+    /// # drop(done);
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
+    pub fn completed(self) -> Result<Completed<'p, B>, Error<B::Error>> {
+        if self.may_be_captured() {
+            return Err(Error::CapturedEvent);
+        }
+        // The stream it was recorded on is not known: watched on its own.
+        let key = StreamKey::apart();
+        Completed::watch(self, key)
+    }
+}
+
+/// What the engine and a future share about one pending event.
+pub(crate) struct Entry<E> {
+    /// The event the engine asks about, and its device. The future's lease
+    /// (or, once the future is dropped, the engine) keeps it alive until the
+    /// entry is resolved.
+    event: EventHandle,
+    device: DeviceId,
+    /// [`WATCHED`], [`PASSED`], [`FAILED`] or [`ABANDONED`]; changed only
+    /// under `parts`' lock, read without it by the future's fast path.
+    state: AtomicU32,
+    parts: Mutex<Parts<E>>,
+}
+
+/// An entry's fields that change with its state.
+struct Parts<E> {
+    /// The waker of the future's latest pending poll.
+    waker: Option<Waker>,
+    /// The backend's error, for [`FAILED`].
+    error: Option<E>,
+    /// The event of a dropped future, for [`ABANDONED`].
+    orphan: Option<OwnedEvent>,
+}
+
+/// The engine watches the event for a live future.
+const WATCHED: u32 = 0;
+/// The event passed.
+const PASSED: u32 = 1;
+/// Asking about the event failed (`Parts::error`).
+const FAILED: u32 = 2;
+/// The future was dropped first: the event (`Parts::orphan`) is the engine's.
+const ABANDONED: u32 = 3;
+
+impl<E> Entry<E> {
+    fn new(event: EventHandle, device: DeviceId) -> Self {
+        Entry {
+            event,
+            device,
+            state: AtomicU32::new(WATCHED),
+            parts: Mutex::new(Parts {
+                waker: None,
+                error: None,
+                orphan: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Parts<E>> {
+        // A panic cannot happen under this lock (it only moves values), but
+        // a poisoned one is used as it is rather than panic in a drop.
+        self.parts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the engine is done with the event (passed or failed).
+    fn is_resolved(&self) -> bool {
+        // Acquire: with the engine's Release under the lock, its last query
+        // of the event happened before; the lease may end.
+        matches!(self.state.load(Ordering::Acquire), PASSED | FAILED)
+    }
+
+    /// The future's poll: the result once resolved, else `None` with
+    /// `waker` kept for the engine.
+    fn poll(&self, waker: &Waker) -> Option<Result<(), E>> {
+        if self.is_resolved() {
+            return Some(self.take_result());
+        }
+        let mut parts = self.lock();
+        // Checked again under the lock the engine resolves under: either it
+        // resolved first (seen here), or it takes the waker stored here.
+        if self.state.load(Ordering::Acquire) != WATCHED {
+            drop(parts);
+            return Some(self.take_result());
+        }
+        match &mut parts.waker {
+            Some(w) if w.will_wake(waker) => {}
+            slot => *slot = Some(waker.clone()),
+        }
+        None
+    }
+
+    /// The result of a resolved entry.
+    fn take_result(&self) -> Result<(), E> {
+        match self.lock().error.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The future is dropped before the entry resolved: the engine takes
+    /// `event` and returns it once it passed. `Some(event)` back if the
+    /// entry resolved meanwhile (the event passed: the caller returns it).
+    fn abandon(&self, event: OwnedEvent) -> Option<OwnedEvent> {
+        let mut parts = self.lock();
+        if self.state.load(Ordering::Acquire) != WATCHED {
+            return Some(event);
+        }
+        parts.orphan = Some(event);
+        parts.waker = None;
+        // Relaxed: stored and read under the lock (the engine's `resolve`).
+        self.state.store(ABANDONED, Ordering::Relaxed);
+        None
+    }
+
+    /// The engine's end of the entry, after its last query of the event:
+    /// wakes the future with `result`, or, if the future was dropped, gives
+    /// back the event it left.
+    fn resolve(&self, result: Result<(), E>) -> Option<OwnedEvent> {
+        let mut parts = self.lock();
+        if self.state.load(Ordering::Relaxed) == ABANDONED {
+            return parts.orphan.take();
+        }
+        let state = match result {
+            Ok(()) => PASSED,
+            Err(e) => {
+                parts.error = Some(e);
+                FAILED
+            }
+        };
+        // Release: the future's Acquire load sees the query (and the error)
+        // before it ends the lease.
+        self.state.store(state, Ordering::Release);
+        let waker = parts.waker.take();
+        drop(parts);
+        if let Some(w) = waker {
+            w.wake();
+        }
+        None
+    }
+}

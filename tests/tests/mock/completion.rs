@@ -1,0 +1,325 @@
+//! `Completed` futures over the mock: they resolve when (and only when) the
+//! mock's GPU has run the work, wake their task, return their events exactly
+//! once (also when dropped early or forgotten), refuse captures, and report
+//! a failed query as the future's error.
+#![cfg(not(feature = "cuda"))]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use gpupool_core::{AccessOrder, BackendOp, CaptureMode, Completed, Error, EventPool, StreamPool};
+use gpupool_mock::{CallKind, CompletionPolicy, MockBackend, MockError};
+
+/// Counts its wakes and unparks the thread that made it.
+struct Counter {
+    wakes: AtomicUsize,
+    thread: std::thread::Thread,
+}
+
+impl Wake for Counter {
+    fn wake(self: Arc<Self>) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        self.thread.unpark();
+    }
+}
+
+fn counter() -> (Arc<Counter>, Waker) {
+    let c = Arc::new(Counter {
+        wakes: AtomicUsize::new(0),
+        thread: std::thread::current(),
+    });
+    (Arc::clone(&c), Waker::from(c))
+}
+
+fn poll<F: Future + Unpin>(f: &mut F, waker: &Waker) -> Poll<F::Output> {
+    Pin::new(f).poll(&mut Context::from_waker(waker))
+}
+
+/// Polls `f` until it is ready, parking between polls (a minimal executor);
+/// panics after 10 s, which only a lost wake-up would take.
+fn block_on<F: Future + Unpin>(mut f: F) -> F::Output {
+    let (_, waker) = counter();
+    let start = Instant::now();
+    loop {
+        if let Poll::Ready(v) = poll(&mut f, &waker) {
+            return v;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never woken");
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+/// Waits until `c` was woken at least once (10 s at most).
+fn wait_for_wake(c: &Counter) {
+    let start = Instant::now();
+    while c.wakes.load(Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "never woken");
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+type R = Result<(), Error<MockError>>;
+
+#[test]
+fn resolves_only_after_the_work_ran_and_wakes_its_task() {
+    let gpu = MockBackend::new(1);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let lease = streams.get(0).unwrap();
+    gpu.enqueue_work(lease.handle()).unwrap();
+    let mut done = lease.order().completed(&events).unwrap();
+    let (c, waker) = counter();
+    assert!(poll(&mut done, &waker).is_pending());
+    // The engine keeps asking; nothing has run, so nothing resolves.
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(poll(&mut done, &waker).is_pending());
+    assert_eq!(c.wakes.load(Ordering::SeqCst), 0);
+    assert_eq!(events.live_leases(), 1);
+    gpu.complete_all(lease.handle()).unwrap();
+    wait_for_wake(&c);
+    assert_eq!(poll(&mut done, &waker), Poll::Ready(Ok(())));
+    // The lease ended with the future: the event is back.
+    assert_eq!(events.live_leases(), 0);
+    // Polled again after it resolved: still Ok, nothing else happens.
+    assert_eq!(poll(&mut done, &waker), Poll::Ready(Ok(())));
+}
+
+#[test]
+fn host_order_is_ready_at_once_without_an_event() {
+    let gpu = MockBackend::new(1);
+    let events = EventPool::new(gpu.clone());
+    let done = AccessOrder::host().completed(&events).unwrap();
+    assert_eq!(block_on(done), Ok(()));
+    assert_eq!(gpu.calls(CallKind::CreateEvent), 0);
+    assert_eq!(gpu.calls(CallKind::RecordEvent), 0);
+}
+
+#[test]
+fn work_done_before_the_first_poll_resolves_on_it() {
+    let gpu = MockBackend::new(1);
+    gpu.set_policy(CompletionPolicy::Immediate);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let lease = streams.get(0).unwrap();
+    for _ in 0..100 {
+        gpu.enqueue_work(lease.handle()).unwrap();
+        assert_eq!(block_on(lease.order().completed(&events).unwrap()), Ok(()));
+    }
+    assert_eq!(events.live_leases(), 0);
+    // One event, reused each time.
+    assert_eq!(gpu.calls(CallKind::CreateEvent), 1);
+}
+
+#[test]
+fn a_capturing_stream_is_refused_and_its_capture_left_intact() {
+    let gpu = MockBackend::new(1);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let lease = streams.get(0).unwrap();
+    lease.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    let records = gpu.calls(CallKind::RecordEvent);
+    assert!(matches!(
+        lease.order().completed(&events),
+        Err(Error::StreamCapturing)
+    ));
+    assert_eq!(
+        gpu.calls(CallKind::RecordEvent),
+        records,
+        "nothing recorded"
+    );
+    let graph = lease.end_capture().unwrap();
+    drop(graph);
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+    // After the capture, the same stream works.
+    gpu.set_policy(CompletionPolicy::Immediate);
+    assert_eq!(block_on(lease.order().completed(&events).unwrap()), Ok(()));
+}
+
+#[test]
+fn an_event_recorded_in_a_capture_is_refused() {
+    let gpu = MockBackend::new(1);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let lease = streams.get(0).unwrap();
+    lease.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    let fork = events.get(0).unwrap();
+    fork.record(&lease.order()).unwrap();
+    assert!(matches!(fork.completed(), Err(Error::CapturedEvent)));
+    drop(lease.end_capture().unwrap());
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+}
+
+#[test]
+fn an_order_of_another_machine_is_refused() {
+    let (a, b) = (MockBackend::new(1), MockBackend::new(1));
+    let streams = StreamPool::new(a.clone());
+    let events = EventPool::new(b.clone());
+    let lease = streams.get(0).unwrap();
+    assert!(matches!(
+        lease.order().completed(&events),
+        Err(Error::ForeignHandle)
+    ));
+    assert_eq!(b.calls(CallKind::CreateEvent), 0);
+}
+
+#[test]
+fn a_failed_query_resolves_the_future_with_the_error() {
+    let gpu = MockBackend::new(1);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let lease = streams.get(0).unwrap();
+    gpu.enqueue_work(lease.handle()).unwrap();
+    let event = events.get(0).unwrap();
+    event.record(&lease.order()).unwrap();
+    gpu.fail_event(CallKind::QueryEvent, event.handle());
+    let done = event.completed().unwrap();
+    let r: R = block_on(done);
+    assert!(
+        matches!(
+            r,
+            Err(Error::Backend {
+                op: BackendOp::QueryEvent,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    gpu.clear_faults();
+    assert_eq!(events.live_leases(), 0);
+}
+
+#[test]
+fn a_later_event_of_a_stream_resolves_after_the_earlier_one() {
+    let gpu = MockBackend::new(1);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let lease = streams.get(0).unwrap();
+    gpu.enqueue_work(lease.handle()).unwrap();
+    let mut first = lease.order().completed(&events).unwrap();
+    gpu.enqueue_work(lease.handle()).unwrap();
+    let mut second = lease.order().completed(&events).unwrap();
+    let (c1, w1) = counter();
+    let (c2, w2) = counter();
+    assert!(poll(&mut first, &w1).is_pending());
+    assert!(poll(&mut second, &w2).is_pending());
+    assert!(gpu.complete_one(lease.handle()).unwrap());
+    wait_for_wake(&c1);
+    assert_eq!(poll(&mut first, &w1), Poll::Ready(Ok(())));
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(poll(&mut second, &w2).is_pending());
+    assert_eq!(c2.wakes.load(Ordering::SeqCst), 0);
+    gpu.complete_all(lease.handle()).unwrap();
+    wait_for_wake(&c2);
+    assert_eq!(poll(&mut second, &w2), Poll::Ready(Ok(())));
+}
+
+#[test]
+fn a_future_dropped_early_returns_its_event_once_it_passed() {
+    let gpu = MockBackend::new(1);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let lease = streams.get(0).unwrap();
+    gpu.enqueue_work(lease.handle()).unwrap();
+    let done = lease.order().completed(&events).unwrap();
+    let abandoned = format!("{done:?}");
+    assert!(abandoned.contains("pending"), "{abandoned}");
+    let t = Instant::now();
+    drop(done); // never blocks
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert_eq!(events.total_stats().pooled, 0, "not back while pending");
+    gpu.complete_all(lease.handle()).unwrap();
+    // The engine sees it pass; the next future takes it back in.
+    let start = Instant::now();
+    loop {
+        gpu.enqueue_work(lease.handle()).unwrap();
+        let f = lease.order().completed(&events).unwrap();
+        gpu.complete_all(lease.handle()).unwrap();
+        assert_eq!(block_on(f), Ok(()));
+        if events.total_stats().pooled >= 2 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never returned");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(events.live_leases(), 0);
+    drop(events);
+    assert_eq!(gpu.live_events(), 0);
+}
+
+#[test]
+fn the_pool_drop_takes_the_events_of_pending_and_forgotten_futures() {
+    let gpu = MockBackend::new(1);
+    let streams = StreamPool::new(gpu.clone());
+    let events = EventPool::new(gpu.clone());
+    let lease = streams.get(0).unwrap();
+    gpu.enqueue_work(lease.handle()).unwrap();
+    for _ in 0..8 {
+        drop(lease.order().completed(&events).unwrap());
+    }
+    let forgotten = lease.order().completed(&events).unwrap();
+    std::mem::forget(forgotten); // its lease (and event) leak, safely
+    drop(events); // stops and joins the engine; never waits for the GPU
+    assert_eq!(
+        gpu.live_events(),
+        1,
+        "only the forgotten future's event is left"
+    );
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+    gpu.complete_everything();
+}
+
+#[test]
+fn many_threads_many_futures_each_event_back_exactly_once() {
+    const THREADS: usize = 4;
+    const EACH: usize = 200;
+    let gpu = MockBackend::new(2);
+    let streams = StreamPool::new(gpu.clone());
+    let events = EventPool::new(gpu.clone());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // The mock's GPU: runs whatever is queued, now and then.
+        let gpu2 = gpu.clone();
+        let stop = &stop;
+        s.spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                gpu2.complete_everything();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (streams, events, gpu) = (&streams, &events, gpu.clone());
+                s.spawn(move || {
+                    let device = (t % 2) as u32;
+                    let mut pending: Vec<Completed<'_, MockBackend>> = Vec::new();
+                    for i in 0..EACH {
+                        let lease = streams.get(device).unwrap();
+                        gpu.enqueue_work(lease.handle()).unwrap();
+                        let f = lease.order().completed(events).unwrap();
+                        if i % 5 == 0 {
+                            drop(f); // dropped early, some of them
+                        } else {
+                            pending.push(f);
+                        }
+                    }
+                    for f in pending {
+                        assert_eq!(block_on(f), Ok(()));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::SeqCst);
+    });
+    gpu.complete_everything();
+    assert_eq!(events.live_leases(), 0);
+    let created = gpu.calls(CallKind::CreateEvent);
+    drop(events);
+    assert_eq!(
+        gpu.calls(CallKind::DestroyEvent),
+        created,
+        "each destroyed once"
+    );
+    assert_eq!(gpu.live_events(), 0);
+    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+}
