@@ -20,9 +20,9 @@ pub(crate) use core::sync::atomic::AtomicU64;
 pub(crate) use loom::sync::atomic::AtomicU64;
 
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::AtomicBool;
+pub(crate) use core::sync::atomic::{fence, AtomicBool};
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::AtomicBool;
+pub(crate) use loom::sync::atomic::{fence, AtomicBool};
 
 #[cfg(all(feature = "std", loom))]
 pub(crate) use loom::sync::{Mutex, MutexGuard};

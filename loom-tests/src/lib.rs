@@ -105,6 +105,8 @@ pub const MODELS: &[&str] = &[
     "shards::forget_races_an_owner",
     "shards::retire_races_an_orphans_reader",
     "capture::side_stream_return_races_a_get_during_a_capture",
+    "completion::wake_races_the_gpu",
+    "completion::drop_races_the_gpu",
 ];
 
 /// Preemption bound for the models (loom explores every interleaving with at

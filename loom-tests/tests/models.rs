@@ -20,6 +20,8 @@
 mod block_pool;
 #[path = "models/capture.rs"]
 mod capture;
+#[path = "models/completion.rs"]
+mod completion;
 #[path = "models/in_place.rs"]
 mod in_place;
 #[path = "models/ledger.rs"]

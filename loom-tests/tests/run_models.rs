@@ -85,6 +85,10 @@ models! {
         forget_races_an_owner,
         retire_races_an_orphans_reader
     }
+    completion {
+        wake_races_the_gpu,
+        drop_races_the_gpu
+    }
     capture {
         side_stream_return_races_a_get_during_a_capture
     }

@@ -17,21 +17,23 @@
 //! joins the thread, which hands back what it still watched.
 
 use alloc::boxed::Box;
+use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
 use core::cell::Cell;
 use core::time::Duration;
-use std::collections::{HashMap, VecDeque};
 
 use super::Entry;
 use crate::backend::{Completion, DeviceId, EventBackend, StreamHandle};
 use crate::event_pool::OwnedEvent;
 use crate::sync::thread::{self, JoinHandle, Thread};
-use crate::sync::{Arc, AtomicBool, AtomicPtr, Mutex, Ordering};
+use crate::sync::{fence, Arc, AtomicBool, AtomicPtr, Mutex, Ordering};
 
-/// Inboxes per engine.
-const SHARDS: usize = 32;
-/// Passes that resolve nothing before the engine starts to sleep.
-const SPIN_PASSES: u32 = 64;
+/// Inboxes per engine (one under loom: which one a thread gets comes from a
+/// process-wide counter, which loom does not reset between executions).
+const SHARDS: usize = if cfg!(loom) { 1 } else { 32 };
+/// Passes that resolve nothing before the engine starts to sleep (none
+/// under loom, whose timed sleep is a yield).
+const SPIN_PASSES: u32 = if cfg!(loom) { 0 } else { 64 };
 /// The first sleep after the spinning passes.
 const FIRST_NAP: Duration = Duration::from_micros(10);
 /// The longest sleep while something is pending (the bound on the extra
@@ -40,7 +42,7 @@ const LONGEST_NAP: Duration = Duration::from_micros(200);
 
 /// The stream an entry's event was recorded on, for the engine's
 /// per-stream order.
-#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug)]
+#[derive(Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Debug)]
 pub(crate) struct StreamKey {
     device: u32,
     stream: usize,
@@ -170,7 +172,9 @@ impl<B: EventBackend> EngineSlot<B> {
         // SAFETY: published by `start` from `Box::into_raw`, taken out of the
         // slot above, so freed once; `&mut self`: no borrow of it is left.
         let engine = unsafe { Box::from_raw(p) };
-        engine.shared.stop.store(true, Ordering::SeqCst);
+        // Release/Acquire: nothing rides on it but the stop itself; the unpark
+        // makes a parked thread look again.
+        engine.shared.stop.store(true, Ordering::Release);
         engine.thread.unpark();
         let join = engine.join.lock().unwrap_or_else(|p| p.into_inner()).take();
         let left = join.and_then(|j| j.join().ok()).unwrap_or_default();
@@ -233,16 +237,17 @@ impl<B: EventBackend> Engine<B> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((key, entry));
-        // SeqCst (both): the store of `filled`, then the load of `sleeping`,
-        // against the engine's store of `sleeping`, then its loads of
-        // `filled`: one of the two sides sees the other's store, so either
-        // the engine finds the entry before it sleeps or it is unparked.
+        // The store of `filled`, a SeqCst fence, then the load of
+        // `sleeping`, against the engine's store of `sleeping`, a SeqCst
+        // fence, then its loads of `filled` (`Shared::sleep`): of two
+        // fenced store-then-load pairs, one load sees the other's store, so
+        // either the engine finds the entry before it sleeps or it is
+        // unparked. (Fences, not SeqCst accesses: loom models those.)
         if !inbox.filled.load(Ordering::Relaxed) {
-            inbox.filled.store(true, Ordering::SeqCst);
-        } else {
-            core::sync::atomic::fence(Ordering::SeqCst);
+            inbox.filled.store(true, Ordering::Relaxed);
         }
-        if self.shared.sleeping.load(Ordering::SeqCst) {
+        fence(Ordering::SeqCst);
+        if self.shared.sleeping.load(Ordering::Relaxed) {
             self.thread.unpark();
         }
     }
@@ -276,8 +281,9 @@ impl<B: EventBackend> Shared<B> {
     ) -> bool {
         let mut took = false;
         for inbox in self.inboxes.iter() {
-            // SeqCst: see `Engine::submit`.
-            if !inbox.filled.load(Ordering::SeqCst) {
+            // Acquire: with the inbox lock, what follows sees the pushes
+            // this flag announced (Relaxed would do: the lock orders them).
+            if !inbox.filled.load(Ordering::Acquire) {
                 continue;
             }
             {
@@ -295,12 +301,19 @@ impl<B: EventBackend> Shared<B> {
 
     /// Parks until a submission or the stop, unless one came meanwhile.
     fn sleep(&self) {
-        self.sleeping.store(true, Ordering::SeqCst);
-        let filled = self.inboxes.iter().any(|i| i.filled.load(Ordering::SeqCst));
-        if !filled && !self.stop.load(Ordering::SeqCst) {
+        // The store, the fence and the loads: see `Engine::submit`. The stop
+        // is seen here or unparks the thread (a park after an unpark
+        // returns at once).
+        self.sleeping.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let filled = self
+            .inboxes
+            .iter()
+            .any(|i| i.filled.load(Ordering::Relaxed));
+        if !filled && !self.stop.load(Ordering::Relaxed) {
             thread::park();
         }
-        self.sleeping.store(false, Ordering::SeqCst);
+        self.sleeping.store(false, Ordering::Relaxed);
     }
 
     /// Keeps an event of a dropped future that has passed for the pool.
@@ -320,7 +333,7 @@ fn run<B: EventBackend>(shared: &Shared<B>) -> Vec<Watched<B::Error>> {
     let mut idle = 0u32;
     loop {
         let took = shared.take_inboxes(&mut watch, &mut spare);
-        if shared.stop.load(Ordering::SeqCst) {
+        if shared.stop.load(Ordering::Acquire) {
             return watch.into_entries();
         }
         if watch.is_empty() {
@@ -347,15 +360,16 @@ fn run<B: EventBackend>(shared: &Shared<B>) -> Vec<Watched<B::Error>> {
     }
 }
 
-/// The engine's pending entries, by stream, oldest first.
+/// The engine's pending entries, by stream, oldest first (a `BTreeMap`:
+/// the same order of visits every time, which loom needs).
 struct Watch<E> {
-    streams: HashMap<StreamKey, VecDeque<Arc<Entry<E>>>>,
+    streams: BTreeMap<StreamKey, VecDeque<Arc<Entry<E>>>>,
 }
 
 impl<E> Watch<E> {
     fn new() -> Self {
         Watch {
-            streams: HashMap::new(),
+            streams: BTreeMap::new(),
         }
     }
 

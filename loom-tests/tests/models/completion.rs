@@ -1,0 +1,116 @@
+//! `Completed` futures and their pool's completion engine (core,
+//! `completion`): the engine's thread, a future's polls and drop, and the
+//! mock's GPU finishing the work, all at once.
+//!
+//! Three threads: the model's main thread (submits, polls, parks, drops), the
+//! engine's (started by the first future, joined by the pool's drop) and the
+//! GPU's (completes the stream's work). A lost wake-up leaves the main
+//! thread parked with the engine asleep: loom reports the deadlock. An event
+//! returned twice or never shows in the mock's ledger (every event
+//! destroyed exactly once by the pool's drop, no misuse).
+
+use std::task::{Context, Poll, Wake, Waker};
+
+use gpupool_mock::{CallKind, MockBackend};
+use loom::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{event_pool, spawn_scoped, stream_pool};
+use gpupool_core::StreamPoolConfig;
+
+/// Unparks the model thread that made it, counting its wakes.
+struct Unpark {
+    thread: loom::thread::Thread,
+    wakes: AtomicUsize,
+}
+
+impl Wake for Unpark {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+        self.thread.unpark();
+    }
+}
+
+/// Every event the pool made was destroyed exactly once, by its drop.
+fn each_event_destroyed_once(mock: &MockBackend) {
+    assert_eq!(mock.live_events(), 0, "an event was never returned");
+    assert_eq!(
+        mock.calls(CallKind::DestroyEvent),
+        mock.calls(CallKind::CreateEvent),
+        "an event was returned twice"
+    );
+    assert!(mock.misuses().is_empty(), "{:?}", mock.misuses());
+}
+
+/// The main thread awaits a future (poll, park until woken, poll again)
+/// while the GPU finishes the work and the engine watches it: the future
+/// resolves, its task is woken, its event goes back to the pool once.
+#[test]
+fn wake_races_the_gpu() {
+    loom::model(|| {
+        let mock = MockBackend::new(1);
+        let streams = stream_pool(&mock, StreamPoolConfig::default());
+        let events = event_pool(&mock);
+        let lease = streams.get(0).unwrap();
+        mock.enqueue_work(lease.handle()).unwrap();
+        let mut done = lease.order().completed(&events).unwrap();
+        let stream = lease.handle();
+        let gpu = mock.clone();
+        let t = spawn_scoped(move || gpu.complete_all(stream).unwrap());
+        let unpark = std::sync::Arc::new(Unpark {
+            thread: loom::thread::current(),
+            wakes: AtomicUsize::new(0),
+        });
+        let waker = Waker::from(std::sync::Arc::clone(&unpark));
+        loop {
+            match std::pin::Pin::new(&mut done).poll_wake(&waker) {
+                Poll::Ready(r) => {
+                    assert_eq!(r, Ok(()));
+                    break;
+                }
+                Poll::Pending => loom::thread::park(),
+            }
+        }
+        t.join();
+        drop(done);
+        drop(lease);
+        assert_eq!(events.live_leases(), 0);
+        drop(events); // stops and joins the engine
+        let _ = unpark.wakes.load(Ordering::SeqCst);
+        each_event_destroyed_once(&mock);
+        drop(streams);
+    });
+}
+
+/// The main thread drops a pending future while the GPU finishes the work:
+/// the event goes back exactly once, whether the drop or the engine's
+/// answer comes first (the drop then hands it to the engine, which gives it
+/// back once it passed).
+#[test]
+fn drop_races_the_gpu() {
+    loom::model(|| {
+        let mock = MockBackend::new(1);
+        let streams = stream_pool(&mock, StreamPoolConfig::default());
+        let events = event_pool(&mock);
+        let lease = streams.get(0).unwrap();
+        mock.enqueue_work(lease.handle()).unwrap();
+        let done = lease.order().completed(&events).unwrap();
+        let stream = lease.handle();
+        let gpu = mock.clone();
+        let t = spawn_scoped(move || gpu.complete_all(stream).unwrap());
+        drop(done);
+        t.join();
+        drop(lease);
+        drop(events); // stops and joins the engine
+        each_event_destroyed_once(&mock);
+        drop(streams);
+    });
+}
+
+/// `Future::poll` with a waker, for a `Pin<&mut F>`.
+trait PollWake: std::future::Future {
+    fn poll_wake(self: std::pin::Pin<&mut Self>, waker: &Waker) -> Poll<Self::Output> {
+        self.poll(&mut Context::from_waker(waker))
+    }
+}
+
+impl<F: std::future::Future + ?Sized> PollWake for F {}
