@@ -33,6 +33,15 @@ pub struct DeviceSlice<'a, T> {
     pub(super) _memory: PhantomData<&'a mut [T]>,
 }
 
+// SAFETY: a slice is an address, a length and ids: the host never reads or
+// writes through it (only the backend's calls, each thread-safe, reach the
+// memory), and its borrow of the scratchpad, not the thread it is on, keeps
+// the memory alive. Like `&mut [T]`: `Send` when `T` is.
+unsafe impl<T: Send> Send for DeviceSlice<'_, T> {}
+// SAFETY: as above; `&DeviceSlice` gives only the address and the ids. Like
+// `&mut [T]`: `Sync` when `T` is.
+unsafe impl<T: Sync> Sync for DeviceSlice<'_, T> {}
+
 impl<T> DeviceSlice<'_, T> {
     /// The device address of the first element (dangling, well aligned, for an
     /// empty slice).
