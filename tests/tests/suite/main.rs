@@ -5,6 +5,7 @@
 
 mod bad_input;
 mod both;
+mod completion;
 mod events;
 mod order;
 mod scratch;
