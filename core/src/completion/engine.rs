@@ -34,6 +34,8 @@ const SHARDS: usize = if cfg!(loom) { 1 } else { 32 };
 /// Passes that resolve nothing before the engine starts to sleep (none
 /// under loom, whose timed sleep is a yield).
 const SPIN_PASSES: u32 = if cfg!(loom) { 0 } else { 64 };
+/// `spin_loop` hints between two spinning passes.
+const SPIN_PAUSE: u32 = 32;
 /// The first sleep after the spinning passes.
 const FIRST_NAP: Duration = Duration::from_micros(10);
 /// The longest sleep while something is pending (the bound on the extra
@@ -349,7 +351,11 @@ fn run<B: EventBackend>(shared: &Shared<B>) -> Vec<Watched<B::Error>> {
         }
         idle = idle.saturating_add(1);
         if idle <= SPIN_PASSES {
-            core::hint::spin_loop();
+            // A short pause between passes (about a microsecond): the
+            // queries share the driver with the submitting threads' records.
+            for _ in 0..SPIN_PAUSE {
+                core::hint::spin_loop();
+            }
             #[cfg(loom)]
             thread::yield_now();
         } else {
