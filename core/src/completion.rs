@@ -398,7 +398,10 @@ impl<E> Entry<E> {
         let waker = parts.waker.take();
         drop(parts);
         if let Some(w) = waker {
-            w.wake();
+            // A waker is the caller's code: one that panics must not take
+            // the engine's thread (and every other future) down with it.
+            let woke = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| w.wake()));
+            drop(woke);
         }
         None
     }

@@ -327,3 +327,30 @@ fn many_threads_many_futures_each_event_back_exactly_once() {
     assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
     assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
 }
+
+/// Panics when woken.
+struct Panicky;
+
+impl Wake for Panicky {
+    fn wake(self: Arc<Self>) {
+        panic!("a waker that panics");
+    }
+}
+
+#[test]
+fn a_waker_that_panics_does_not_stop_the_engine() {
+    let gpu = MockBackend::new(1);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let lease = streams.get(0).unwrap();
+    gpu.enqueue_work(lease.handle()).unwrap();
+    let mut first = lease.order().completed(&events).unwrap();
+    assert!(poll(&mut first, &Waker::from(Arc::new(Panicky))).is_pending());
+    gpu.complete_all(lease.handle()).unwrap();
+    // The engine caught the panic; later futures still resolve.
+    gpu.enqueue_work(lease.handle()).unwrap();
+    let second = lease.order().completed(&events).unwrap();
+    gpu.complete_all(lease.handle()).unwrap();
+    assert_eq!(block_on(second), Ok(()));
+    assert_eq!(block_on(first), Ok(()));
+    assert_eq!(events.live_leases(), 0);
+}
