@@ -94,9 +94,9 @@ if [[ $with_suite == 1 ]]; then
   echo "== gpupool-tests --features cuda: test executables (release)"
   collect gpupool-tests test --release --no-run -p gpupool-tests --features cuda --tests
 fi
-echo "== gpupool --features cuda,nvrtc,cuda-12080: the generic runtime and record-once examples (release)"
+echo "== gpupool --features cuda,nvrtc,cuda-12080: the generic runtime, record-once and async service examples (release)"
 collect gpupool build --release -p gpupool --features cuda,nvrtc,cuda-12080 --example 03-generic-runtime \
-  --example 04-record-once
+  --example 04-record-once --example 05-async-service
 echo "== .ci/downstream --features cuda: an application on CUDA 13.0 bindings (release)"
 collect gpupool-downstream build --release --manifest-path .ci/downstream/Cargo.toml \
   --target-dir target/downstream --features cuda

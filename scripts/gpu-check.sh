@@ -9,7 +9,7 @@
 #      are #[ignore]d elsewhere) and --test-threads=1, counting the tests each
 #      ran (libtest's "test result: ... N passed" line);
 #   3. every example .gpu/example-*;
-#   4. compute-sanitizer --tool memcheck on the kernel examples (02, 03);
+#   4. compute-sanitizer --tool memcheck on the kernel examples (02, 03, 05);
 #   5. compute-sanitizer --tool memcheck, racecheck and synccheck on the
 #      stream-order proofs of gpu_memory (scratch memory reused while a kernel
 #      still reads it shows up there, and as wrong sums in the test itself);
@@ -198,7 +198,7 @@ main() {
   done
   # memcheck on the kernel examples (the benchmark example only times driver
   # calls, which the sanitizer would slow down many times over).
-  for e in "$bin_dir"/example-02* "$bin_dir"/example-03*; do
+  for e in "$bin_dir"/example-02* "$bin_dir"/example-03* "$bin_dir"/example-05*; do
     step "memcheck $(basename "$e")" expect_ok limited compute-sanitizer --tool memcheck --error-exitcode 1 "$e"
   done
   # The proofs' device checks. API-error reporting is off here: the pools poll
