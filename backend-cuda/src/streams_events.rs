@@ -240,6 +240,35 @@ impl StreamBackend for CudaBackend {
         })
     }
 
+    /// `cuStreamGetId` for a created stream (the driver's id of the stream
+    /// itself, unique in the process; drivers for CUDA 12.0 and later),
+    /// looked up once in the driver library whatever CUDA version the
+    /// bindings were built for; `None` for a special stream or where the
+    /// driver has no such entry point.
+    ///
+    /// # Safety
+    /// The contract of [`StreamBackend::stream_id`]: `stream` is a usable
+    /// stream of `device` (type documentation, "Raw handles").
+    unsafe fn stream_id(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Option<u64>, CudaError> {
+        if stream.is_special() {
+            return Ok(None);
+        }
+        checked(device)?;
+        let Some(get_id) = stream_id_fn() else {
+            return Ok(None);
+        };
+        let mut id: u64 = 0;
+        // SAFETY: a live created stream (this call's contract); `id` is a
+        // valid place for the driver to write it to. The stream names its
+        // context: no current context is needed.
+        check(unsafe { get_id(raw_stream(stream), &mut id) })?;
+        Ok(Some(id))
+    }
+
     /// `cuStreamGetCtx`, and the device of that context. A special stream
     /// belongs to the current context, so it gives
     /// [`current_device`](Backend::current_device) (as DALI's
@@ -383,4 +412,22 @@ impl EventBackend for CudaBackend {
             Ok(())
         })
     }
+}
+
+/// The driver's `cuStreamGetId`, or `None` if it does not export one (a
+/// driver older than CUDA 12.0).
+fn stream_id_fn() -> Option<unsafe extern "C" fn(sys::CUstream, *mut u64) -> sys::CUresult> {
+    type GetId = unsafe extern "C" fn(sys::CUstream, *mut u64) -> sys::CUresult;
+    static FN: std::sync::OnceLock<Option<GetId>> = std::sync::OnceLock::new();
+    *FN.get_or_init(|| {
+        // SAFETY: `culib` loads the driver library (gpupool reaches this only
+        // after the driver answered, `checked`); the symbol is read with the
+        // signature the CUDA headers give it.
+        unsafe {
+            sys::culib()
+                .get::<GetId>(b"cuStreamGetId\0")
+                .ok()
+                .map(|f| *f)
+        }
+    })
 }

@@ -284,6 +284,27 @@ impl StreamBackend for MockBackend {
             None,
         )
     }
+
+    /// The stream's handle for a created stream (the mock never hands a
+    /// handle out twice), `None` for a special one. Checks the stream like
+    /// every call (an unknown one is an error and a misuse); counted as a
+    /// [`CallKind::StreamDevice`] call.
+    unsafe fn stream_id(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Option<u64>, MockError> {
+        self.read_call_on(
+            CallKind::StreamDevice,
+            &[stream.as_raw()],
+            false,
+            |st| {
+                st.stream_key(stream, device)
+                    .map(|_| (!stream.is_special()).then_some(stream.as_raw() as u64))
+            },
+            None,
+        )
+    }
 }
 
 /// Graph capture through the trait: the harness calls

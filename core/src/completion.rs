@@ -235,7 +235,12 @@ impl<'s> AccessOrder<'s> {
             // drop destroys the event.
             return Err(Error::StreamCapturing);
         }
-        Completed::watch(lease, StreamKey::of(stream, device, self.is_per_thread()))
+        // The stream's own id, for the engine's per-stream order (a stream
+        // it cannot name is watched event by event).
+        // SAFETY: as above.
+        let stream_id = unsafe { backend.stream_id(stream, device) }.unwrap_or(None);
+        let key = StreamKey::of(stream, device, self.is_per_thread(), stream_id);
+        Completed::watch(lease, key)
     }
 }
 

@@ -42,6 +42,11 @@ use super::{
 ///    that id accept as described in their contracts — in practice: make a
 ///    fresh id with [`BackendId::unique`] per driver instance, and never return
 ///    another backend's id.
+/// 3. every `Some(id)` that [`StreamBackend::stream_id`] returns names one
+///    stream for the whole process: no other stream of a backend with the
+///    same [`id`](Backend::id) ever gets it (the completion engine takes an
+///    event that passed as proof that every earlier event of the same thread
+///    on the same stream id passed too).
 pub unsafe trait Backend: Send + Sync {
     /// The backend's error. Pools wrap it in [`Error::Backend`](crate::Error)
     /// together with the operation that failed, as that error's
@@ -165,6 +170,28 @@ pub trait StreamBackend: Backend {
     ) -> Result<Option<u64>, Self::Error> {
         // SAFETY: the caller's contract.
         unsafe { self.capture_status(stream, device) }.map(|s| s.is_capturing().then_some(0))
+    }
+
+    /// An id of the stream *itself*, not its handle: one that no other
+    /// stream of any backend with this [`id`](Backend::id) has had or will
+    /// have in this process, also after `stream` is destroyed and its handle
+    /// value reused (CUDA's `cuStreamGetId`), or `None` when the backend
+    /// cannot tell (a special stream, an older driver). The completion
+    /// engine of [`Completed`](crate::Completed) futures relies on it (see
+    /// [`Backend`]'s guarantee 3): two events recorded, one after the other,
+    /// by one thread on streams with the same id, were recorded on one
+    /// stream in that order, so once the later one has passed so has the
+    /// earlier. Default: `None` (each event asked about on its own).
+    ///
+    /// # Safety
+    /// `stream` is a usable stream of `device` (see [`Backend`]).
+    unsafe fn stream_id(
+        &self,
+        stream: StreamHandle,
+        device: DeviceId,
+    ) -> Result<Option<u64>, Self::Error> {
+        let _ = (stream, device);
+        Ok(None)
     }
 }
 
@@ -516,6 +543,10 @@ macro_rules! forward_backend {
             unsafe fn capture_id(&self, s: StreamHandle, d: DeviceId) -> Result<Option<u64>, Self::Error> {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).capture_id(s, d) }
+            }
+            unsafe fn stream_id(&self, s: StreamHandle, d: DeviceId) -> Result<Option<u64>, Self::Error> {
+                // SAFETY: forwarded with the caller's guarantees.
+                unsafe { (**self).stream_id(s, d) }
             }
         }
         impl<B: EventBackend + ?Sized> EventBackend for $ptr {
