@@ -87,7 +87,8 @@ models! {
     }
     completion {
         wake_races_the_gpu,
-        drop_races_the_gpu
+        drop_races_the_gpu,
+        ordered_pair_never_resolves_early
     }
     capture {
         side_stream_return_races_a_get_during_a_capture

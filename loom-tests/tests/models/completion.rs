@@ -17,16 +17,32 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use super::{event_pool, spawn_scoped, stream_pool};
 use gpupool_core::StreamPoolConfig;
 
-/// Unparks the model thread that made it, counting its wakes.
+/// Notifies the model thread that waits on it (loom's `Notify`: one permit,
+/// as a thread's park token; loom's own `unpark` cannot reach a thread that
+/// is blocked in a join or a lock), counting its wakes.
 struct Unpark {
-    thread: loom::thread::Thread,
+    notify: loom::sync::Notify,
     wakes: AtomicUsize,
 }
 
 impl Wake for Unpark {
     fn wake(self: std::sync::Arc<Self>) {
         self.wakes.fetch_add(1, Ordering::SeqCst);
-        self.thread.unpark();
+        self.notify.notify();
+    }
+}
+
+impl Unpark {
+    fn new() -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Unpark {
+            notify: loom::sync::Notify::new(),
+            wakes: AtomicUsize::new(0),
+        })
+    }
+
+    /// Waits for a wake (one that came already counts).
+    fn wait(&self) {
+        self.notify.wait();
     }
 }
 
@@ -56,10 +72,7 @@ fn wake_races_the_gpu() {
         let stream = lease.handle();
         let gpu = mock.clone();
         let t = spawn_scoped(move || gpu.complete_all(stream).unwrap());
-        let unpark = std::sync::Arc::new(Unpark {
-            thread: loom::thread::current(),
-            wakes: AtomicUsize::new(0),
-        });
+        let unpark = Unpark::new();
         let waker = Waker::from(std::sync::Arc::clone(&unpark));
         loop {
             match std::pin::Pin::new(&mut done).poll_wake(&waker) {
@@ -67,7 +80,7 @@ fn wake_races_the_gpu() {
                     assert_eq!(r, Ok(()));
                     break;
                 }
-                Poll::Pending => loom::thread::park(),
+                Poll::Pending => unpark.wait(),
             }
         }
         t.join();
@@ -75,7 +88,6 @@ fn wake_races_the_gpu() {
         drop(lease);
         assert_eq!(events.live_leases(), 0);
         drop(events); // stops and joins the engine
-        let _ = unpark.wakes.load(Ordering::SeqCst);
         each_event_destroyed_once(&mock);
         drop(streams);
     });
@@ -114,3 +126,48 @@ trait PollWake: std::future::Future {
 }
 
 impl<F: std::future::Future + ?Sized> PollWake for F {}
+
+/// Two futures on one stream from one thread (an ordered group: the engine
+/// may resolve the first on the proof of the second) while the GPU runs the
+/// two pieces of work one at a time: a future is never ready before its own
+/// work ran, and both events go back once.
+#[test]
+fn ordered_pair_never_resolves_early() {
+    loom::model(|| {
+        let mock = MockBackend::new(1);
+        let streams = stream_pool(&mock, StreamPoolConfig::default());
+        let events = event_pool(&mock);
+        let lease = streams.get(0).unwrap();
+        let stream = lease.handle();
+        mock.enqueue_work(stream).unwrap();
+        let mut first = lease.order().completed(&events).unwrap();
+        mock.enqueue_work(stream).unwrap();
+        let mut second = lease.order().completed(&events).unwrap();
+        let gpu = mock.clone();
+        let t = spawn_scoped(move || {
+            gpu.complete_one(stream).unwrap();
+            gpu.complete_one(stream).unwrap();
+        });
+        let unpark = Unpark::new();
+        let waker = Waker::from(std::sync::Arc::clone(&unpark));
+        let (mut one, mut two) = (false, false);
+        while !(one && two) {
+            if !one && std::pin::Pin::new(&mut first).poll_wake(&waker).is_ready() {
+                assert!(mock.pending_work(stream).unwrap() <= 1, "first resolved before its work ran");
+                one = true;
+            }
+            if !two && std::pin::Pin::new(&mut second).poll_wake(&waker).is_ready() {
+                assert_eq!(mock.pending_work(stream).unwrap(), 0, "second resolved before its work ran");
+                two = true;
+            }
+            if !(one && two) {
+                unpark.wait();
+            }
+        }
+        t.join();
+        drop((first, second, lease));
+        drop(events);
+        each_event_destroyed_once(&mock);
+        drop(streams);
+    });
+}
