@@ -17,6 +17,7 @@
 //! block, an error to log as a misuse) goes to the write lock, which does it
 //! all again from the start.
 
+use core::cell::Cell;
 use core::ptr::NonNull;
 
 use gpupool_core::{
@@ -370,11 +371,23 @@ impl EventBackend for MockBackend {
         )
     }
 
+    /// In checking mode (work completes only when the host waits), a query
+    /// made on a thread that [`prepare_query_thread`](EventBackend::prepare_query_thread)
+    /// marked (the completion engine's, which stands for an async program's
+    /// `.await`) is a host wait: the work up to the event completes first,
+    /// as for [`synchronize_event`](EventBackend::synchronize_event).
     unsafe fn query_event(
         &self,
         event: EventHandle,
         device: DeviceId,
     ) -> Result<Completion, MockError> {
+        if QUERY_THREAD.with(Cell::get) && read(&self.inner.state).policy_before_checking.is_some()
+        {
+            return self.call_on(CallKind::QueryEvent, &[event.as_raw()], |st| {
+                st.synchronize_event(event, device)?;
+                st.query_event(event, device)
+            });
+        }
         self.read_call_on(
             CallKind::QueryEvent,
             &[event.as_raw()],
@@ -393,6 +406,18 @@ impl EventBackend for MockBackend {
             st.synchronize_event(event, device)
         })
     }
+
+    /// Marks the calling thread as one whose event queries stand for host
+    /// waits in checking mode (see [`query_event`](EventBackend::query_event)).
+    fn prepare_query_thread(&self) {
+        QUERY_THREAD.with(|q| q.set(true));
+    }
+}
+
+std::thread_local! {
+    /// The calling thread asks about events in the background (the
+    /// completion engine's thread).
+    static QUERY_THREAD: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Memory: see the crate documentation's model. Every kind is host memory from

@@ -159,6 +159,16 @@ impl CaptureNote {
         Joining { note: self }
     }
 
+    /// Whether two readings of [`watched`](Self::watched), before and after
+    /// a call, say that no capture began on or was joined by the stream in
+    /// between (nor could have, unseen).
+    #[inline]
+    pub(crate) fn unmoved(before: u64, after: u64) -> bool {
+        // No wait under way at the start, no move, and no capture being
+        // begun (an odd epoch) at either end.
+        before == after && before >> 32 == 0 && before % 2 == 0
+    }
+
     /// What a scratchpad compares between the start and the end of a round:
     /// the waits under way (high 32 bits) and the epoch (low 32 bits). The
     /// same value at both ends, with no wait under way at the start, says

@@ -192,11 +192,19 @@ impl<'s> AccessOrder<'s> {
     /// future is ready at once.
     ///
     /// Errors, with nothing recorded: [`Error::ForeignHandle`] for an order
-    /// of another backend; [`Error::StreamCapturing`] for a stream that is
-    /// capturing a graph (its work is recorded into the graph, not run: wait
-    /// for a launch of the graph instead), also when a capture began on it
-    /// during the call (the event is then destroyed, not pooled);
-    /// [`Error::CompletionThread`]; a backend failure.
+    /// of another backend; [`Error::CapturesUnseen`] for the per-thread
+    /// default stream or an order of
+    /// [`from_raw_capturable`](Self::from_raw_capturable) (a capture there
+    /// could hide the record); [`Error::StreamCapturing`] for a stream that
+    /// is capturing a graph (its work is recorded into the graph, not run:
+    /// wait for a launch of the graph instead), also when a capture began on
+    /// it, or was joined, while the event was recorded (the event is then
+    /// destroyed, not pooled); [`Error::CompletionThread`]; a backend
+    /// failure.
+    ///
+    /// In the mock's checking mode work completes only when the host waits,
+    /// and the engine's queries are not waits: a thread must play the GPU
+    /// (`examples/05-async-service.rs` has one).
     ///
     /// ```
     /// use gpupool_core::{EventPool, StreamPool};
@@ -224,6 +232,9 @@ impl<'s> AccessOrder<'s> {
         let Some((stream, device)) = self.stream_and_device() else {
             return Ok(Completed::ready(Ok(())));
         };
+        if self.captures_unseen() {
+            return Err(Error::CapturesUnseen);
+        }
         // SAFETY: the order borrows its stream, whose owner was checked.
         if unsafe { self.capturing(backend) }? {
             return Err(Error::StreamCapturing);
@@ -352,10 +363,13 @@ impl<E> Entry<E> {
             drop(parts);
             return Some(self.take_result());
         }
-        match &mut parts.waker {
-            Some(w) if w.will_wake(waker) => {}
-            slot => *slot = Some(waker.clone()),
-        }
+        let replaced = match &mut parts.waker {
+            Some(w) if w.will_wake(waker) => None,
+            slot => slot.replace(waker.clone()),
+        };
+        drop(parts);
+        // The caller's code, outside the lock.
+        drop(replaced);
         None
     }
 
@@ -376,19 +390,39 @@ impl<E> Entry<E> {
             return Some(event);
         }
         parts.orphan = Some(event);
-        parts.waker = None;
+        let waker = parts.waker.take();
         // Relaxed: stored and read under the lock (the engine's `resolve`).
         self.state.store(ABANDONED, Ordering::Relaxed);
+        drop(parts);
+        // The caller's code, after the entry is consistent.
+        quietly(|| drop(waker));
         None
     }
 
+    /// The pool's end of an entry the engine stopped with: the event of a
+    /// dropped future, if it is one (an entry of a future leaked by
+    /// `mem::forget` keeps its event in the leaked lease). Wakes nobody.
+    fn forsake(&self) -> Option<OwnedEvent> {
+        let mut parts = self.lock();
+        let orphan = if self.state.load(Ordering::Relaxed) == ABANDONED {
+            parts.orphan.take()
+        } else {
+            None
+        };
+        let waker = parts.waker.take();
+        drop(parts);
+        quietly(|| drop(waker));
+        orphan
+    }
+
     /// The engine's end of the entry, after its last query of the event:
-    /// wakes the future with `result`, or, if the future was dropped, gives
-    /// back the event it left.
-    fn resolve(&self, result: Result<(), E>) -> Option<OwnedEvent> {
+    /// `Ok` with the waker to wake (the future's, if it was polled), or,
+    /// if the future was dropped, `Err` with the event it left, to give
+    /// back.
+    fn resolve(&self, result: Result<(), E>) -> Result<Option<Waker>, Option<OwnedEvent>> {
         let mut parts = self.lock();
         if self.state.load(Ordering::Relaxed) == ABANDONED {
-            return parts.orphan.take();
+            return Err(parts.orphan.take());
         }
         let state = match result {
             Ok(()) => PASSED,
@@ -400,14 +434,15 @@ impl<E> Entry<E> {
         // Release: the future's Acquire load sees the query (and the error)
         // before it ends the lease.
         self.state.store(state, Ordering::Release);
-        let waker = parts.waker.take();
-        drop(parts);
-        if let Some(w) = waker {
-            // A waker is the caller's code: one that panics must not take
-            // the engine's thread (and every other future) down with it.
-            let woke = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| w.wake()));
-            drop(woke);
-        }
-        None
+        Ok(parts.waker.take())
+    }
+}
+
+/// Runs the caller's code (a waker's `wake` or drop) on the engine's thread
+/// or in a drop, catching a panic, and forgetting its payload (whose own
+/// drop may panic).
+pub(crate) fn quietly(f: impl FnOnce()) {
+    if let Err(payload) = std::panic::catch_unwind(core::panic::AssertUnwindSafe(f)) {
+        core::mem::forget(payload);
     }
 }

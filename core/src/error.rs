@@ -147,6 +147,13 @@ pub enum Error<E> {
     /// futures could not be started (the operating system refused a new
     /// thread). The event went back to its pool; nothing else was changed.
     CompletionThread,
+    /// The order's stream may begin or join a graph capture that gpupool
+    /// cannot see (the per-thread default stream, an order made by
+    /// [`AccessOrder::from_raw_capturable`](crate::AccessOrder::from_raw_capturable)),
+    /// and the call must know that what it records will run (a
+    /// [`Completed`](crate::Completed) future). Use a leased stream. Nothing
+    /// was recorded.
+    CapturesUnseen,
     /// Two lengths that must be equal are not: a host buffer for a copy from
     /// device memory ([`Scratchpad::copy_to_host`](crate::Scratchpad::copy_to_host))
     /// has another length than the device slice. Nothing was copied.
@@ -251,6 +258,9 @@ impl<E: fmt::Display> fmt::Display for Error<E> {
             ),
             Error::CaptureState => f.write_str(
                 "the stream is already capturing, or this lease did not begin the capture",
+            ),
+            Error::CapturesUnseen => f.write_str(
+                "the stream may capture a graph where gpupool cannot see it: use a leased stream",
             ),
             Error::CompletionThread => {
                 f.write_str("the thread that watches pending events could not be started")

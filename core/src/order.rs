@@ -794,10 +794,34 @@ impl<B: StreamBackend + EventBackend> EventLease<'_, B> {
             });
         }
         // The capture the record was made in, asked after it; where it
-        // cannot be asked, taken as made in one gpupool cannot name.
-        // SAFETY: `order`'s stream is usable for `backend` (the order
-        // borrows it, owner checked above).
-        let capture = || unsafe { order.capture(backend) }.unwrap_or(Some(u64::MAX));
+        // cannot be asked, taken as made in one gpupool cannot name. A
+        // capture open when the record was made may have ended before that
+        // question: for an order with a note (a lease's or owned stream's),
+        // the note is read before, the stream asked before too if it was
+        // ever in a capture, and the note read again after: a capture open
+        // before, or begun or joined meanwhile (the note moved), makes the
+        // record one made in a capture gpupool cannot name.
+        let note = order.capture_note();
+        let before = note.map(CaptureNote::watched);
+        let open_before = match note {
+            // SAFETY: as below.
+            Some(n) if n.ever() => unsafe { order.capture(backend) }.unwrap_or(Some(u64::MAX)),
+            _ => None,
+        };
+        let capture = || {
+            // SAFETY: `order`'s stream is usable for `backend` (the order
+            // borrows it, owner checked above).
+            let asked = unsafe { order.capture(backend) }.unwrap_or(Some(u64::MAX));
+            match (note, before) {
+                (Some(n), Some(b))
+                    if asked.is_none()
+                        && (open_before.is_some() || !CaptureNote::unmoved(b, n.watched())) =>
+                {
+                    Some(u64::MAX)
+                }
+                _ => asked,
+            }
+        };
         // SAFETY: the stream is `order`'s (as above, device checked), or the
         // null stream of the event's device.
         unsafe { self.record_on(stream, capture) }

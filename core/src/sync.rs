@@ -91,9 +91,9 @@ impl<T> UnsafeCell<T> {
 #[cfg(feature = "std")]
 pub(crate) mod thread {
     #[cfg(loom)]
-    pub(crate) use loom::thread::{park, yield_now, Builder, JoinHandle, Thread};
+    pub(crate) use loom::thread::{current, park, yield_now, Builder, JoinHandle, Thread};
     #[cfg(not(loom))]
-    pub(crate) use std::thread::{park, park_timeout, Builder, JoinHandle, Thread};
+    pub(crate) use std::thread::{current, park, park_timeout, Builder, JoinHandle, Thread};
 
     /// A timed park: loom cannot model time, so there it lets the other
     /// threads run instead.

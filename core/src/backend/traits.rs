@@ -278,6 +278,14 @@ pub trait EventBackend: Backend {
         event: EventHandle,
         device: DeviceId,
     ) -> Result<(), Self::Error>;
+
+    /// Prepares the calling thread, once, to ask about events in the
+    /// background (the completion engine of [`Completed`](crate::Completed)
+    /// futures calls it first on its thread): for CUDA, the thread's capture
+    /// interaction mode becomes relaxed, so that its queries never break a
+    /// graph capture begun in the global mode by other code of the process.
+    /// Default: nothing.
+    fn prepare_query_thread(&self) {}
 }
 
 /// The four kinds of memory a backend provides.
@@ -568,6 +576,9 @@ macro_rules! forward_backend {
             unsafe fn synchronize_event(&self, e: EventHandle, d: DeviceId) -> Result<(), Self::Error> {
                 // SAFETY: forwarded with the caller's guarantees.
                 unsafe { (**self).synchronize_event(e, d) }
+            }
+            fn prepare_query_thread(&self) {
+                (**self).prepare_query_thread()
             }
         }
     )*};

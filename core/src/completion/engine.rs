@@ -25,9 +25,10 @@ use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
 use core::cell::Cell;
+use core::task::Waker;
 use core::time::Duration;
 
-use super::Entry;
+use super::{quietly, Entry};
 #[cfg(doc)]
 use crate::backend::StreamBackend;
 use crate::backend::{Completion, DeviceId, EventBackend, StreamHandle};
@@ -124,8 +125,19 @@ struct Shared<B: EventBackend> {
     stop: AtomicBool,
     /// Events of dropped futures that have passed, for the pool to take.
     passed: Mutex<Vec<OwnedEvent>>,
+    /// The pool was dropped on this thread (by a waker): the thread
+    /// destroys what it holds when it ends instead of handing it back.
+    detached: AtomicBool,
+    /// Whether the pool is stopping: the thread then runs no more wakers
+    /// (the pool's drop waits for one under way, never for the GPU).
+    gate: Mutex<Gate>,
     /// `passed` may be non-empty (a hint; read without its lock).
     has_passed: AtomicBool,
+}
+
+/// [`Shared::gate`]'s state.
+struct Gate {
+    stopping: bool,
 }
 
 /// A pool's engine: the shared state and the thread.
@@ -185,7 +197,9 @@ impl<B: EventBackend> EngineSlot<B> {
 
     /// Stops the engine, if one started, and hands every event it still
     /// held (futures dropped before their events passed) to `give`, passed
-    /// or not.
+    /// or not. Called from the pool's drop on the engine's own thread (a
+    /// waker that owned the pool's last owner), it cannot wait for itself:
+    /// it leaves the thread to end on its own, destroying those events.
     pub(crate) fn stop(&mut self, mut give: impl FnMut(OwnedEvent)) {
         let p = self.engine.swap(core::ptr::null_mut(), Ordering::Acquire);
         if p.is_null() {
@@ -194,17 +208,33 @@ impl<B: EventBackend> EngineSlot<B> {
         // SAFETY: published by `start` from `Box::into_raw`, taken out of the
         // slot above, so freed once; `&mut self`: no borrow of it is left.
         let engine = unsafe { Box::from_raw(p) };
+        let join = engine.join.lock().unwrap_or_else(|p| p.into_inner()).take();
+        {
+            let mut gate = engine.shared.gate.lock().unwrap_or_else(|p| p.into_inner());
+            gate.stopping = true;
+            if thread::current().id() == engine.thread.id() {
+                // Dropped by a waker the thread runs: it cannot wait for
+                // itself. Read by the thread, after the waker returns, under
+                // the gate.
+                engine.shared.detached.store(true, Ordering::Relaxed);
+            }
+        }
         // Release/Acquire: nothing rides on it but the stop itself; the unpark
         // makes a parked thread look again.
         engine.shared.stop.store(true, Ordering::Release);
         engine.thread.unpark();
-        let join = engine.join.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if engine.shared.detached.load(Ordering::Relaxed) {
+            drop(join); // detached: it ends after the waker returns
+            return;
+        }
+        // `None`: the thread is gone (it cannot panic: wakers are caught);
+        // what it held is lost with it, never touched again.
         let left = join.and_then(|j| j.join().ok()).unwrap_or_default();
         for (_, entry) in left {
             // Every future borrowed the pool, so each one is gone: the
             // entries left are abandoned (or of futures leaked by
             // `mem::forget`, whose leases keep their events).
-            if let Some(event) = entry.resolve(Ok(())) {
+            if let Some(event) = entry.forsake() {
                 give(event);
             }
         }
@@ -213,7 +243,7 @@ impl<B: EventBackend> EngineSlot<B> {
             let entries =
                 core::mem::take(&mut *inbox.entries.lock().unwrap_or_else(|p| p.into_inner()));
             for (_, entry) in entries {
-                if let Some(event) = entry.resolve(Ok(())) {
+                if let Some(event) = entry.forsake() {
                     give(event);
                 }
             }
@@ -239,11 +269,27 @@ impl<B: EventBackend> Engine<B> {
             stop: AtomicBool::new(false),
             passed: Mutex::new(Vec::new()),
             has_passed: AtomicBool::new(false),
+            detached: AtomicBool::new(false),
+            gate: Mutex::new(Gate { stopping: false }),
         });
         let theirs = Arc::clone(&shared);
         let join = thread::Builder::new()
             .name("gpupool-completion".into())
-            .spawn(move || run(&theirs))?;
+            .spawn(move || {
+                theirs.backend.prepare_query_thread();
+                let left = run(&theirs);
+                // Relaxed: set under the gate, which this thread took
+                // after every waker it ran.
+                let detached = {
+                    let _gate = theirs.gate.lock().unwrap_or_else(|p| p.into_inner());
+                    theirs.detached.load(Ordering::Relaxed)
+                };
+                if detached {
+                    theirs.destroy_orphans(left);
+                    return Vec::new();
+                }
+                left
+            })?;
         Ok(Engine {
             shared,
             thread: join.thread().clone(),
@@ -336,6 +382,59 @@ impl<B: EventBackend> Shared<B> {
             thread::park();
         }
         self.sleeping.store(false, Ordering::Relaxed);
+    }
+
+    /// Destroys the events of dropped futures that the thread still holds
+    /// (`left`, the inboxes, the passed ones), its pool gone; a failure is
+    /// reported as a lost error.
+    fn destroy_orphans(&self, left: Left<B::Error>) {
+        let mut events = Vec::new();
+        for (_, entry) in left {
+            events.extend(entry.forsake());
+        }
+        for inbox in self.inboxes.iter() {
+            let entries =
+                core::mem::take(&mut *inbox.entries.lock().unwrap_or_else(|p| p.into_inner()));
+            for (_, entry) in entries {
+                events.extend(entry.forsake());
+            }
+        }
+        self.take_passed(|e| events.push(e));
+        for e in events {
+            // Pending or not: the driver frees a pending event once it
+            // passes.
+            // A failed destroy leaves the event to the driver (nothing
+            // else has it); the error is counted.
+            if let Err(r) = e.destroy(&self.backend) {
+                crate::lost::report(&r.error);
+            }
+        }
+    }
+
+    /// What follows an entry's resolution: its future's waker woken (unless
+    /// the pool is stopping: then no future is left to wake, and the thread
+    /// runs no more of the caller's code), or its dropped future's event
+    /// kept for the pool.
+    fn resolved(&self, outcome: Result<Option<Waker>, Option<OwnedEvent>>) {
+        match outcome {
+            Ok(Some(waker)) => {
+                {
+                    let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+                    if gate.stopping {
+                        drop(gate);
+                        // Only a future leaked by `mem::forget` can be left:
+                        // its waker is not run any more.
+                        core::mem::forget(waker);
+                        return;
+                    }
+                }
+                // A waker is the caller's code: one that panics must not take
+                // the engine's thread (and every other future) down with it.
+                quietly(|| waker.wake());
+            }
+            Ok(None) | Err(None) => {}
+            Err(Some(event)) => self.keep_passed(event),
+        }
     }
 
     /// Keeps an event of a dropped future that has passed for the pool.
@@ -456,9 +555,7 @@ fn resolve_front<B: EventBackend>(
     n: usize,
 ) {
     for entry in queue.drain(..n) {
-        if let Some(event) = entry.resolve(Ok(())) {
-            shared.keep_passed(event);
-        }
+        shared.resolved(entry.resolve(Ok(())));
     }
 }
 
@@ -470,9 +567,7 @@ fn resolve_failed<B: EventBackend>(
     e: B::Error,
 ) {
     if let Some(entry) = queue.remove(at) {
-        if let Some(event) = entry.resolve(Err(e)) {
-            shared.keep_passed(event);
-        }
+        shared.resolved(entry.resolve(Err(e)));
     }
 }
 

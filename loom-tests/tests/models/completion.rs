@@ -153,11 +153,18 @@ fn ordered_pair_never_resolves_early() {
         let (mut one, mut two) = (false, false);
         while !(one && two) {
             if !one && std::pin::Pin::new(&mut first).poll_wake(&waker).is_ready() {
-                assert!(mock.pending_work(stream).unwrap() <= 1, "first resolved before its work ran");
+                assert!(
+                    mock.pending_work(stream).unwrap() <= 1,
+                    "first resolved before its work ran"
+                );
                 one = true;
             }
             if !two && std::pin::Pin::new(&mut second).poll_wake(&waker).is_ready() {
-                assert_eq!(mock.pending_work(stream).unwrap(), 0, "second resolved before its work ran");
+                assert_eq!(
+                    mock.pending_work(stream).unwrap(),
+                    0,
+                    "second resolved before its work ran"
+                );
                 two = true;
             }
             if !(one && two) {

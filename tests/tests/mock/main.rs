@@ -10,6 +10,7 @@ mod attacks;
 mod attacks2;
 mod attacks3;
 mod attacks4;
+mod attacks5;
 mod bad_input;
 mod capture;
 mod capture_rounds;
