@@ -1,0 +1,77 @@
+//! (a) gpupool's own futures: `AccessOrder::completed(&events)` records a
+//! pooled event after the work queued so far on the lease's stream and
+//! returns a `Completed` future, resolved by the event pool's completion
+//! engine (one thread, "gpupool-completion", that queries the pending events
+//! and wakes their wakers).
+//!
+//! Submission step: the `completed()` call. Completion machinery: the
+//! threads named "gpupool-completion" (`comm` keeps 15 bytes:
+//! "gpupool-complet").
+
+use core::future::Future;
+use core::pin::Pin;
+use core::task::{Context, Poll};
+
+use gpupool_core::{Completed, EventPool, StreamLease};
+use gpupool_cuda::CudaBackend;
+
+use super::{Design, Path, StepCost, Submitted};
+use crate::sys_stats::threads_named;
+
+/// Design (a).
+pub struct GpupoolFutures {
+    events: &'static EventPool<CudaBackend>,
+}
+
+impl GpupoolFutures {
+    /// Records events of `events` (its engine serves the futures).
+    pub fn new(events: &'static EventPool<CudaBackend>) -> GpupoolFutures {
+        GpupoolFutures { events }
+    }
+}
+
+/// gpupool's future, its error as text.
+pub struct GpupoolFut(Completed<'static, CudaBackend>);
+
+impl Future for GpupoolFut {
+    type Output = Result<Path, String>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match Pin::new(&mut self.0).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => Poll::Ready(r.map(|()| Path::Direct).map_err(|e| e.to_string())),
+        }
+    }
+}
+
+impl Design for GpupoolFutures {
+    type Fut = GpupoolFut;
+
+    fn name(&self) -> &'static str {
+        "a-gpupool"
+    }
+
+    fn submit(
+        &'static self,
+        lease: &'static StreamLease<'static, CudaBackend>,
+    ) -> Result<Submitted<GpupoolFut>, String> {
+        let fut = lease
+            .order()
+            .completed(self.events)
+            .map_err(|e| format!("completed(): {e}"))?;
+        Ok(Submitted {
+            fut: GpupoolFut(fut),
+            step: StepCost::Whole,
+            spin_ns: 0,
+            ready_ns: None,
+        })
+    }
+
+    fn machinery_threads(&self) -> Vec<i32> {
+        threads_named("gpupool-complet")
+    }
+
+    fn machinery_label(&self) -> &'static str {
+        "threads named gpupool-completion"
+    }
+}

@@ -1,0 +1,28 @@
+//! gpupool's measurements on a GPU (not published).
+//!
+//! The async-completion benchmark (`src/bin/async-completion.rs`) compares
+//! four ways of making GPU completion awaitable from async Rust, in one
+//! process, on the same streams and the same kernel:
+//!
+//! - (a) [`designs::gpupool`]: gpupool's own futures
+//!   (`AccessOrder::completed`, one completion engine thread per event pool);
+//! - (b) [`designs::blocking`]: a pooled event and `cuEventSynchronize` in
+//!   tokio's `spawn_blocking`;
+//! - (c) [`designs::hostfn`]: a `cuLaunchHostFunc` callback per future that
+//!   sets a flag and wakes the task;
+//! - (d) [`designs::cutile`]: a port of cutile-rs's `cuda-async` completion
+//!   path (a bounded `cuStreamQuery` spin, then a reactor thread scanning
+//!   pinned flags written by `cuStreamWriteValue32`, with a
+//!   `cuLaunchHostFunc` fallback); run twice, with cuda-async's 20 µs spin
+//!   budget (`d-cutile`) and with none (`d0-cutile-nospin`), since kernels
+//!   shorter than the budget are nearly all settled by the spin.
+//!
+//! [`gpu`] holds the GPU side (kernels, pinned timestamp slots, clock
+//! calibration), [`harness`] one measured run, [`sys_stats`] the CPU-time
+//! and percentile helpers, [`report`] the table and the CSV.
+
+pub mod designs;
+pub mod gpu;
+pub mod harness;
+pub mod report;
+pub mod sys_stats;
