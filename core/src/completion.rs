@@ -117,7 +117,7 @@ where
     fn watch(lease: EventLease<'p, B>, key: StreamKey) -> Result<Self, Error<B::Error>> {
         let pool = lease.pool();
         let engine = pool.completion_engine()?;
-        let entry = Arc::new(Entry::new(lease.handle(), lease.device()));
+        let entry = Arc::new(Entry::new(lease.handle(), lease.device(), engine::shard()));
         engine.submit(key, Arc::clone(&entry));
         // Events the engine saw pass after their futures were dropped come
         // back here, on a path that only futures pay for.
@@ -298,6 +298,8 @@ pub(crate) struct Entry<E> {
     /// entry is resolved.
     event: EventHandle,
     device: DeviceId,
+    /// The submitting thread's inbox, whose threads may wake the task.
+    shard: usize,
     /// [`WATCHED`], [`PASSED`], [`FAILED`] or [`ABANDONED`]; changed only
     /// under `parts`' lock, read without it by the future's fast path.
     state: AtomicU32,
@@ -324,10 +326,11 @@ const FAILED: u32 = 2;
 const ABANDONED: u32 = 3;
 
 impl<E> Entry<E> {
-    fn new(event: EventHandle, device: DeviceId) -> Self {
+    fn new(event: EventHandle, device: DeviceId, shard: usize) -> Self {
         Entry {
             event,
             device,
+            shard,
             state: AtomicU32::new(WATCHED),
             parts: Mutex::new(Parts {
                 waker: None,

@@ -109,10 +109,29 @@ type Left<E> = Vec<Watched<E>>;
 /// One inbox, on its own cache lines.
 #[repr(align(128))]
 struct Inbox<E> {
-    entries: Mutex<Vec<Watched<E>>>,
-    /// Set (SeqCst) after a push, cleared by the engine when it empties the
-    /// inbox: what the engine reads before it sleeps (see [`Shared::sleep`]).
+    lists: Mutex<Lists<E>>,
+    /// Set after a push, cleared by the engine when it empties the inbox:
+    /// what the engine reads before it sleeps (see [`Shared::sleep`]).
     filled: AtomicBool,
+    /// The inbox's threads submitted since the engine last looked: they
+    /// are likely to submit again soon, and wake the tasks the engine left
+    /// them (`Lists::ready`) then, each on its own thread (for a runtime,
+    /// a wake from a worker thread is a push to its own queue; from the
+    /// engine's thread, a push to a shared queue and maybe a thread to
+    /// unpark). A hint, written without the lock.
+    active: AtomicBool,
+    /// `Lists::ready` may be non-empty (a hint, written under the lock).
+    has_ready: AtomicBool,
+}
+
+/// An inbox's lists.
+struct Lists<E> {
+    /// Entries submitted, for the engine.
+    entries: Vec<Watched<E>>,
+    /// Wakers of futures the engine resolved, for the inbox's threads to
+    /// wake at their next submission (or the engine, if none comes by its
+    /// next pass, or before it sleeps).
+    ready: Vec<Waker>,
 }
 
 /// What the engine's thread and the pool share.
@@ -240,8 +259,8 @@ impl<B: EventBackend> EngineSlot<B> {
         }
         // What arrived after the thread's last look at its inboxes.
         for inbox in engine.shared.inboxes.iter() {
-            let entries =
-                core::mem::take(&mut *inbox.entries.lock().unwrap_or_else(|p| p.into_inner()));
+            let (entries, ready) = inbox.take_all();
+            drop_wakers(ready);
             for (_, entry) in entries {
                 if let Some(event) = entry.forsake() {
                     give(event);
@@ -261,8 +280,13 @@ impl<B: EventBackend> Engine<B> {
             backend,
             inboxes: (0..SHARDS)
                 .map(|_| Inbox {
-                    entries: Mutex::new(Vec::new()),
+                    lists: Mutex::new(Lists {
+                        entries: Vec::new(),
+                        ready: Vec::new(),
+                    }),
                     filled: AtomicBool::new(false),
+                    active: AtomicBool::new(false),
+                    has_ready: AtomicBool::new(false),
                 })
                 .collect(),
             sleeping: AtomicBool::new(false),
@@ -299,12 +323,21 @@ impl<B: EventBackend> Engine<B> {
 
     /// Hands `entry` to the engine.
     pub(crate) fn submit(&self, key: StreamKey, entry: Arc<Entry<B::Error>>) {
-        let inbox = &self.shared.inboxes[shard()];
-        inbox
-            .entries
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((key, entry));
+        let inbox = &self.shared.inboxes[entry.shard];
+        let ready = {
+            let mut lists = inbox.lists.lock().unwrap_or_else(|p| p.into_inner());
+            lists.entries.push((key, entry));
+            // Relaxed: written under this lock.
+            if inbox.has_ready.load(Ordering::Relaxed) {
+                inbox.has_ready.store(false, Ordering::Relaxed);
+                core::mem::take(&mut lists.ready)
+            } else {
+                Vec::new()
+            }
+        };
+        if !inbox.active.load(Ordering::Relaxed) {
+            inbox.active.store(true, Ordering::Relaxed);
+        }
         // The store of `filled`, a SeqCst fence, then the load of
         // `sleeping`, against the engine's store of `sleeping`, a SeqCst
         // fence, then its loads of `filled` (`Shared::sleep`): of two
@@ -317,6 +350,10 @@ impl<B: EventBackend> Engine<B> {
         fence(Ordering::SeqCst);
         if self.shared.sleeping.load(Ordering::Relaxed) {
             self.thread.unpark();
+        }
+        // The tasks the engine left this thread (their futures resolved).
+        for waker in ready {
+            quietly(|| waker.wake());
         }
     }
 
@@ -355,9 +392,9 @@ impl<B: EventBackend> Shared<B> {
                 continue;
             }
             {
-                let mut entries = inbox.entries.lock().unwrap_or_else(|p| p.into_inner());
+                let mut lists = inbox.lists.lock().unwrap_or_else(|p| p.into_inner());
                 inbox.filled.store(false, Ordering::Relaxed);
-                core::mem::swap(&mut *entries, spare);
+                core::mem::swap(&mut lists.entries, spare);
             }
             took |= !spare.is_empty();
             for (key, entry) in spare.drain(..) {
@@ -393,8 +430,8 @@ impl<B: EventBackend> Shared<B> {
             events.extend(entry.forsake());
         }
         for inbox in self.inboxes.iter() {
-            let entries =
-                core::mem::take(&mut *inbox.entries.lock().unwrap_or_else(|p| p.into_inner()));
+            let (entries, ready) = inbox.take_all();
+            drop_wakers(ready);
             for (_, entry) in entries {
                 events.extend(entry.forsake());
             }
@@ -415,25 +452,67 @@ impl<B: EventBackend> Shared<B> {
     /// the pool is stopping: then no future is left to wake, and the thread
     /// runs no more of the caller's code), or its dropped future's event
     /// kept for the pool.
-    fn resolved(&self, outcome: Result<Option<Waker>, Option<OwnedEvent>>) {
+    fn resolved(&self, outcome: Result<Option<Waker>, Option<OwnedEvent>>, shard: usize) {
         match outcome {
             Ok(Some(waker)) => {
-                {
-                    let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
-                    if gate.stopping {
-                        drop(gate);
-                        // Only a future leaked by `mem::forget` can be left:
-                        // its waker is not run any more.
-                        core::mem::forget(waker);
-                        return;
-                    }
+                let inbox = &self.inboxes[shard];
+                if inbox.active.load(Ordering::Relaxed) {
+                    // Its threads are submitting: the next of them wakes it.
+                    let mut lists = inbox.lists.lock().unwrap_or_else(|p| p.into_inner());
+                    lists.ready.push(waker);
+                    inbox.has_ready.store(true, Ordering::Relaxed);
+                    return;
                 }
-                // A waker is the caller's code: one that panics must not take
-                // the engine's thread (and every other future) down with it.
-                quietly(|| waker.wake());
+                self.wake(waker);
             }
             Ok(None) | Err(None) => {}
             Err(Some(event)) => self.keep_passed(event),
+        }
+    }
+
+    /// Wakes a task on the engine's thread, unless the pool is stopping.
+    fn wake(&self, waker: Waker) {
+        {
+            let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
+            if gate.stopping {
+                drop(gate);
+                // Only a future leaked by `mem::forget` can be left: its
+                // waker is not run any more.
+                core::mem::forget(waker);
+                return;
+            }
+        }
+        // A waker is the caller's code: one that panics must not take the
+        // engine's thread (and every other future) down with it.
+        quietly(|| waker.wake());
+    }
+
+    /// Wakes the tasks left to the inboxes' threads: those left before the
+    /// previous look (`stale`: none of their threads submitted since), or
+    /// all of them (`all`, before the engine sleeps). Clears each inbox's
+    /// `active`: a thread must submit again to be left more.
+    fn wake_left(&self, stale: &mut [bool], all: bool) {
+        for (inbox, stale) in self.inboxes.iter().zip(stale.iter_mut()) {
+            if inbox.active.load(Ordering::Relaxed) {
+                inbox.active.store(false, Ordering::Relaxed);
+            }
+            if !inbox.has_ready.load(Ordering::Relaxed) {
+                *stale = false;
+                continue;
+            }
+            if !(all || *stale) {
+                *stale = true;
+                continue;
+            }
+            *stale = false;
+            let ready = {
+                let mut lists = inbox.lists.lock().unwrap_or_else(|p| p.into_inner());
+                inbox.has_ready.store(false, Ordering::Relaxed);
+                core::mem::take(&mut lists.ready)
+            };
+            for waker in ready {
+                self.wake(waker);
+            }
         }
     }
 
@@ -451,6 +530,7 @@ impl<B: EventBackend> Shared<B> {
 fn run<B: EventBackend>(shared: &Shared<B>) -> Vec<Watched<B::Error>> {
     let mut watch = Watch::new();
     let mut spare = Vec::new();
+    let mut stale = alloc::vec![false; SHARDS];
     let mut idle = 0u32;
     loop {
         let took = shared.take_inboxes(&mut watch, &mut spare);
@@ -459,11 +539,14 @@ fn run<B: EventBackend>(shared: &Shared<B>) -> Vec<Watched<B::Error>> {
         }
         if watch.is_empty() {
             idle = 0;
+            // Nobody is left a task to wake while the engine sleeps.
+            shared.wake_left(&mut stale, true);
             if !took {
                 shared.sleep();
             }
             continue;
         }
+        shared.wake_left(&mut stale, false);
         if watch.pass(shared) || took {
             idle = 0;
             continue;
@@ -555,7 +638,7 @@ fn resolve_front<B: EventBackend>(
     n: usize,
 ) {
     for entry in queue.drain(..n) {
-        shared.resolved(entry.resolve(Ok(())));
+        shared.resolved(entry.resolve(Ok(())), entry.shard);
     }
 }
 
@@ -567,7 +650,7 @@ fn resolve_failed<B: EventBackend>(
     e: B::Error,
 ) {
     if let Some(entry) = queue.remove(at) {
-        shared.resolved(entry.resolve(Err(e)));
+        shared.resolved(entry.resolve(Err(e)), entry.shard);
     }
 }
 
@@ -652,8 +735,27 @@ fn thread_id() -> u64 {
     .unwrap_or_else(|_| NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed))
 }
 
+impl<E> Inbox<E> {
+    /// Everything in the inbox (the engine stopping).
+    fn take_all(&self) -> (Vec<Watched<E>>, Vec<Waker>) {
+        let mut lists = self.lists.lock().unwrap_or_else(|p| p.into_inner());
+        (
+            core::mem::take(&mut lists.entries),
+            core::mem::take(&mut lists.ready),
+        )
+    }
+}
+
+/// Drops wakers of futures that are gone (the pool stopping), catching
+/// their panics.
+fn drop_wakers(wakers: Vec<Waker>) {
+    for w in wakers {
+        quietly(|| drop(w));
+    }
+}
+
 /// The calling thread's inbox.
-fn shard() -> usize {
+pub(crate) fn shard() -> usize {
     crate::sync::const_thread_local! {
         static SHARD: Cell<usize> = Cell::new(usize::MAX);
     }
