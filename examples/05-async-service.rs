@@ -43,7 +43,7 @@ fn main() -> Result<(), BoxError> {
     let started = Instant::now();
     let checked = runtime.block_on(serve())?;
     let took = started.elapsed();
-    drop(gpu);
+    gpu.stop();
     println!(
         "{REQUESTS} requests ({checked} elements checked) on {WORKERS} runtime threads in {:.1} ms; \
          streams created: {}, events created: {}",
@@ -124,6 +124,11 @@ mod gpu {
         Ok(Gpu(stop, Some(thread)))
     }
 
+    impl Gpu {
+        /// Stops the thread (it runs what is queued once more on its way).
+        pub fn stop(self) {}
+    }
+
     impl Drop for Gpu {
         fn drop(&mut self) {
             self.0.store(true, Ordering::Relaxed);
@@ -156,7 +161,12 @@ mod gpu {
 
     use super::{BoxError, ELEMENTS};
 
+    /// The real GPU needs no thread to run its work.
     pub struct Gpu;
+
+    impl Gpu {
+        pub fn stop(self) {}
+    }
 
     pub fn start() -> Result<Gpu, CudaError> {
         Ok(Gpu)

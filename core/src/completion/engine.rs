@@ -527,6 +527,8 @@ impl<B: EventBackend> Shared<B> {
 }
 
 /// The engine thread's loop; returns what it still watched when stopped.
+// `SPIN_PASSES` is 0 under loom.
+#[allow(clippy::absurd_extreme_comparisons)]
 fn run<B: EventBackend>(shared: &Shared<B>) -> Vec<Watched<B::Error>> {
     let mut watch = Watch::new();
     let mut spare = Vec::new();
@@ -755,6 +757,8 @@ fn drop_wakers(wakers: Vec<Waker>) {
 }
 
 /// The calling thread's inbox.
+// `SHARDS` is 1 under loom.
+#[allow(clippy::modulo_one)]
 pub(crate) fn shard() -> usize {
     crate::sync::const_thread_local! {
         static SHARD: Cell<usize> = Cell::new(usize::MAX);
