@@ -13,7 +13,7 @@
 //! (registers its waker) right away, as a task awaiting its own work would.
 //! The awaiting task reads the host clock the moment the future resolves,
 //! reads the kernel's finish time from the slot, and gives the slot and the
-//! permit back. Its waker is wrapped ([`Stamped`]) so the time the design
+//! permit back. Its waker is wrapped (`Stamped`) so the time the design
 //! called `wake` is known too: *notify* latency (the design's machinery)
 //! against *wake* latency (the task running again, which adds the
 //! runtime's queueing). Submitters run for `warmup + duration`; only requests submitted

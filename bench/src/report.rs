@@ -67,7 +67,7 @@ pub struct Summary {
     pub threads: usize,
     /// Runs summarised.
     pub runs: usize,
-    /// Medians of [`FIGURE_NAMES`].
+    /// Medians of `FIGURE_NAMES`.
     pub figures: [Option<f64>; NFIG],
     /// Paths taken, errors, early wakes: summed over the runs.
     pub notes: String,
