@@ -1,0 +1,231 @@
+//! The engine's watch list ([`Watch`]): pending entries by stream and
+//! submitting thread, in submission order ([`StreamKey`]), and the passes
+//! that ask the backend about them.
+
+use alloc::collections::{BTreeMap, VecDeque};
+use alloc::vec::Vec;
+use core::cell::Cell;
+
+use super::{Entry, Shared};
+#[cfg(doc)]
+use crate::backend::StreamBackend;
+use crate::backend::{Completion, DeviceId, EventBackend, StreamHandle};
+use crate::sync::Arc;
+
+/// The stream an entry's event was recorded on, for the engine's
+/// per-stream order.
+#[derive(Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub(crate) struct StreamKey {
+    device: u32,
+    stream: usize,
+    /// The stream's own id and the submitting thread's, when the backend
+    /// names the stream ([`StreamBackend::stream_id`]): the entries of such
+    /// a key were recorded on one stream by one thread, in their order in
+    /// the queue, so a later one that passed proves the earlier ones passed
+    /// (see [`Watch::pass`]). `None`: every entry is asked about itself.
+    ordered: Option<(u64, u64)>,
+    /// Nonzero for an entry watched on its own (the stream is unknown, or
+    /// the per-thread default stream, which names another stream on every
+    /// thread): a serial number.
+    apart: u64,
+}
+
+impl StreamKey {
+    /// The key of `stream` of `device`, `stream_id` its own id if the
+    /// backend gave one; the per-thread stream is watched apart.
+    pub(crate) fn of(
+        stream: StreamHandle,
+        device: DeviceId,
+        per_thread: bool,
+        stream_id: Option<u64>,
+    ) -> Self {
+        if per_thread {
+            return Self::apart();
+        }
+        StreamKey {
+            device: device.0,
+            stream: stream.as_raw(),
+            ordered: stream_id.map(|id| (id, thread_id())),
+            apart: 0,
+        }
+    }
+
+    /// A key no other entry has.
+    pub(crate) fn apart() -> Self {
+        // A plain counter (not loom's: a static); any distinct values do.
+        static NEXT: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
+        StreamKey {
+            device: 0,
+            stream: 0,
+            ordered: None,
+            apart: NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
+/// The engine's pending entries, by stream, oldest first (a `BTreeMap`:
+/// the same order of visits every time, which loom needs).
+pub(super) struct Watch<E> {
+    streams: BTreeMap<StreamKey, VecDeque<Arc<Entry<E>>>>,
+}
+
+impl<E> Watch<E> {
+    pub(super) fn new() -> Self {
+        Watch {
+            streams: BTreeMap::new(),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.streams.is_empty()
+    }
+
+    pub(super) fn add(&mut self, key: StreamKey, entry: Arc<Entry<E>>) {
+        self.streams.entry(key).or_default().push_back(entry);
+    }
+
+    pub(super) fn into_entries(self) -> Vec<(StreamKey, Arc<Entry<E>>)> {
+        self.streams
+            .into_iter()
+            .flat_map(|(k, q)| q.into_iter().map(move |e| (k, e)))
+            .collect()
+    }
+
+    /// Asks about the oldest entry of each stream, resolving each that
+    /// passed; whether any resolved. In a queue of an ordered key (one
+    /// stream, one submitting thread: [`StreamKey::ordered`]) the events were
+    /// recorded in queue order on one stream, so once the oldest has passed
+    /// the newest is asked, and then a binary search finds the last that
+    /// passed: everything up to it is resolved on that proof, with a
+    /// logarithmic number of queries instead of one each.
+    pub(super) fn pass<B: EventBackend<Error = E>>(&mut self, shared: &Shared<B>) -> bool {
+        let mut moved = false;
+        self.streams.retain(|key, queue| {
+            if key.ordered.is_some() {
+                moved |= pass_ordered(shared, queue);
+            } else {
+                moved |= pass_each(shared, queue);
+            }
+            !queue.is_empty()
+        });
+        moved
+    }
+}
+
+/// Asks `entry`'s event whether it passed: `Ok(true)`, `Ok(false)` or the
+/// error.
+fn passed<B: EventBackend>(shared: &Shared<B>, entry: &Entry<B::Error>) -> Result<bool, B::Error> {
+    // SAFETY: the entry's event is alive: the future's lease keeps it until
+    // the entry resolves, or, once the future is dropped, the entry keeps it
+    // (`abandon`) until this thread gives it back after resolving; this
+    // thread resolves each entry once, after its last query.
+    match unsafe { shared.backend.query_event(entry.event, entry.device) } {
+        Ok(Completion::Complete) => Ok(true),
+        Ok(Completion::Pending) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Resolves the oldest `n` entries of `queue` as passed.
+fn resolve_front<B: EventBackend>(
+    shared: &Shared<B>,
+    queue: &mut VecDeque<Arc<Entry<B::Error>>>,
+    n: usize,
+) {
+    for entry in queue.drain(..n) {
+        shared.resolved(entry.resolve(Ok(())), entry.shard);
+    }
+}
+
+/// Resolves the entry at `at` with the error of its query.
+fn resolve_failed<B: EventBackend>(
+    shared: &Shared<B>,
+    queue: &mut VecDeque<Arc<Entry<B::Error>>>,
+    at: usize,
+    e: B::Error,
+) {
+    if let Some(entry) = queue.remove(at) {
+        shared.resolved(entry.resolve(Err(e)), entry.shard);
+    }
+}
+
+/// One queue, each entry asked about itself, oldest first, until one is
+/// pending; whether any resolved.
+fn pass_each<B: EventBackend>(
+    shared: &Shared<B>,
+    queue: &mut VecDeque<Arc<Entry<B::Error>>>,
+) -> bool {
+    let mut moved = false;
+    while let Some(entry) = queue.front() {
+        match passed(shared, entry) {
+            Ok(false) => break,
+            Ok(true) => resolve_front(shared, queue, 1),
+            Err(e) => resolve_failed(shared, queue, 0, e),
+        }
+        moved = true;
+    }
+    moved
+}
+
+/// One queue of an ordered key: the oldest entry, then (if it passed) the
+/// newest, then a binary search between them; whether any resolved.
+fn pass_ordered<B: EventBackend>(
+    shared: &Shared<B>,
+    queue: &mut VecDeque<Arc<Entry<B::Error>>>,
+) -> bool {
+    let Some(oldest) = queue.front() else {
+        return false;
+    };
+    match passed(shared, oldest) {
+        Ok(false) => return false,
+        Ok(true) => {}
+        Err(e) => {
+            resolve_failed(shared, queue, 0, e);
+            return true;
+        }
+    }
+    // `lo` passed; find the last that did.
+    let (mut lo, mut hi) = (0, queue.len());
+    if hi > 1 {
+        match passed(shared, &queue[hi - 1]) {
+            Ok(true) => lo = hi - 1,
+            Ok(false) => {
+                hi -= 1; // pending: the last that passed is below it
+                while hi - lo > 1 {
+                    let mid = lo + (hi - lo) / 2;
+                    match passed(shared, &queue[mid]) {
+                        Ok(true) => lo = mid,
+                        Ok(false) => hi = mid,
+                        Err(e) => {
+                            // Resolved with its error; the ones below it
+                            // wait for the next pass.
+                            resolve_failed(shared, queue, mid, e);
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => resolve_failed(shared, queue, hi - 1, e),
+        }
+    }
+    resolve_front(shared, queue, lo + 1);
+    true
+}
+
+/// A number that names the calling thread for the whole process (a counter
+/// read once per thread).
+fn thread_id() -> u64 {
+    crate::sync::const_thread_local! {
+        static ID: Cell<u64> = Cell::new(0);
+    }
+    static NEXT: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
+    ID.try_with(|id| {
+        if id.get() == 0 {
+            id.set(NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed));
+        }
+        id.get()
+    })
+    // A thread being torn down: a number no thread has (never ordered
+    // with another entry).
+    .unwrap_or_else(|_| NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed))
+}
