@@ -4,11 +4,12 @@
 //! [`AccessOrder::completed`] records a pooled event after the work queued in
 //! an order so far and hands it to its pool's *completion engine*: one thread
 //! per [`EventPool`], started by the first future, asleep whenever nothing is
-//! pending, stopped and joined when the pool drops. The engine asks the
-//! backend about the oldest pending event of each stream (a stream runs its
-//! work in order, so a later event of the same stream cannot have passed
-//! first), wakes each future whose event passed, and backs off (spinning,
-//! then short sleeps) while nothing moves.
+//! pending, stopped when the pool drops. The engine asks the backend about
+//! each stream's pending events oldest first (a stream runs its work in
+//! order; see `engine.rs` for how one answer can settle several), has each
+//! future whose event passed woken, and backs off (spinning, then short
+//! sleeps) while nothing moves. `docs/async.md` has the design and its
+//! measurements.
 //!
 //! Why event queries: they are the cheap half of submission. On the H200 a
 //! `cuEventRecord` costs 0.12 µs on one thread and 1.7 µs per thread at 16

@@ -18,8 +18,16 @@
 //! Pacing: after a pass that resolved nothing it spins for [`SPIN_PASSES`]
 //! passes, then sleeps, [`FIRST_NAP`] doubling up to [`LONGEST_NAP`], until
 //! something resolves or arrives; with nothing pending it parks until a
-//! submission wakes it. Stopping: the pool's drop sets `stop`, unparks and
-//! joins the thread, which hands back what it still watched.
+//! submission wakes it.
+//!
+//! Waking: a resolved future's waker goes to its submitting thread's inbox
+//! while that thread keeps submitting (it wakes the task at its next
+//! submission, on its own thread), else the engine wakes it.
+//!
+//! Stopping: the pool's drop stops the engine from running wakers, sets
+//! `stop`, unparks and joins the thread, which hands back what it still
+//! watched; dropped by a waker on the engine's own thread, it leaves the
+//! thread to end by itself and destroy the events it holds.
 
 use alloc::boxed::Box;
 use alloc::vec::Vec;
