@@ -6,7 +6,7 @@
 //! per [`EventPool`], started by the first future, asleep whenever nothing is
 //! pending, stopped when the pool drops. The engine asks the backend about
 //! each stream's pending events oldest first (a stream runs its work in
-//! order; see `engine.rs` for how one answer can settle several), has each
+//! order; see `completion_engine.rs` for how one answer can settle several), has each
 //! future whose event passed woken, and backs off (spinning, then short
 //! sleeps) while nothing moves. `docs/async.md` has the design and its
 //! measurements.
@@ -25,21 +25,17 @@
 //! backend's error. Futures are runtime-agnostic: they use only
 //! [`core::task::Waker`].
 
-mod engine;
-
 use core::fmt;
 use core::future::Future;
 use core::pin::Pin;
-use core::task::{Context, Poll, Waker};
+use core::task::{Context, Poll};
 
-use engine::StreamKey;
-pub(crate) use engine::{Engine, EngineSlot};
-
-use crate::backend::{DeviceId, EventBackend, EventHandle, StreamBackend};
+use crate::backend::{EventBackend, StreamBackend};
+use crate::completion_engine::{shard, Entry, StreamKey};
 use crate::error::{BackendOp, Error};
-use crate::event_pool::{EventLease, EventPool, OwnedEvent};
+use crate::event_pool::{EventLease, EventPool};
 use crate::order::AccessOrder;
-use crate::sync::{Arc, AtomicU32, Mutex, Ordering};
+use crate::sync::Arc;
 
 /// A future that resolves once the GPU has passed the work it was made
 /// after: `Ok(())`, or the backend's error if asking about it failed (for
@@ -98,11 +94,7 @@ impl<B: EventBackend> fmt::Debug for Completed<'_, B> {
             State::Ready(Some(Ok(()))) => "passed",
             State::Ready(Some(Err(_))) => "failed",
             State::Ready(None) => "taken",
-            State::Watched { entry, .. } => match entry.state.load(Ordering::Relaxed) {
-                WATCHED => "pending",
-                FAILED => "failed",
-                _ => "passed",
-            },
+            State::Watched { entry, .. } => entry.state_name(),
         };
         f.debug_struct("Completed").field("state", &state).finish()
     }
@@ -118,7 +110,7 @@ where
     fn watch(lease: EventLease<'p, B>, key: StreamKey) -> Result<Self, Error<B::Error>> {
         let pool = lease.pool();
         let engine = pool.completion_engine()?;
-        let entry = Arc::new(Entry::new(lease.handle(), lease.device(), engine::shard()));
+        let entry = Arc::new(Entry::new(lease.handle(), lease.device(), shard()));
         engine.submit(key, Arc::clone(&entry));
         // Events the engine saw pass after their futures were dropped come
         // back here, on a path that only futures pay for.
@@ -289,164 +281,5 @@ where
         // The stream it was recorded on is not known: watched on its own.
         let key = StreamKey::apart();
         Completed::watch(self, key)
-    }
-}
-
-/// What the engine and a future share about one pending event.
-pub(crate) struct Entry<E> {
-    /// The event the engine asks about, and its device. The future's lease
-    /// (or, once the future is dropped, the engine) keeps it alive until the
-    /// entry is resolved.
-    event: EventHandle,
-    device: DeviceId,
-    /// The submitting thread's inbox, whose threads may wake the task.
-    shard: usize,
-    /// [`WATCHED`], [`PASSED`], [`FAILED`] or [`ABANDONED`]; changed only
-    /// under `parts`' lock, read without it by the future's fast path.
-    state: AtomicU32,
-    parts: Mutex<Parts<E>>,
-}
-
-/// An entry's fields that change with its state.
-struct Parts<E> {
-    /// The waker of the future's latest pending poll.
-    waker: Option<Waker>,
-    /// The backend's error, for [`FAILED`].
-    error: Option<E>,
-    /// The event of a dropped future, for [`ABANDONED`].
-    orphan: Option<OwnedEvent>,
-}
-
-/// The engine watches the event for a live future.
-const WATCHED: u32 = 0;
-/// The event passed.
-const PASSED: u32 = 1;
-/// Asking about the event failed (`Parts::error`).
-const FAILED: u32 = 2;
-/// The future was dropped first: the event (`Parts::orphan`) is the engine's.
-const ABANDONED: u32 = 3;
-
-impl<E> Entry<E> {
-    fn new(event: EventHandle, device: DeviceId, shard: usize) -> Self {
-        Entry {
-            event,
-            device,
-            shard,
-            state: AtomicU32::new(WATCHED),
-            parts: Mutex::new(Parts {
-                waker: None,
-                error: None,
-                orphan: None,
-            }),
-        }
-    }
-
-    fn lock(&self) -> crate::sync::MutexGuard<'_, Parts<E>> {
-        // A panic cannot happen under this lock (it only moves values), but
-        // a poisoned one is used as it is rather than panic in a drop.
-        self.parts.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Whether the engine is done with the event (passed or failed).
-    fn is_resolved(&self) -> bool {
-        // Acquire: with the engine's Release under the lock, its last query
-        // of the event happened before; the lease may end.
-        matches!(self.state.load(Ordering::Acquire), PASSED | FAILED)
-    }
-
-    /// The future's poll: the result once resolved, else `None` with
-    /// `waker` kept for the engine.
-    fn poll(&self, waker: &Waker) -> Option<Result<(), E>> {
-        if self.is_resolved() {
-            return Some(self.take_result());
-        }
-        let mut parts = self.lock();
-        // Checked again under the lock the engine resolves under: either it
-        // resolved first (seen here), or it takes the waker stored here.
-        if self.state.load(Ordering::Acquire) != WATCHED {
-            drop(parts);
-            return Some(self.take_result());
-        }
-        let replaced = match &mut parts.waker {
-            Some(w) if w.will_wake(waker) => None,
-            slot => slot.replace(waker.clone()),
-        };
-        drop(parts);
-        // The caller's code, outside the lock.
-        drop(replaced);
-        None
-    }
-
-    /// The result of a resolved entry.
-    fn take_result(&self) -> Result<(), E> {
-        match self.lock().error.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
-    /// The future is dropped before the entry resolved: the engine takes
-    /// `event` and returns it once it passed. `Some(event)` back if the
-    /// entry resolved meanwhile (the event passed: the caller returns it).
-    fn abandon(&self, event: OwnedEvent) -> Option<OwnedEvent> {
-        let mut parts = self.lock();
-        if self.state.load(Ordering::Acquire) != WATCHED {
-            return Some(event);
-        }
-        parts.orphan = Some(event);
-        let waker = parts.waker.take();
-        // Relaxed: stored and read under the lock (the engine's `resolve`).
-        self.state.store(ABANDONED, Ordering::Relaxed);
-        drop(parts);
-        // The caller's code, after the entry is consistent.
-        quietly(|| drop(waker));
-        None
-    }
-
-    /// The pool's end of an entry the engine stopped with: the event of a
-    /// dropped future, if it is one (an entry of a future leaked by
-    /// `mem::forget` keeps its event in the leaked lease). Wakes nobody.
-    fn forsake(&self) -> Option<OwnedEvent> {
-        let mut parts = self.lock();
-        let orphan = if self.state.load(Ordering::Relaxed) == ABANDONED {
-            parts.orphan.take()
-        } else {
-            None
-        };
-        let waker = parts.waker.take();
-        drop(parts);
-        quietly(|| drop(waker));
-        orphan
-    }
-
-    /// The engine's end of the entry, after its last query of the event:
-    /// `Ok` with the waker to wake (the future's, if it was polled), or,
-    /// if the future was dropped, `Err` with the event it left, to give
-    /// back.
-    fn resolve(&self, result: Result<(), E>) -> Result<Option<Waker>, Option<OwnedEvent>> {
-        let mut parts = self.lock();
-        if self.state.load(Ordering::Relaxed) == ABANDONED {
-            return Err(parts.orphan.take());
-        }
-        let state = match result {
-            Ok(()) => PASSED,
-            Err(e) => {
-                parts.error = Some(e);
-                FAILED
-            }
-        };
-        // Release: the future's Acquire load sees the query (and the error)
-        // before it ends the lease.
-        self.state.store(state, Ordering::Release);
-        Ok(parts.waker.take())
-    }
-}
-
-/// Runs the caller's code (a waker's `wake` or drop) on the engine's thread
-/// or in a drop, catching a panic, and forgetting its payload (whose own
-/// drop may panic).
-pub(crate) fn quietly(f: impl FnOnce()) {
-    if let Err(payload) = std::panic::catch_unwind(core::panic::AssertUnwindSafe(f)) {
-        core::mem::forget(payload);
     }
 }

@@ -87,7 +87,7 @@ pub struct EventPool<B: EventBackend> {
     /// The thread that watches the events of [`Completed`](crate::Completed)
     /// futures, started by the first one.
     #[cfg(feature = "std")]
-    completion: crate::completion::EngineSlot<B>,
+    completion: crate::completion_engine::EngineSlot<B>,
 }
 
 impl<B: EventBackend> EventPool<B> {
@@ -115,13 +115,15 @@ impl<B: EventBackend> EventPool<B> {
             // Every cached event is idle: an adopted cell's may be served.
             inner: Pool::new(backend, flags, pinning, true),
             #[cfg(feature = "std")]
-            completion: crate::completion::EngineSlot::new(),
+            completion: crate::completion_engine::EngineSlot::new(),
         }
     }
 
     /// The completion engine, started by the first call.
     #[cfg(feature = "std")]
-    pub(crate) fn completion_engine(&self) -> Result<&crate::completion::Engine<B>, Error<B::Error>>
+    pub(crate) fn completion_engine(
+        &self,
+    ) -> Result<&crate::completion_engine::Engine<B>, Error<B::Error>>
     where
         B: Clone + 'static,
     {

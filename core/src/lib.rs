@@ -62,6 +62,8 @@ mod backend;
 mod capture;
 #[cfg(feature = "std")]
 mod completion;
+#[cfg(feature = "std")]
+mod completion_engine;
 mod epoch;
 mod error;
 pub mod event_pool;

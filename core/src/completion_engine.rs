@@ -1,5 +1,6 @@
 //! The completion engine: one thread per event pool that watches the pending
-//! events of [`Completed`](super::Completed) futures.
+//! events of [`Completed`](crate::Completed) futures, and what it shares with
+//! each future ([`Entry`]).
 //!
 //! Submitting threads put entries into one of [`SHARDS`] inboxes (picked per
 //! thread, so 16 submitting threads rarely share a lock or a cache line) and
@@ -35,16 +36,19 @@ use core::cell::Cell;
 use core::task::Waker;
 use core::time::Duration;
 
+mod entry;
 mod watch;
+
+use entry::quietly;
+pub(crate) use entry::Entry;
 
 pub(crate) use watch::StreamKey;
 use watch::Watch;
 
-use super::{quietly, Entry};
 use crate::backend::EventBackend;
 #[cfg(doc)]
 use crate::backend::StreamBackend;
-use crate::event_pool::OwnedEvent;
+use crate::owned::OwnedEvent;
 use crate::sync::thread::{self, JoinHandle, Thread};
 use crate::sync::{fence, Arc, AtomicBool, AtomicPtr, Mutex, Ordering};
 
