@@ -421,7 +421,7 @@ fn a_panic_payload_that_panics_on_drop_does_not_stop_the_engine() {
     gpu.enqueue_work(fast.handle()).unwrap();
     let mut later = fast.order().completed(&events).unwrap();
     gpu.complete_all(fast.handle()).unwrap();
-    let resolved = wait_for(&mut later, Duration::from_secs(2));
+    let resolved = wait_for(&mut later, LONG);
     drop((later, booby));
     gpu.complete_everything();
     drop(events);
@@ -564,7 +564,7 @@ fn checking_mode_resolves_completed_futures() {
     let lease = streams.get(0).unwrap();
     gpu.enqueue_work(lease.handle()).unwrap();
     let mut f = lease.order().completed(&events).unwrap();
-    assert_eq!(wait_for(&mut f, Duration::from_secs(2)), Some(Ok(())));
+    assert_eq!(wait_for(&mut f, LONG), Some(Ok(())));
 }
 
 // ---- 5. DeviceSlice: Send + Sync (held) ----
