@@ -184,7 +184,7 @@ impl<B: EventBackend> EngineSlot<B> {
     /// or not. Called from the pool's drop on the engine's own thread (a
     /// waker that owned the pool's last owner), it cannot wait for itself:
     /// it leaves the thread to end on its own, destroying those events.
-    pub(crate) fn stop(&mut self, mut give: impl FnMut(OwnedEvent)) {
+    pub(crate) fn stop(&mut self, give: impl FnMut(OwnedEvent)) {
         let p = self.engine.swap(core::ptr::null_mut(), Ordering::Acquire);
         if p.is_null() {
             return;
@@ -214,25 +214,7 @@ impl<B: EventBackend> EngineSlot<B> {
         // `None`: the thread is gone (it cannot panic: wakers are caught);
         // what it held is lost with it, never touched again.
         let left = join.and_then(|j| j.join().ok()).unwrap_or_default();
-        for (_, entry) in left {
-            // Every future borrowed the pool, so each one is gone: the
-            // entries left are abandoned (or of futures leaked by
-            // `mem::forget`, whose leases keep their events).
-            if let Some(event) = entry.forsake() {
-                give(event);
-            }
-        }
-        // What arrived after the thread's last look at its inboxes.
-        for inbox in engine.shared.inboxes.iter() {
-            let (entries, ready) = inbox.take_all();
-            drop_wakers(ready);
-            for (_, entry) in entries {
-                if let Some(event) = entry.forsake() {
-                    give(event);
-                }
-            }
-        }
-        engine.shared.take_passed(&mut give);
+        engine.shared.held_events(left, give);
     }
 }
 
@@ -386,22 +368,36 @@ impl<B: EventBackend> Shared<B> {
         self.sleeping.store(false, Ordering::Relaxed);
     }
 
-    /// Destroys the events of dropped futures that the thread still holds
-    /// (`left`, the inboxes, the passed ones), its pool gone; a failure is
-    /// reported as a lost error.
-    fn destroy_orphans(&self, left: Left<B::Error>) {
-        let mut events = Vec::new();
+    /// Hands every event of a dropped future that the engine still holds to
+    /// `give`: those of `left` (what the thread watched when it stopped),
+    /// of the inboxes (what arrived after its last look) and the passed
+    /// ones. Every future borrowed the pool, which is stopping, so each one
+    /// is gone: the entries are abandoned (or of futures leaked by
+    /// `mem::forget`, whose leases keep their events).
+    fn held_events(&self, left: Left<B::Error>, mut give: impl FnMut(OwnedEvent)) {
         for (_, entry) in left {
-            events.extend(entry.forsake());
+            if let Some(event) = entry.forsake() {
+                give(event);
+            }
         }
         for inbox in self.inboxes.iter() {
             let (entries, ready) = inbox.take_all();
             drop_wakers(ready);
             for (_, entry) in entries {
-                events.extend(entry.forsake());
+                if let Some(event) = entry.forsake() {
+                    give(event);
+                }
             }
         }
-        self.take_passed(|e| events.push(e));
+        self.take_passed(give);
+    }
+
+    /// Destroys the events of dropped futures that the thread still holds
+    /// ([`held_events`](Self::held_events)), its pool gone; a failure is
+    /// reported as a lost error.
+    fn destroy_orphans(&self, left: Left<B::Error>) {
+        let mut events = Vec::new();
+        self.held_events(left, |e| events.push(e));
         for e in events {
             // Pending or not: the driver frees a pending event once it
             // passes.
