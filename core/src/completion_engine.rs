@@ -167,6 +167,7 @@ impl<B: EventBackend> EngineSlot<B> {
         B: Clone + 'static,
     {
         let _starting = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        // Acquire: as in `get`; the lock makes this the only start.
         let p = self.engine.load(Ordering::Acquire);
         if p.is_null() {
             let engine = Box::into_raw(Box::new(Engine::start(backend.clone())?));
@@ -282,6 +283,7 @@ impl<B: EventBackend> Engine<B> {
                 Vec::new()
             }
         };
+        // Relaxed (both): a hint (see `Inbox::active`); a stale one only moves a wake.
         if !inbox.active.load(Ordering::Relaxed) {
             inbox.active.store(true, Ordering::Relaxed);
         }
@@ -317,6 +319,7 @@ impl<B: EventBackend> Shared<B> {
     fn take_passed(&self, mut give: impl FnMut(OwnedEvent)) {
         let events = {
             let mut passed = self.passed.lock().unwrap_or_else(|p| p.into_inner());
+            // Relaxed: a hint, written under the lock it describes.
             self.has_passed.store(false, Ordering::Relaxed);
             core::mem::take(&mut *passed)
         };
@@ -340,6 +343,7 @@ impl<B: EventBackend> Shared<B> {
             }
             {
                 let mut lists = inbox.lists.lock().unwrap_or_else(|p| p.into_inner());
+                // Relaxed: written under the inbox's lock, which orders it.
                 inbox.filled.store(false, Ordering::Relaxed);
                 core::mem::swap(&mut lists.entries, spare);
             }
@@ -417,6 +421,7 @@ impl<B: EventBackend> Shared<B> {
         match outcome {
             Ok(Some(waker)) => {
                 let inbox = &self.inboxes[shard];
+                // Relaxed: a hint; a stale one only moves who wakes the task.
                 if inbox.active.load(Ordering::Relaxed) {
                     // Its threads are submitting: the next of them wakes it.
                     let mut lists = inbox.lists.lock().unwrap_or_else(|p| p.into_inner());
@@ -455,6 +460,7 @@ impl<B: EventBackend> Shared<B> {
     fn wake_left(&self, stale: &mut [bool], all: bool) {
         for (inbox, stale) in self.inboxes.iter().zip(stale.iter_mut()) {
             if inbox.active.load(Ordering::Relaxed) {
+                // Relaxed (these): hints; `has_ready` is written under the inbox lock.
                 inbox.active.store(false, Ordering::Relaxed);
             }
             if !inbox.has_ready.load(Ordering::Relaxed) {
@@ -483,6 +489,7 @@ impl<B: EventBackend> Shared<B> {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(event);
+        // Relaxed: a hint, read without the lock by `return_passed`.
         self.has_passed.store(true, Ordering::Relaxed);
     }
 }
@@ -497,6 +504,7 @@ fn run<B: EventBackend>(shared: &Shared<B>) -> Vec<Watched<B::Error>> {
     let mut idle = 0u32;
     loop {
         let took = shared.take_inboxes(&mut watch, &mut spare);
+        // Acquire: pairs with the Release of `EngineSlot::stop`.
         if shared.stop.load(Ordering::Acquire) {
             return watch.into_entries();
         }

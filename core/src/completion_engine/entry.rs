@@ -153,6 +153,7 @@ impl<E> Entry<E> {
         result: Result<(), E>,
     ) -> Result<Option<Waker>, Option<OwnedEvent>> {
         let mut parts = self.lock();
+        // Relaxed: the state changes only under this lock.
         if self.state.load(Ordering::Relaxed) == ABANDONED {
             return Err(parts.orphan.take());
         }
