@@ -414,10 +414,19 @@ impl EventBackend for MockBackend {
     }
 }
 
+#[cfg(not(loom))]
 std::thread_local! {
     /// The calling thread asks about events in the background (the
     /// completion engine's thread).
     static QUERY_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+// Loom's threads share an OS thread: the mark must be per loom thread (and
+// per execution).
+#[cfg(loom)]
+loom::thread_local! {
+    /// As above.
+    static QUERY_THREAD: Cell<bool> = Cell::new(false);
 }
 
 /// Memory: see the crate documentation's model. Every kind is host memory from

@@ -30,12 +30,28 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 
-use crate::backend::{EventBackend, StreamBackend};
-use crate::completion_engine::{shard, Entry, StreamKey};
+use core::time::Duration;
+
+use crate::backend::{Completion, EventBackend, StreamBackend};
+use crate::completion_engine::{shard, Engine, Entry, StreamKey};
 use crate::error::{BackendOp, Error};
 use crate::event_pool::{EventLease, EventPool};
 use crate::order::AccessOrder;
 use crate::sync::Arc;
+
+/// How long a [`Completed`] future's first poll asks about its event itself
+/// before the completion engine watches it, unless the pool says otherwise
+/// ([`EventPool::set_completion_spin`]): 20 µs, a short kernel's time.
+/// Work done by then resolves in that poll, with no thread hand-off (on the
+/// H200 a future resolved this way wakes its task a few microseconds after
+/// the GPU finished, against tens to hundreds of microseconds through the
+/// engine while many threads submit; see `docs/async.md`).
+pub const DEFAULT_COMPLETION_SPIN: Duration = Duration::from_micros(20);
+
+/// `spin_loop` hints between two of a first poll's queries (about a
+/// microsecond: each query takes the driver's lock, which the other threads'
+/// records and launches need too).
+const POLL_PAUSE: u32 = 32;
 
 /// A future that resolves once the GPU has passed the work it was made
 /// after: `Ok(())`, or the backend's error if asking about it failed (for
@@ -80,6 +96,16 @@ pub struct Completed<'p, B: EventBackend> {
 enum State<'p, B: EventBackend> {
     /// Resolved when made (nothing was queued), or its result taken.
     Ready(Option<Result<(), Error<B::Error>>>),
+    /// Recorded, not yet polled: the first poll asks about the event itself
+    /// (up to the pool's spin budget), then hands it to the engine; a drop
+    /// hands it over at once.
+    Recorded {
+        lease: EventLease<'p, B>,
+        engine: &'p Engine<B>,
+        key: StreamKey,
+        /// The entry's place in the recording thread's records.
+        seq: u64,
+    },
     /// Watched by the engine; the lease is given up when the entry resolves
     /// (or handed to the engine if the future is dropped first).
     Watched {
@@ -94,6 +120,7 @@ impl<B: EventBackend> fmt::Debug for Completed<'_, B> {
             State::Ready(Some(Ok(()))) => "passed",
             State::Ready(Some(Err(_))) => "failed",
             State::Ready(None) => "taken",
+            State::Recorded { .. } => "pending",
             State::Watched { entry, .. } => entry.state_name(),
         };
         f.debug_struct("Completed").field("state", &state).finish()
@@ -104,25 +131,23 @@ impl<'p, B> Completed<'p, B>
 where
     B: EventBackend + Clone + 'static,
 {
-    /// Hands `lease` (recorded, not in a capture) to its pool's engine.
-    /// `key` names the stream it was recorded on, for the engine's per-stream
-    /// order.
-    fn watch(lease: EventLease<'p, B>, key: StreamKey) -> Result<Self, Error<B::Error>> {
+    /// A future of `lease` (recorded, not in a capture), to be watched by
+    /// its pool's engine, started here if it was not. `key` and `seq` name
+    /// the stream it was recorded on and its place among the recording
+    /// thread's records, for the engine's per-stream order.
+    fn recorded(lease: EventLease<'p, B>, key: StreamKey, seq: u64) -> Result<Self, Error<B::Error>> {
         let pool = lease.pool();
         let engine = pool.completion_engine()?;
-        let entry = Arc::new(Entry::new(lease.handle(), lease.device(), shard()));
-        engine.submit(key, Arc::clone(&entry));
         // Events the engine saw pass after their futures were dropped come
         // back here, on a path that only futures pay for.
-        engine.return_passed(|e| {
-            // The pool made the event and it passed, so only a lost race
-            // with nothing (its own device, its own backend) could refuse it.
-            if let Err(r) = pool.put(e, None) {
-                pool.park(r.error);
-            }
-        });
+        engine.return_passed(|e| give_back(pool, e));
         Ok(Completed {
-            state: State::Watched { lease, entry },
+            state: State::Recorded {
+                lease,
+                engine,
+                key,
+                seq,
+            },
         })
     }
 
@@ -145,6 +170,15 @@ impl<B: EventBackend> Future for Completed<'_, B> {
                 Some(r) => r,
                 None => return Poll::Pending,
             },
+            State::Recorded { lease, .. } => {
+                match spin(lease, lease.pool().completion_spin()) {
+                    Some(r) => r,
+                    None => {
+                        this.watch(cx);
+                        return Poll::Pending;
+                    }
+                }
+            }
         };
         // The event passed (or asking failed): the lease ends here, and the
         // event goes back to the pool from the polling thread.
@@ -153,12 +187,83 @@ impl<B: EventBackend> Future for Completed<'_, B> {
     }
 }
 
-impl<B: EventBackend> Drop for Completed<'_, B> {
-    fn drop(&mut self) {
-        let State::Watched { lease, entry } =
-            core::mem::replace(&mut self.state, State::Ready(None))
+impl<'p, B: EventBackend> Completed<'p, B> {
+    /// The first poll found the event pending: the engine watches it from
+    /// now on, for the task of `cx`.
+    fn watch(&mut self, cx: &Context<'_>) {
+        let State::Recorded {
+            lease,
+            engine,
+            key,
+            seq,
+        } = core::mem::replace(&mut self.state, State::Ready(None))
         else {
             return;
+        };
+        let entry = Arc::new(Entry::new(lease.handle(), lease.device(), shard(), seq));
+        // Pending and not yet shared: this only keeps the waker.
+        let _pending = entry.poll(cx.waker());
+        engine.submit(key, Arc::clone(&entry));
+        self.state = State::Watched { lease, entry };
+    }
+}
+
+/// The first poll's own look at `lease`'s event: asks the backend until it
+/// passed (or asking failed), for up to `budget` (at least once, unless
+/// `budget` is zero); `None` if it is still pending then. Under loom: once.
+fn spin<B: EventBackend>(
+    lease: &EventLease<'_, B>,
+    budget: Duration,
+) -> Option<Result<(), B::Error>> {
+    if budget.is_zero() {
+        return None;
+    }
+    #[cfg(not(loom))]
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: the lease keeps its event alive (and leased: nothing
+        // records it again) for this call.
+        match unsafe { lease.pool().backend().query_event(lease.handle(), lease.device()) } {
+            Ok(Completion::Complete) => return Some(Ok(())),
+            Ok(Completion::Pending) => {}
+            Err(e) => return Some(Err(e)),
+        }
+        #[cfg(loom)]
+        return None;
+        #[cfg(not(loom))]
+        {
+            if start.elapsed() >= budget {
+                return None;
+            }
+            for _ in 0..POLL_PAUSE {
+                core::hint::spin_loop();
+            }
+        }
+    }
+}
+
+impl<B: EventBackend> Drop for Completed<'_, B> {
+    fn drop(&mut self) {
+        let (lease, entry) = match core::mem::replace(&mut self.state, State::Ready(None)) {
+            State::Ready(_) => return,
+            State::Watched { lease, entry } => (lease, entry),
+            State::Recorded {
+                lease,
+                engine,
+                key,
+                seq,
+            } => {
+                // Never polled: the engine takes the event (unasked: a drop
+                // makes no backend call) and returns it once it passed.
+                let pool = lease.pool();
+                let entry = Arc::new(Entry::new(lease.handle(), lease.device(), shard(), seq));
+                match entry.abandon(lease.detach()) {
+                    None => engine.submit(key, entry),
+                    // (A new entry is watched: never.)
+                    Some(event) => give_back(pool, event),
+                }
+                return;
+            }
         };
         if entry.is_resolved() {
             return; // `lease` drops: the event passed
@@ -167,10 +272,17 @@ impl<B: EventBackend> Drop for Completed<'_, B> {
         let pool = lease.pool();
         if let Some(event) = entry.abandon(lease.detach()) {
             // It passed meanwhile: straight back.
-            if let Err(r) = pool.put(event, None) {
-                pool.park(r.error);
-            }
+            give_back(pool, event);
         }
+    }
+}
+
+/// Puts an event that passed back into `pool`, which made it: only a lost
+/// race with nothing (its own device, its own backend) could refuse it; the
+/// error is parked then.
+fn give_back<B: EventBackend>(pool: &EventPool<B>, event: crate::owned::OwnedEvent) {
+    if let Err(r) = pool.put(event, None) {
+        pool.park(r.error);
     }
 }
 
@@ -243,8 +355,8 @@ impl<'s> AccessOrder<'s> {
         // it cannot name is watched event by event).
         // SAFETY: as above.
         let stream_id = unsafe { backend.stream_id(stream, device) }.unwrap_or(None);
-        let key = StreamKey::of(stream, device, self.is_per_thread(), stream_id);
-        Completed::watch(lease, key)
+        let (key, seq) = StreamKey::of(stream, device, self.is_per_thread(), stream_id);
+        Completed::recorded(lease, key, seq)
     }
 }
 
@@ -280,6 +392,6 @@ where
         }
         // The stream it was recorded on is not known: watched on its own.
         let key = StreamKey::apart();
-        Completed::watch(self, key)
+        Completed::recorded(self, key, 0)
     }
 }

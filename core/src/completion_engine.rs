@@ -136,6 +136,11 @@ pub(crate) struct EngineSlot<B: EventBackend> {
     engine: AtomicPtr<Engine<B>>,
     /// Held while an engine is started, so only one is.
     starting: Mutex<()>,
+    /// How long a future's first poll asks about its event itself, in ns
+    /// (see [`crate::EventPool::set_completion_spin`]). A setting: read and
+    /// written Relaxed (a poll that reads a stale one spins as long as the
+    /// setting said just before).
+    spin_ns: core::sync::atomic::AtomicU32,
 }
 
 impl<B: EventBackend> EngineSlot<B> {
@@ -143,7 +148,23 @@ impl<B: EventBackend> EngineSlot<B> {
         EngineSlot {
             engine: AtomicPtr::new(core::ptr::null_mut()),
             starting: Mutex::new(()),
+            spin_ns: core::sync::atomic::AtomicU32::new(duration_ns(
+                crate::completion::DEFAULT_COMPLETION_SPIN,
+            )),
         }
+    }
+
+    /// The first poll's budget for asking about its event itself.
+    pub(crate) fn spin(&self) -> Duration {
+        Duration::from_nanos(u64::from(
+            self.spin_ns.load(core::sync::atomic::Ordering::Relaxed),
+        ))
+    }
+
+    /// Sets [`spin`](Self::spin) (clamped to `u32::MAX` ns, about 4.3 s).
+    pub(crate) fn set_spin(&self, budget: Duration) {
+        self.spin_ns
+            .store(duration_ns(budget), core::sync::atomic::Ordering::Relaxed);
     }
 
     /// The engine, started by the first call.
@@ -556,6 +577,11 @@ fn drop_wakers(wakers: Vec<Waker>) {
     for w in wakers {
         quietly(|| drop(w));
     }
+}
+
+/// `d` in ns, clamped to `u32::MAX`.
+fn duration_ns(d: Duration) -> u32 {
+    u32::try_from(d.as_nanos()).unwrap_or(u32::MAX)
 }
 
 /// The calling thread's inbox.

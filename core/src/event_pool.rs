@@ -132,6 +132,42 @@ impl<B: EventBackend> EventPool<B> {
             .map_err(|_| Error::CompletionThread)
     }
 
+    /// How long the first poll of a [`Completed`](crate::Completed) future
+    /// of this pool asks about its event itself before the completion
+    /// engine watches it
+    /// ([`DEFAULT_COMPLETION_SPIN`](crate::DEFAULT_COMPLETION_SPIN) unless
+    /// set).
+    #[cfg(feature = "std")]
+    pub fn completion_spin(&self) -> core::time::Duration {
+        self.completion.spin()
+    }
+
+    /// Sets how long the first poll of each later
+    /// [`Completed`](crate::Completed) future of this pool asks about its
+    /// event itself (one backend query, for CUDA `cuEventQuery`, about every
+    /// microsecond) before it hands the event to the completion engine. Work
+    /// that finishes within the budget resolves in that poll, with no other
+    /// thread involved and microseconds of latency; the polling thread (an
+    /// async runtime's worker) is busy for up to the budget. `ZERO` turns
+    /// it off: every pending future goes to the engine at once (for work
+    /// that runs long, or runtimes whose threads must not wait at all).
+    /// Budgets above `u32::MAX` ns (about 4.3 s) are clamped.
+    ///
+    /// ```
+    /// use core::time::Duration;
+    /// use gpupool_core::EventPool;
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let events = EventPool::new(MockBackend::new(1));
+    /// assert_eq!(events.completion_spin(), gpupool_core::DEFAULT_COMPLETION_SPIN);
+    /// events.set_completion_spin(Duration::ZERO); // long kernels: never spin
+    /// assert_eq!(events.completion_spin(), Duration::ZERO);
+    /// ```
+    #[cfg(feature = "std")]
+    pub fn set_completion_spin(&self, budget: core::time::Duration) {
+        self.completion.set_spin(budget);
+    }
+
     shared_pool_methods! {
         EventLease, "event";
         // The memo hit inline, the rest out of line.

@@ -2,8 +2,11 @@
 //! from async Rust, side by side in one process, on the same streams and the
 //! same kernel (see the `gpupool-bench` crate docs and `src/designs/`):
 //!
-//! - (a) `a-gpupool`: `AccessOrder::completed` (gpupool's futures, one
-//!   "gpupool-completion" engine thread per event pool);
+//! - (a) `a-gpupool`: `AccessOrder::completed` (gpupool's futures: the
+//!   first poll asks about the event for up to `--spin-budget-us`, then one
+//!   "gpupool-completion" engine thread per event pool watches it);
+//! - (a0) `a0-gpupool-nospin`: the same with the pool's completion spin
+//!   off, so every pending future goes to the engine;
 //! - (b) `b-spawn_blocking`: pooled event + `cuEventSynchronize` in
 //!   `spawn_blocking`;
 //! - (c) `c-launch_host_func`: a `cuLaunchHostFunc` waker per future;
@@ -35,8 +38,8 @@
 //!
 //! Options: `--quick`, `--work-us D` (10), `--duration-ms` (500),
 //! `--warmup-ms` (100), `--reps` (3), `--inflight 1,100,10000`,
-//! `--threads 1,4,16`, `--streams-per-thread` (4), `--designs a,b,c,d,d0`,
-//! `--spin-budget-us` (20, design d), `--calib-rounds` (1000),
+//! `--threads 1,4,16`, `--streams-per-thread` (4), `--designs a,a0,b,c,d,d0`,
+//! `--spin-budget-us` (20, designs a and d), `--calib-rounds` (1000),
 //! `--budget-s` (200: later repetitions are skipped past it), `--out DIR`
 //! (default `$OUT`, else `.`). Without a GPU it prints `skipped: <why>` and
 //! exits 0; it exits 1 when a run had errors or a future resolved before its
@@ -52,6 +55,8 @@ use gpupool_bench::designs::cutile::{Cutile, ReactorHandle};
 use gpupool_bench::designs::gpupool::GpupoolFutures;
 use gpupool_bench::designs::hostfn::HostFn;
 use gpupool_bench::designs::Design;
+use gpupool_core::EventPool;
+use gpupool_cuda::CudaBackend;
 use gpupool_bench::gpu::{host_ns, Calibration, Gpu, SetupError};
 use gpupool_bench::harness::{run_cell, runtime, CellConfig, CellResult};
 use gpupool_bench::report::{summarize, table, write_csv, Run};
@@ -96,7 +101,7 @@ fn parse() -> Result<Options, String> {
         inflight: vec![1, 100, 10_000],
         threads: vec![1, 4, 16],
         streams_per_thread: 4,
-        designs: ["a", "b", "c", "d", "d0"].map(String::from).to_vec(),
+        designs: ["a", "a0", "b", "c", "d", "d0"].map(String::from).to_vec(),
         spin_budget: Duration::from_micros(20),
         calib_rounds: 1000,
         budget: Duration::from_secs(200),
@@ -112,7 +117,7 @@ fn parse() -> Result<Options, String> {
             return Err(
                 "usage: async-completion [--quick] [--work-us D] [--duration-ms N] \
                  [--warmup-ms N] [--reps N] [--inflight 1,100,10000] [--threads 1,4,16] \
-                 [--streams-per-thread 4] [--designs a,b,c,d,d0] [--spin-budget-us 20] \
+                 [--streams-per-thread 4] [--designs a,a0,b,c,d,d0] [--spin-budget-us 20] \
                  [--calib-rounds 1000] [--budget-s 200] [--out DIR]"
                     .into(),
             );
@@ -146,6 +151,7 @@ fn parse() -> Result<Options, String> {
 struct Designs {
     gpu: &'static Gpu,
     a: Option<&'static GpupoolFutures>,
+    a0: Option<&'static GpupoolFutures>,
     b: Option<&'static Blocking>,
     c: Option<&'static HostFn>,
     d: Option<&'static Cutile>,
@@ -160,12 +166,20 @@ impl Designs {
         } else {
             None
         };
+        // Each gpupool design its own pool (the spin is the pool's setting).
+        let gpupool = |spin: Duration, name: &'static str| -> &'static GpupoolFutures {
+            let events: &'static EventPool<CudaBackend> =
+                Box::leak(Box::new(EventPool::new(CudaBackend::new())));
+            events.set_completion_spin(spin);
+            Box::leak(Box::new(GpupoolFutures::new(events, name)))
+        };
         let cutile = |budget: Duration, name: &'static str| -> Option<&'static Cutile> {
             reactor.map(|r| &*Box::leak(Box::new(Cutile::new(r, budget, name))))
         };
         Ok(Designs {
             gpu,
-            a: want("a").then(|| &*Box::leak(Box::new(GpupoolFutures::new(gpu.events)))),
+            a: want("a").then(|| gpupool(o.spin_budget, "a-gpupool")),
+            a0: want("a0").then(|| gpupool(Duration::ZERO, "a0-gpupool-nospin")),
             b: want("b").then(|| &*Box::leak(Box::new(Blocking::new(gpu.events)))),
             c: want("c").then_some(&HostFn),
             d: want("d")
@@ -180,7 +194,7 @@ impl Designs {
     /// Every design built, in a..d order.
     fn each(&self) -> Vec<Entry<'_>> {
         let mut v: Vec<Entry<'_>> = Vec::new();
-        if let Some(d) = self.a {
+        for d in [self.a, self.a0].into_iter().flatten() {
             v.push(Entry {
                 name: d.name(),
                 label: d.machinery_label(),
@@ -381,7 +395,7 @@ fn run(o: &Options, gpu: &'static Gpu, started: Instant) -> Result<(), String> {
     println!();
     print!("{}", table(&summaries));
     println!(
-        "\nsubmit: host time of the submission step per future, on its submitting thread (a: \
+        "\nsubmit: host time of the submission step per future, on its submitting thread (a, a0: \
          completed(); b: event get + record + spawn_blocking; c: Arc + cuLaunchHostFunc; d, d0: \
          slot claim + cuStreamWriteValue32 + publish, or the fallback, after the spin; futures \
          the spin settled have none). notify: the design's wake() call (host clock) minus the \

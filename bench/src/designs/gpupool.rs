@@ -4,6 +4,10 @@
 //! engine (one thread, "gpupool-completion", that queries the pending events
 //! and wakes their wakers).
 //!
+//! The first poll asks about the event itself for up to the pool's
+//! completion spin (the run's `--spin-budget-us` for (a), zero for (a0)),
+//! then hands it to the engine.
+//!
 //! Submission step: the `completed()` call. Completion machinery: the
 //! threads named "gpupool-completion" (`comm` keeps 15 bytes:
 //! "gpupool-complet").
@@ -21,12 +25,15 @@ use crate::sys_stats::threads_named;
 /// Design (a).
 pub struct GpupoolFutures {
     events: &'static EventPool<CudaBackend>,
+    name: &'static str,
 }
 
 impl GpupoolFutures {
-    /// Records events of `events` (its engine serves the futures).
-    pub fn new(events: &'static EventPool<CudaBackend>) -> GpupoolFutures {
-        GpupoolFutures { events }
+    /// Records events of `events` (its engine serves the futures; its
+    /// completion spin is the first poll's budget), named `name` in the
+    /// report.
+    pub fn new(events: &'static EventPool<CudaBackend>, name: &'static str) -> GpupoolFutures {
+        GpupoolFutures { events, name }
     }
 }
 
@@ -48,7 +55,7 @@ impl Design for GpupoolFutures {
     type Fut = GpupoolFut;
 
     fn name(&self) -> &'static str {
-        "a-gpupool"
+        self.name
     }
 
     fn submit(

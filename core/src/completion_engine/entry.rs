@@ -16,6 +16,9 @@ pub(crate) struct Entry<E> {
     pub(super) device: DeviceId,
     /// The submitting thread's inbox, whose threads may wake the task.
     pub(super) shard: usize,
+    /// Its place among the records of the thread that recorded the event
+    /// (orders an ordered key's queue: [`super::StreamKey::of`]).
+    pub(super) seq: u64,
     /// [`WATCHED`], [`PASSED`], [`FAILED`] or [`ABANDONED`]; changed only
     /// under `parts`' lock, read without it by the future's fast path.
     state: AtomicU32,
@@ -42,11 +45,12 @@ const FAILED: u32 = 2;
 const ABANDONED: u32 = 3;
 
 impl<E> Entry<E> {
-    pub(crate) fn new(event: EventHandle, device: DeviceId, shard: usize) -> Self {
+    pub(crate) fn new(event: EventHandle, device: DeviceId, shard: usize, seq: u64) -> Self {
         Entry {
             event,
             device,
             shard,
+            seq,
             state: AtomicU32::new(WATCHED),
             parts: Mutex::new(Parts {
                 waker: None,

@@ -33,21 +33,27 @@ pub(crate) struct StreamKey {
 impl StreamKey {
     /// The key of `stream` of `device`, `stream_id` its own id if the
     /// backend gave one; the per-thread stream is watched apart.
+    /// Called on the thread that recorded the entry's event, right after
+    /// the record: also returns the entry's place in the thread's records
+    /// (its sequence number), which orders the entries of an ordered key
+    /// whatever order they reach the engine in.
     pub(crate) fn of(
         stream: StreamHandle,
         device: DeviceId,
         per_thread: bool,
         stream_id: Option<u64>,
-    ) -> Self {
+    ) -> (Self, u64) {
         if per_thread {
-            return Self::apart();
+            return (Self::apart(), 0);
         }
-        StreamKey {
+        let (thread, seq) = recording_thread();
+        let key = StreamKey {
             device: device.0,
             stream: stream.as_raw(),
-            ordered: stream_id.map(|id| (id, thread_id())),
+            ordered: stream_id.map(|id| (id, thread)),
             apart: 0,
-        }
+        };
+        (key, seq)
     }
 
     /// A key no other entry has.
@@ -80,8 +86,17 @@ impl<E> Watch<E> {
         self.streams.is_empty()
     }
 
+    /// Adds `entry`; in the queue of an ordered key, at its place by
+    /// sequence number (a future may be polled first, and so reach the
+    /// engine, before an older one of the same thread).
     pub(super) fn add(&mut self, key: StreamKey, entry: Arc<Entry<E>>) {
-        self.streams.entry(key).or_default().push_back(entry);
+        let queue = self.streams.entry(key).or_default();
+        if key.ordered.is_none() || queue.back().is_none_or(|b| b.seq < entry.seq) {
+            queue.push_back(entry);
+        } else {
+            let at = queue.partition_point(|e| e.seq < entry.seq);
+            queue.insert(at, entry);
+        }
     }
 
     pub(super) fn into_entries(self) -> Vec<(StreamKey, Arc<Entry<E>>)> {
@@ -213,19 +228,21 @@ fn pass_ordered<B: EventBackend>(
 }
 
 /// A number that names the calling thread for the whole process (a counter
-/// read once per thread).
-fn thread_id() -> u64 {
+/// read once per thread), and the next number of the thread's records.
+fn recording_thread() -> (u64, u64) {
     crate::sync::const_thread_local! {
-        static ID: Cell<u64> = Cell::new(0);
+        static ID: Cell<(u64, u64)> = Cell::new((0, 0));
     }
     static NEXT: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(1);
-    ID.try_with(|id| {
-        if id.get() == 0 {
-            id.set(NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed));
+    ID.try_with(|cell| {
+        let (mut id, seq) = cell.get();
+        if id == 0 {
+            id = NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         }
-        id.get()
+        cell.set((id, seq + 1));
+        (id, seq)
     })
     // A thread being torn down: a number no thread has (never ordered
     // with another entry).
-    .unwrap_or_else(|_| NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed))
+    .unwrap_or_else(|_| (NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed), 0))
 }

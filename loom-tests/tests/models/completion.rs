@@ -128,7 +128,8 @@ trait PollWake: std::future::Future {
 impl<F: std::future::Future + ?Sized> PollWake for F {}
 
 /// Two futures on one stream from one thread (an ordered group: the engine
-/// may resolve the first on the proof of the second) while the GPU runs the
+/// may resolve the first on the proof of the second), the second polled (and
+/// so handed to the engine) first, while the GPU runs the
 /// two pieces of work one at a time: a future is never ready before its own
 /// work ran, and both events go back once.
 #[test]
@@ -151,14 +152,9 @@ fn ordered_pair_never_resolves_early() {
         let unpark = Unpark::new();
         let waker = Waker::from(std::sync::Arc::clone(&unpark));
         let (mut one, mut two) = (false, false);
+        // The second is polled first, so it reaches the engine first: the
+        // engine must still order the pair by record.
         while !(one && two) {
-            if !one && std::pin::Pin::new(&mut first).poll_wake(&waker).is_ready() {
-                assert!(
-                    mock.pending_work(stream).unwrap() <= 1,
-                    "first resolved before its work ran"
-                );
-                one = true;
-            }
             if !two && std::pin::Pin::new(&mut second).poll_wake(&waker).is_ready() {
                 assert_eq!(
                     mock.pending_work(stream).unwrap(),
@@ -166,6 +162,13 @@ fn ordered_pair_never_resolves_early() {
                     "second resolved before its work ran"
                 );
                 two = true;
+            }
+            if !one && std::pin::Pin::new(&mut first).poll_wake(&waker).is_ready() {
+                assert!(
+                    mock.pending_work(stream).unwrap() <= 1,
+                    "first resolved before its work ran"
+                );
+                one = true;
             }
             if !(one && two) {
                 unpark.wait();

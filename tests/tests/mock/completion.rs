@@ -413,3 +413,65 @@ fn a_burst_on_one_stream_resolves_exactly_what_ran_with_few_queries() {
     drop(futures);
     assert_eq!(events.live_leases(), 0);
 }
+
+#[test]
+fn the_first_poll_resolves_finished_work_itself_unless_the_spin_is_off() {
+    let gpu = MockBackend::new(1);
+    gpu.set_policy(CompletionPolicy::Immediate);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let lease = streams.get(0).unwrap();
+    let (_, waker) = counter();
+    gpu.enqueue_work(lease.handle()).unwrap();
+    let mut done = lease.order().completed(&events).unwrap();
+    let before = gpu.calls(CallKind::QueryEvent);
+    // The work ran: the first poll's own query sees it.
+    assert_eq!(poll(&mut done, &waker), Poll::Ready(Ok(())));
+    assert_eq!(gpu.calls(CallKind::QueryEvent) - before, 1);
+    // Spin off: the first poll asks nothing and hands the event to the
+    // engine, which resolves it.
+    events.set_completion_spin(Duration::ZERO);
+    gpu.enqueue_work(lease.handle()).unwrap();
+    let mut done = lease.order().completed(&events).unwrap();
+    let before = gpu.calls(CallKind::QueryEvent);
+    assert!(poll(&mut done, &waker).is_pending());
+    assert_eq!(block_on(done), Ok(()));
+    assert!(gpu.calls(CallKind::QueryEvent) > before, "the engine asked");
+    assert_eq!(events.live_leases(), 0);
+}
+
+#[test]
+fn futures_polled_out_of_record_order_never_resolve_early() {
+    // Three futures of one stream and thread, recorded a, b, c and first
+    // polled (so handed to the engine) a, c, b: the engine orders them by
+    // record, so when the work of a and b has run, c (recorded last) is not
+    // resolved on the proof of b.
+    let gpu = MockBackend::new(1);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    events.set_completion_spin(Duration::ZERO);
+    let lease = streams.get(0).unwrap();
+    let mut recorded: Vec<_> = (0..3)
+        .map(|_| {
+            gpu.enqueue_work(lease.handle()).unwrap();
+            lease.order().completed(&events).unwrap()
+        })
+        .collect();
+    let wakers: Vec<_> = (0..3).map(|_| counter()).collect();
+    for i in [0, 2, 1] {
+        assert!(poll(&mut recorded[i], &wakers[i].1).is_pending());
+    }
+    assert!(gpu.complete_one(lease.handle()).unwrap());
+    assert!(gpu.complete_one(lease.handle()).unwrap());
+    wait_for_wake(&wakers[0].0);
+    wait_for_wake(&wakers[1].0);
+    assert_eq!(poll(&mut recorded[0], &wakers[0].1), Poll::Ready(Ok(())));
+    assert_eq!(poll(&mut recorded[1], &wakers[1].1), Poll::Ready(Ok(())));
+    assert!(
+        poll(&mut recorded[2], &wakers[2].1).is_pending(),
+        "resolved before its work ran"
+    );
+    gpu.complete_all(lease.handle()).unwrap();
+    wait_for_wake(&wakers[2].0);
+    assert_eq!(poll(&mut recorded[2], &wakers[2].1), Poll::Ready(Ok(())));
+    drop(recorded);
+    assert_eq!(events.live_leases(), 0);
+}
