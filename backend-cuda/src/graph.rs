@@ -205,6 +205,32 @@ pub(crate) fn unrestricted<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Resu
     relaxed_mode(op)
 }
 
+/// `op` with the calling thread's capture interaction mode relaxed, then
+/// put back (also if `op` panics): whatever capture is open, begun by
+/// gpupool or not, `op`'s queries are neither refused nor break it. If the
+/// mode cannot be exchanged (no driver), `op` runs as it is (its calls fail
+/// the same way).
+pub(crate) fn with_relaxed_mode<R>(op: impl FnOnce() -> R) -> R {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: `mode` is a valid place; the call swaps the thread's mode.
+    if check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }).is_err() {
+        return op();
+    }
+    let _restore = Restore(mode);
+    op()
+}
+
+/// Puts the calling thread's capture interaction mode back, also if the
+/// code between panics.
+struct Restore(sys::CUstreamCaptureMode);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        // SAFETY: `self.0` is a valid place holding the mode the thread had.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
+    }
+}
+
 /// [`unrestricted`] while a restricting capture is open: `op` with the
 /// thread's capture interaction mode relaxed, then put back. Kept out of
 /// line, so that the calls of programs that never capture stay as small as
@@ -215,14 +241,6 @@ fn relaxed_mode<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaE
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: `mode` is a valid place; the call swaps the thread's mode.
     check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) })?;
-    /// Puts the thread's mode back, also if `op` panics.
-    struct Restore(sys::CUstreamCaptureMode);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            // SAFETY: as above; the mode the thread had.
-            let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
-        }
-    }
     let _restore = Restore(mode);
     op()
 }

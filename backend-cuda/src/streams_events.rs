@@ -408,6 +408,15 @@ impl EventBackend for CudaBackend {
         let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
     }
 
+    /// `queries` with the thread's capture interaction mode relaxed
+    /// (`cuThreadExchangeStreamCaptureMode`), then put back.
+    fn relaxed_queries(&self, queries: &mut dyn FnMut()) {
+        if driver().is_err() {
+            return queries();
+        }
+        crate::graph::with_relaxed_mode(queries)
+    }
+
     /// `cuEventSynchronize`.
     ///
     /// # Safety

@@ -14,6 +14,7 @@
 //! the stream it was recorded on). A member is *joined back* when the
 //! origin is ordered after all of its items.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 
 use gpupool_core::{BackendOp as CallKind, CaptureStatus, DeviceId, MemoryKind};
@@ -332,8 +333,12 @@ impl Captures {
     /// The open captures a potentially unsafe call from the calling thread
     /// would break, and the mode that forbids it (`Global` over
     /// `ThreadLocal`): every open `Global` capture, and the calling thread's
-    /// own `ThreadLocal` ones.
+    /// own `ThreadLocal` ones; none while the thread's interaction mode is
+    /// relaxed ([`relax_thread`]).
     pub(crate) fn prohibiting(&self) -> (Vec<CaptureId>, Option<CaptureMode>) {
+        if RELAXED_THREAD.with(Cell::get) {
+            return (Vec::new(), None);
+        }
         // The backend relaxes its calls while gpupool has a restricting
         // capture open (the CUDA backend's `unrestricted`): none prohibits
         // them then.
@@ -412,4 +417,24 @@ impl Captures {
             .map(|c| c.events.keys().copied().collect())
             .unwrap_or_default()
     }
+}
+
+#[cfg(not(loom))]
+std::thread_local! {
+    /// The calling thread's capture interaction mode is relaxed (CUDA's
+    /// `cuThreadExchangeStreamCaptureMode`): no capture refuses its calls.
+    static RELAXED_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+// Loom's threads share an OS thread: the mode must be per loom thread.
+#[cfg(loom)]
+loom::thread_local! {
+    /// As above.
+    static RELAXED_THREAD: Cell<bool> = Cell::new(false);
+}
+
+/// Sets the calling thread's capture interaction mode to relaxed (`true`)
+/// or back (`false`); returns the one it had.
+pub(crate) fn relax_thread(relaxed: bool) -> bool {
+    RELAXED_THREAD.with(|r| r.replace(relaxed))
 }

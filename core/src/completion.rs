@@ -2,21 +2,33 @@
 //! event, for async code (`std`).
 //!
 //! [`AccessOrder::completed`] records a pooled event after the work queued in
-//! an order so far and hands it to its pool's *completion engine*: one thread
-//! per [`EventPool`], started by the first future, asleep whenever nothing is
-//! pending, stopped when the pool drops. The engine asks the backend about
-//! each stream's pending events oldest first (a stream runs its work in
-//! order; see `completion_engine.rs` for how one answer can settle several), has each
-//! future whose event passed woken, and backs off (spinning, then short
-//! sleeps) while nothing moves. `docs/async.md` has the design and its
-//! measurements.
+//! an order so far. The future's first poll asks about the event itself for
+//! up to the pool's completion spin ([`EventPool::set_completion_spin`],
+//! [`DEFAULT_COMPLETION_SPIN`] unless set): short work resolves there, on the
+//! polling thread. A future still pending then goes to its pool's
+//! *completion engine*: one thread per [`EventPool`], started by the first
+//! future, asleep whenever nothing is pending, stopped when the pool drops.
+//! The engine asks the backend about each stream's pending events oldest
+//! first (a stream runs its work in order; see `completion_engine.rs` for how
+//! one answer can settle several), has each future whose event passed woken,
+//! and backs off (spinning, then short sleeps) while nothing moves.
+//! `docs/async.md` has the design and its measurements.
 //!
-//! Why event queries: they are the cheap half of submission. On the H200 a
-//! `cuEventRecord` costs 0.12 µs on one thread and 1.7 µs per thread at 16
-//! threads; the alternatives cost more on the submitting thread
+//! Why a spin, then event queries: a record is the cheap half of submission.
+//! On the H200 a `cuEventRecord` costs 0.12 µs on one thread and 1.7 µs per
+//! thread at 16 threads; the alternatives cost more on the submitting thread
 //! (`cuStreamWriteValue32` for a host flag: 1.8 → 20 µs; `cuLaunchHostFunc`:
-//! 1.9 → 47 µs), and the pooled event itself ~25 ns. The queries run on the
-//! engine's thread, not the submitter's.
+//! 1.9 → 47 µs). But the driver serialises queries with every thread's
+//! launches and records, so one engine thread asking about many streams
+//! falls behind under load; the first poll's spin spreads the asking over the
+//! polling threads and settles short work in microseconds.
+//!
+//! Every query (the spin's and the engine's) runs with its thread's capture
+//! interaction mode relaxed ([`EventBackend::relaxed_queries`],
+//! [`EventBackend::prepare_query_thread`]): a graph capture open anywhere in
+//! the process, begun by gpupool or not, neither refuses it nor is broken by
+//! it. With the spin on, a poll calls the backend, so like any other gpupool
+//! call it is not made inside a CUDA host function (`cuLaunchHostFunc`).
 //!
 //! A future dropped before its event passed never blocks: it leaves the
 //! event with the engine, which hands it back to the pool once the GPU has
@@ -58,9 +70,11 @@ const POLL_PAUSE: u32 = 32;
 /// CUDA: an error of the stream's work, such as a failed kernel).
 ///
 /// Made by [`AccessOrder::completed`] or [`EventLease::completed`]; needs no
-/// particular async runtime. Dropping it early never blocks and loses
-/// nothing: its pooled event goes back to the pool once the GPU has passed
-/// it.
+/// particular async runtime. Its first poll asks about the event for up to
+/// the pool's completion spin ([`EventPool::set_completion_spin`]), so that
+/// poll may keep the thread up to that long; later polls only look at what
+/// the engine found. Dropping it early never blocks and loses nothing: its
+/// pooled event goes back to the pool once the GPU has passed it.
 ///
 /// ```
 /// use gpupool_core::{EventPool, StreamPool};
@@ -135,7 +149,11 @@ where
     /// its pool's engine, started here if it was not. `key` and `seq` name
     /// the stream it was recorded on and its place among the recording
     /// thread's records, for the engine's per-stream order.
-    fn recorded(lease: EventLease<'p, B>, key: StreamKey, seq: u64) -> Result<Self, Error<B::Error>> {
+    fn recorded(
+        lease: EventLease<'p, B>,
+        key: StreamKey,
+        seq: u64,
+    ) -> Result<Self, Error<B::Error>> {
         let pool = lease.pool();
         let engine = pool.completion_engine()?;
         // Events the engine saw pass after their futures were dropped come
@@ -170,15 +188,13 @@ impl<B: EventBackend> Future for Completed<'_, B> {
                 Some(r) => r,
                 None => return Poll::Pending,
             },
-            State::Recorded { lease, .. } => {
-                match spin(lease, lease.pool().completion_spin()) {
-                    Some(r) => r,
-                    None => {
-                        this.watch(cx);
-                        return Poll::Pending;
-                    }
+            State::Recorded { lease, .. } => match spin(lease, lease.pool().completion_spin()) {
+                Some(r) => r,
+                None => {
+                    this.watch(cx);
+                    return Poll::Pending;
                 }
-            }
+            },
         };
         // The event passed (or asking failed): the lease ends here, and the
         // event goes back to the pool from the polling thread.
@@ -192,17 +208,22 @@ impl<'p, B: EventBackend> Completed<'p, B> {
     /// now on, for the task of `cx`.
     fn watch(&mut self, cx: &Context<'_>) {
         let State::Recorded {
-            lease,
-            engine,
-            key,
-            seq,
-        } = core::mem::replace(&mut self.state, State::Ready(None))
+            lease, engine, seq, ..
+        } = &self.state
         else {
             return;
         };
-        let entry = Arc::new(Entry::new(lease.handle(), lease.device(), shard(), seq));
-        // Pending and not yet shared: this only keeps the waker.
+        let entry = Arc::new(Entry::new(lease.handle(), lease.device(), shard(), *seq));
+        // Pending and not yet shared: this only keeps the waker (a clone:
+        // the caller's code, run before anything moves, so a panic there
+        // leaves the future as it was).
         let _pending = entry.poll(cx.waker());
+        let engine = *engine;
+        let State::Recorded { lease, key, .. } =
+            core::mem::replace(&mut self.state, State::Ready(None))
+        else {
+            return;
+        };
         engine.submit(key, Arc::clone(&entry));
         self.state = State::Watched { lease, entry };
     }
@@ -211,6 +232,10 @@ impl<'p, B: EventBackend> Completed<'p, B> {
 /// The first poll's own look at `lease`'s event: asks the backend until it
 /// passed (or asking failed), for up to `budget` (at least once, unless
 /// `budget` is zero); `None` if it is still pending then. Under loom: once.
+/// The queries run with the thread's capture interaction mode relaxed
+/// ([`EventBackend::relaxed_queries`]): a capture open anywhere, begun by
+/// gpupool or not, neither refuses them nor is broken by them (the event was
+/// recorded outside any capture).
 fn spin<B: EventBackend>(
     lease: &EventLease<'_, B>,
     budget: Duration,
@@ -218,18 +243,33 @@ fn spin<B: EventBackend>(
     if budget.is_zero() {
         return None;
     }
+    let backend = lease.pool().backend();
+    let mut outcome = None;
+    backend.relaxed_queries(&mut || outcome = ask(lease, budget));
+    outcome
+}
+
+/// [`spin`]'s queries.
+fn ask<B: EventBackend>(
+    lease: &EventLease<'_, B>,
+    budget: Duration,
+) -> Option<Result<(), B::Error>> {
+    let backend = lease.pool().backend();
     #[cfg(not(loom))]
     let start = std::time::Instant::now();
     loop {
         // SAFETY: the lease keeps its event alive (and leased: nothing
         // records it again) for this call.
-        match unsafe { lease.pool().backend().query_event(lease.handle(), lease.device()) } {
+        match unsafe { backend.query_event(lease.handle(), lease.device()) } {
             Ok(Completion::Complete) => return Some(Ok(())),
             Ok(Completion::Pending) => {}
             Err(e) => return Some(Err(e)),
         }
         #[cfg(loom)]
-        return None;
+        return {
+            let _ = budget;
+            None
+        };
         #[cfg(not(loom))]
         {
             if start.elapsed() >= budget {
@@ -290,11 +330,12 @@ impl<B: EventBackend> Unpin for Completed<'_, B> {}
 
 impl<'s> AccessOrder<'s> {
     /// A future that resolves once every piece of work queued in this order
-    /// so far has finished on the GPU, without blocking a thread: records a
-    /// pooled event of `events` on the order's stream (one event record, a
-    /// few tens of nanoseconds more) and lets `events`' completion engine
-    /// watch it (see [`Completed`]). Host order has nothing queued: the
-    /// future is ready at once.
+    /// so far has finished on the GPU: records a pooled event of `events` on
+    /// the order's stream (one event record, a few tens of nanoseconds
+    /// more). Its first poll asks about the event for up to the pool's
+    /// completion spin; `events`' completion engine watches it from then on
+    /// (see [`Completed`]). Host order has nothing queued: the future is
+    /// ready at once.
     ///
     /// Errors, with nothing recorded: [`Error::ForeignHandle`] for an order
     /// of another backend; [`Error::CapturesUnseen`] for the per-thread

@@ -55,11 +55,11 @@ use gpupool_bench::designs::cutile::{Cutile, ReactorHandle};
 use gpupool_bench::designs::gpupool::GpupoolFutures;
 use gpupool_bench::designs::hostfn::HostFn;
 use gpupool_bench::designs::Design;
-use gpupool_core::EventPool;
-use gpupool_cuda::CudaBackend;
 use gpupool_bench::gpu::{host_ns, Calibration, Gpu, SetupError};
 use gpupool_bench::harness::{run_cell, runtime, CellConfig, CellResult};
 use gpupool_bench::report::{summarize, table, write_csv, Run};
+use gpupool_core::EventPool;
+use gpupool_cuda::CudaBackend;
 use tokio::runtime::Runtime;
 
 /// The command line.

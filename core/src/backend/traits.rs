@@ -286,6 +286,17 @@ pub trait EventBackend: Backend {
     /// graph capture begun in the global mode by other code of the process.
     /// Default: nothing.
     fn prepare_query_thread(&self) {}
+
+    /// Runs `queries` (calls of [`query_event`](Self::query_event) on the
+    /// calling thread, any thread) so that a graph capture open anywhere in
+    /// the process, begun by gpupool or not, in any mode, neither refuses
+    /// them nor is broken by them: for CUDA, the thread's capture
+    /// interaction mode is relaxed for the call and put back after (also if
+    /// `queries` panics). A [`Completed`](crate::Completed) future's first
+    /// poll asks about its event inside it. Default: `queries()` as it is.
+    fn relaxed_queries(&self, queries: &mut dyn FnMut()) {
+        queries()
+    }
 }
 
 /// The four kinds of memory a backend provides.
@@ -579,6 +590,9 @@ macro_rules! forward_backend {
             }
             fn prepare_query_thread(&self) {
                 (**self).prepare_query_thread()
+            }
+            fn relaxed_queries(&self, queries: &mut dyn FnMut()) {
+                (**self).relaxed_queries(queries)
             }
         }
     )*};

@@ -11,6 +11,7 @@ mod attacks2;
 mod attacks3;
 mod attacks4;
 mod attacks5;
+mod attacks6;
 mod bad_input;
 mod capture;
 mod capture_rounds;
