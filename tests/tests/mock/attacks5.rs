@@ -10,72 +10,18 @@
 #![cfg(not(feature = "cuda"))]
 #![forbid(unsafe_code)]
 
-use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Poll, Wake, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::future_kit::*;
 use gpupool_core::{AccessOrder, CaptureMode, DeviceId, Error, EventPool, Scratchpad, StreamPool};
 use gpupool_mock::{CallKind, CompletionPolicy, HazardKind, MockBackend};
 
-/// What "never" means (Miri runs the engine's thread far slower), and the
-/// rounds of the loops.
-const LONG: Duration = Duration::from_secs(if cfg!(miri) { 300 } else { 5 });
 const ROUNDS: usize = if cfg!(miri) { 3 } else { 200 };
-
-#[track_caller]
-fn assert_clean(gpu: &MockBackend) {
-    assert!(gpu.misuses().is_empty(), "misuses: {:?}", gpu.misuses());
-    assert!(gpu.hazards().is_empty(), "hazards: {:?}", gpu.hazards());
-}
-
-/// Counts its wakes and unparks the thread that made it.
-struct Flag(AtomicUsize, thread::Thread);
-
-impl Wake for Flag {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, SeqCst);
-        self.1.unpark();
-    }
-}
-
-fn flag() -> (Arc<Flag>, Waker) {
-    let f = Arc::new(Flag(AtomicUsize::new(0), thread::current()));
-    (Arc::clone(&f), Waker::from(f))
-}
-
-/// A machine of `devices` devices, with a stream pool and an event pool.
-fn machine(devices: u32) -> (MockBackend, StreamPool<MockBackend>, EventPool<MockBackend>) {
-    let gpu = MockBackend::new(devices);
-    (
-        gpu.clone(),
-        StreamPool::new(gpu.clone()),
-        EventPool::new(gpu),
-    )
-}
-
-fn poll<F: Future + Unpin>(f: &mut F, w: &Waker) -> Poll<F::Output> {
-    Pin::new(f).poll(&mut Context::from_waker(w))
-}
-
-/// Polls `f` until it is ready, or `None` once `limit` has passed.
-fn wait_for<F: Future + Unpin>(f: &mut F, limit: Duration) -> Option<F::Output> {
-    let (_, w) = flag();
-    let start = Instant::now();
-    loop {
-        if let Poll::Ready(v) = poll(f, &w) {
-            return Some(v);
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        thread::park_timeout(Duration::from_millis(2));
-    }
-}
 
 /// Waits (at most `LONG`) until `cond` holds.
 #[track_caller]

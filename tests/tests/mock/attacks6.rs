@@ -2,19 +2,18 @@
 //! poll (its own event queries for up to `EventPool::completion_spin`), of
 //! futures dropped before their first poll (handed to the engine), and of the
 //! engine's per-(stream, recording thread) order by record sequence.
-//! Each test asserts what *should* happen. Findings (failing tests): the
-//! first poll's own `query_event` runs on the polling thread, whose capture
-//! interaction mode is not relaxed (only the engine's thread is, and
-//! `unrestricted` only while a capture gpupool began is open): a capture
-//! another library has open (thread-local on the polling thread, or global
-//! on any thread) refuses the query, so the future fails although its work
-//! is fine, and the capture is invalidated
-//! (`a_foreign_thread_local_capture_on_the_polling_thread_spin_on`, whose
-//! spin-off twin passes; `a_foreign_global_capture_on_another_thread_spin_on`).
-//! And the mock refuses the engine thread's queries too under a foreign
-//! global capture, though the CUDA engine's thread is relaxed for good
-//! (`a_foreign_global_capture_on_another_thread_spin_off`: a modelling gap
-//! of the mock that predates this change).
+//! Each test asserts what *should* happen. Findings, fixed: the first poll's
+//! own queries ran on the polling thread with its capture interaction mode
+//! as it was, so a capture another library had open (thread-local on the
+//! polling thread, or global on any thread) refused them, failing the future
+//! and invalidating the capture
+//! (`a_foreign_thread_local_capture_on_the_polling_thread_spin_on`,
+//! `a_foreign_global_capture_on_another_thread_spin_on`; the spin now runs
+//! inside `EventBackend::relaxed_queries`); and the mock refused the engine
+//! thread's queries under a foreign global capture, though the CUDA engine's
+//! thread is relaxed for good
+//! (`a_foreign_global_capture_on_another_thread_spin_off`: the mock now
+//! models a thread's interaction mode).
 //!
 //! Safe code only, but for one helper (`raw_begin_capture`): the mock's
 //! harness `begin_capture` on a stream that the test made straight from the
@@ -24,35 +23,25 @@
 #![cfg(not(feature = "cuda"))]
 #![deny(unsafe_code)]
 
-use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Poll, Wake, Waker};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use super::future_kit::*;
 use gpupool_core::{
     BackendOp, CaptureMode, Completed, DeviceId, Error, EventPool, StreamBackend, StreamHandle,
     StreamPool, DEFAULT_COMPLETION_SPIN,
 };
 use gpupool_mock::{CallKind, MockBackend, MockError};
 
-/// What "never" means (Miri runs the engine's thread far slower), and the
-/// sizes of the loops.
-const LONG: Duration = Duration::from_secs(if cfg!(miri) { 300 } else { 5 });
 const ROUNDS: usize = if cfg!(miri) { 2 } else { 50 };
 /// The clamp `set_completion_spin` documents: `u32::MAX` ns.
 const CLAMPED: Duration = Duration::from_nanos(u32::MAX as u64);
 
 type Fut<'p> = Completed<'p, MockBackend>;
-
-#[track_caller]
-fn assert_clean(gpu: &MockBackend) {
-    assert!(gpu.misuses().is_empty(), "misuses: {:?}", gpu.misuses());
-    assert!(gpu.hazards().is_empty(), "hazards: {:?}", gpu.hazards());
-}
 
 /// Nothing misused, every event made destroyed exactly once (after the pool's drop).
 #[track_caller]
@@ -64,59 +53,6 @@ fn all_back(gpu: &MockBackend) {
     );
     assert_eq!(made, destroyed, "created vs destroyed");
     assert_eq!(gpu.live_events(), 0, "events left alive");
-}
-
-/// Counts its wakes and unparks the thread that made it.
-struct Flag(AtomicUsize, thread::Thread);
-
-impl Wake for Flag {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, SeqCst);
-        self.1.unpark();
-    }
-}
-
-fn flag() -> (Arc<Flag>, Waker) {
-    let f = Arc::new(Flag(AtomicUsize::new(0), thread::current()));
-    (Arc::clone(&f), Waker::from(f))
-}
-
-fn machine(devices: u32) -> (MockBackend, StreamPool<MockBackend>, EventPool<MockBackend>) {
-    let gpu = MockBackend::new(devices);
-    (
-        gpu.clone(),
-        StreamPool::new(gpu.clone()),
-        EventPool::new(gpu),
-    )
-}
-
-fn poll<F: Future + Unpin>(f: &mut F, w: &Waker) -> Poll<F::Output> {
-    Pin::new(f).poll(&mut Context::from_waker(w))
-}
-
-/// Polls `f` until it is ready, or `None` once `limit` has passed.
-fn wait_for<F: Future + Unpin>(f: &mut F, limit: Duration) -> Option<F::Output> {
-    let (_, w) = flag();
-    let start = Instant::now();
-    loop {
-        if let Poll::Ready(v) = poll(f, &w) {
-            return Some(v);
-        }
-        if start.elapsed() > limit {
-            return None;
-        }
-        thread::park_timeout(Duration::from_millis(2));
-    }
-}
-
-/// Waits (at most `LONG`) until `cond` holds.
-#[track_caller]
-fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < LONG, "never: {what}");
-        thread::sleep(Duration::from_millis(1));
-    }
 }
 
 /// A small deterministic shuffle (xorshift).

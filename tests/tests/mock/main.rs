@@ -19,6 +19,7 @@ mod compile_fail;
 mod completion;
 mod event_pool;
 mod faults;
+mod future_kit;
 mod soak;
 mod soundness;
 mod stream_pool;
