@@ -23,28 +23,6 @@ use gpupool_mock::{CallKind, CompletionPolicy, HazardKind, MockBackend};
 
 const ROUNDS: usize = if cfg!(miri) { 3 } else { 200 };
 
-/// Waits (at most `LONG`) until `cond` holds.
-#[track_caller]
-fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < LONG, "never: {what}");
-        thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// Nothing misused, every event made destroyed exactly once (after the pool's drop).
-#[track_caller]
-fn all_back(gpu: &MockBackend) {
-    assert_clean(gpu);
-    let (made, destroyed) = (
-        gpu.calls(CallKind::CreateEvent),
-        gpu.calls(CallKind::DestroyEvent),
-    );
-    assert_eq!(made, destroyed, "created vs destroyed");
-    assert_eq!(gpu.live_events(), 0, "events left alive");
-}
-
 // ---- 1. Polling, moving and dropping futures (held) ----
 
 #[test]

@@ -43,18 +43,6 @@ const CLAMPED: Duration = Duration::from_nanos(u32::MAX as u64);
 
 type Fut<'p> = Completed<'p, MockBackend>;
 
-/// Nothing misused, every event made destroyed exactly once (after the pool's drop).
-#[track_caller]
-fn all_back(gpu: &MockBackend) {
-    assert_clean(gpu);
-    let (made, destroyed) = (
-        gpu.calls(CallKind::CreateEvent),
-        gpu.calls(CallKind::DestroyEvent),
-    );
-    assert_eq!(made, destroyed, "created vs destroyed");
-    assert_eq!(gpu.live_events(), 0, "events left alive");
-}
-
 /// A small deterministic shuffle (xorshift).
 fn shuffle<T>(v: &mut [T], seed: &mut u64) {
     for i in (1..v.len()).rev() {

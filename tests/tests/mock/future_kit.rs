@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use gpupool_core::{EventPool, StreamPool};
-use gpupool_mock::MockBackend;
+use gpupool_mock::{CallKind, MockBackend};
 
 /// What "never" means (Miri runs the engine's thread far slower).
 pub(crate) const LONG: Duration = Duration::from_secs(if cfg!(miri) { 300 } else { 5 });
@@ -21,6 +21,19 @@ pub(crate) const LONG: Duration = Duration::from_secs(if cfg!(miri) { 300 } else
 pub(crate) fn assert_clean(gpu: &MockBackend) {
     assert!(gpu.misuses().is_empty(), "misuses: {:?}", gpu.misuses());
     assert!(gpu.hazards().is_empty(), "hazards: {:?}", gpu.hazards());
+}
+
+/// Nothing misused, every event made destroyed exactly once (after the
+/// pool's drop).
+#[track_caller]
+pub(crate) fn all_back(gpu: &MockBackend) {
+    assert_clean(gpu);
+    let (made, destroyed) = (
+        gpu.calls(CallKind::CreateEvent),
+        gpu.calls(CallKind::DestroyEvent),
+    );
+    assert_eq!(made, destroyed, "created vs destroyed");
+    assert_eq!(gpu.live_events(), 0, "events left alive");
 }
 
 /// Counts its wakes and unparks the thread that made it.
