@@ -24,8 +24,9 @@ pub use crate::owned::OwnedEvent;
 use crate::pool::{shared_pool_methods, Pool, PoolKind, Slot};
 use crate::stats::Counters;
 use crate::sync::epoch::{Collector, Guard};
+#[cfg(feature = "std")]
 use crate::sync::AtomicU32;
-#[cfg(any(loom, target_has_atomic = "64"))]
+#[cfg(all(feature = "std", any(loom, target_has_atomic = "64")))]
 use crate::sync::AtomicU64;
 
 mod lease;

@@ -19,9 +19,11 @@ pub(crate) use core::sync::atomic::AtomicU64;
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::AtomicU64;
 
-#[cfg(not(loom))]
+// Only the `std` parts (the per-thread caches, the completion engine) use
+// these.
+#[cfg(all(feature = "std", not(loom)))]
 pub(crate) use core::sync::atomic::{fence, AtomicBool};
-#[cfg(loom)]
+#[cfg(all(feature = "std", loom))]
 pub(crate) use loom::sync::atomic::{fence, AtomicBool};
 
 #[cfg(all(feature = "std", loom))]
