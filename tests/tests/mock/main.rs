@@ -12,6 +12,7 @@ mod attacks3;
 mod attacks4;
 mod attacks5;
 mod attacks6;
+mod attacks7;
 mod bad_input;
 mod capture;
 mod capture_rounds;
