@@ -394,20 +394,6 @@ impl EventBackend for CudaBackend {
         unrestricted(|| completion(unsafe { sys::cuEventQuery(raw_event(event)) }))
     }
 
-    /// `cuThreadExchangeStreamCaptureMode` to relaxed, for good: the
-    /// thread only asks about events (the completion engine's), and no
-    /// capture, begun anywhere in any mode, refuses it that or is broken by
-    /// it. Nothing if the driver cannot be loaded (its queries fail then).
-    fn prepare_query_thread(&self) {
-        if driver().is_err() {
-            return;
-        }
-        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: `mode` is a valid place; the call swaps the calling
-        // thread's mode (the old one is not needed back).
-        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
-    }
-
     /// `queries` with the thread's capture interaction mode relaxed
     /// (`cuThreadExchangeStreamCaptureMode`), then put back.
     fn relaxed_queries(&self, queries: &mut dyn FnMut()) {

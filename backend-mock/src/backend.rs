@@ -409,11 +409,8 @@ impl EventBackend for MockBackend {
 
     /// Marks the calling thread as one whose event queries stand for host
     /// waits in checking mode (see [`query_event`](EventBackend::query_event)).
-    /// Also relaxes the thread's capture interaction mode for good, as
-    /// the CUDA backend does: no capture refuses its queries.
     fn prepare_query_thread(&self) {
         QUERY_THREAD.with(|q| q.set(true));
-        crate::capture::relax_thread(true);
     }
 
     /// `queries` with the calling thread's capture interaction mode

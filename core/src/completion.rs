@@ -23,11 +23,11 @@
 //! falls behind under load; the first poll's spin spreads the asking over the
 //! polling threads and settles short work in microseconds.
 //!
-//! Every query (the spin's and the engine's) runs with its thread's capture
-//! interaction mode relaxed ([`EventBackend::relaxed_queries`],
-//! [`EventBackend::prepare_query_thread`]): a graph capture open anywhere in
-//! the process, begun by gpupool or not, neither refuses it nor is broken by
-//! it. With the spin on, a poll calls the backend, so like any other gpupool
+//! Every query (the spin's and each engine pass's) runs with its thread's
+//! capture interaction mode relaxed for that moment
+//! ([`EventBackend::relaxed_queries`]): a graph capture open anywhere in the
+//! process, begun by gpupool or not, neither refuses it nor is broken by it.
+//! Wakers run outside, in the thread's own mode. With the spin on, a poll calls the backend, so like any other gpupool
 //! call it is not made inside a CUDA host function (`cuLaunchHostFunc`).
 //!
 //! A future dropped before its event passed never blocks: it leaves the

@@ -434,11 +434,16 @@ impl<B: EventBackend> Shared<B> {
         }
     }
 
-    /// What follows an entry's resolution: its future's waker woken (unless
-    /// the pool is stopping: then no future is left to wake, and the thread
-    /// runs no more of the caller's code), or its dropped future's event
-    /// kept for the pool.
-    fn resolved(&self, outcome: Result<Option<Waker>, Option<OwnedEvent>>, shard: usize) {
+    /// What follows an entry's resolution: its future's waker left to its
+    /// submitting threads, or put in `woken` for this thread to wake (see
+    /// [`wake`](Self::wake)), or its dropped future's event kept for the
+    /// pool.
+    fn resolved(
+        &self,
+        outcome: Result<Option<Waker>, Option<OwnedEvent>>,
+        shard: usize,
+        woken: &mut Vec<Waker>,
+    ) {
         match outcome {
             Ok(Some(waker)) => {
                 let inbox = &self.inboxes[shard];
@@ -450,14 +455,16 @@ impl<B: EventBackend> Shared<B> {
                     inbox.has_ready.store(true, Ordering::Relaxed);
                     return;
                 }
-                self.wake(waker);
+                woken.push(waker);
             }
             Ok(None) | Err(None) => {}
             Err(Some(event)) => self.keep_passed(event),
         }
     }
 
-    /// Wakes a task on the engine's thread, unless the pool is stopping.
+    /// Wakes a task on the engine's thread, unless the pool is stopping
+    /// (then no future is left to wake, and the thread runs no more of the
+    /// caller's code).
     fn wake(&self, waker: Waker) {
         {
             let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner());
@@ -522,6 +529,7 @@ fn run<B: EventBackend>(shared: &Shared<B>) -> Vec<Watched<B::Error>> {
     let mut watch = Watch::new();
     let mut spare = Vec::new();
     let mut stale = alloc::vec![false; SHARDS];
+    let mut woken = Vec::new();
     let mut idle = 0u32;
     loop {
         let took = shared.take_inboxes(&mut watch, &mut spare);
@@ -539,7 +547,17 @@ fn run<B: EventBackend>(shared: &Shared<B>) -> Vec<Watched<B::Error>> {
             continue;
         }
         shared.wake_left(&mut stale, false);
-        if watch.pass(shared) || took {
+        // The pass's queries with the thread's capture mode relaxed (no
+        // capture open anywhere refuses them or is broken by them); the
+        // wakers after, in the thread's own mode, like on any thread.
+        let mut moved = false;
+        shared
+            .backend
+            .relaxed_queries(&mut || moved = watch.pass(shared, &mut woken));
+        for waker in woken.drain(..) {
+            shared.wake(waker);
+        }
+        if moved || took {
             idle = 0;
             continue;
         }

@@ -281,10 +281,10 @@ pub trait EventBackend: Backend {
 
     /// Prepares the calling thread, once, to ask about events in the
     /// background (the completion engine of [`Completed`](crate::Completed)
-    /// futures calls it first on its thread): for CUDA, the thread's capture
-    /// interaction mode becomes relaxed, so that its queries never break a
-    /// graph capture begun in the global mode by other code of the process.
-    /// Default: nothing.
+    /// futures calls it first on its thread; its queries run inside
+    /// [`relaxed_queries`](Self::relaxed_queries)). The mock marks the
+    /// thread so that, in its checking mode, those queries count as host
+    /// waits. Default: nothing.
     fn prepare_query_thread(&self) {}
 
     /// Runs `queries` (calls of [`query_event`](Self::query_event) on the
@@ -293,7 +293,9 @@ pub trait EventBackend: Backend {
     /// them nor is broken by them: for CUDA, the thread's capture
     /// interaction mode is relaxed for the call and put back after (also if
     /// `queries` panics). A [`Completed`](crate::Completed) future's first
-    /// poll asks about its event inside it. Default: `queries()` as it is.
+    /// poll and each pass of the completion engine ask inside it (the
+    /// wakers run after, in the thread's own mode). Default: `queries()` as
+    /// it is.
     fn relaxed_queries(&self, queries: &mut dyn FnMut()) {
         queries()
     }

@@ -5,6 +5,7 @@
 use alloc::collections::{BTreeMap, VecDeque};
 use alloc::vec::Vec;
 use core::cell::Cell;
+use core::task::Waker;
 
 use super::{Entry, Shared};
 #[cfg(doc)]
@@ -113,13 +114,21 @@ impl<E> Watch<E> {
     /// the newest is asked, and then a binary search finds the last that
     /// passed: everything up to it is resolved on that proof, with a
     /// logarithmic number of queries instead of one each.
-    pub(super) fn pass<B: EventBackend<Error = E>>(&mut self, shared: &Shared<B>) -> bool {
+    ///
+    /// The wakers of futures to wake on this thread go to `woken`, for the
+    /// caller to wake after the pass: the pass's queries run with the
+    /// thread's capture mode relaxed, the wakers (the caller's code) not.
+    pub(super) fn pass<B: EventBackend<Error = E>>(
+        &mut self,
+        shared: &Shared<B>,
+        woken: &mut Vec<Waker>,
+    ) -> bool {
         let mut moved = false;
         self.streams.retain(|key, queue| {
             if key.ordered.is_some() {
-                moved |= pass_ordered(shared, queue);
+                moved |= pass_ordered(shared, queue, woken);
             } else {
-                moved |= pass_each(shared, queue);
+                moved |= pass_each(shared, queue, woken);
             }
             !queue.is_empty()
         });
@@ -146,9 +155,10 @@ fn resolve_front<B: EventBackend>(
     shared: &Shared<B>,
     queue: &mut VecDeque<Arc<Entry<B::Error>>>,
     n: usize,
+    woken: &mut Vec<Waker>,
 ) {
     for entry in queue.drain(..n) {
-        shared.resolved(entry.resolve(Ok(())), entry.shard);
+        shared.resolved(entry.resolve(Ok(())), entry.shard, woken);
     }
 }
 
@@ -158,9 +168,10 @@ fn resolve_failed<B: EventBackend>(
     queue: &mut VecDeque<Arc<Entry<B::Error>>>,
     at: usize,
     e: B::Error,
+    woken: &mut Vec<Waker>,
 ) {
     if let Some(entry) = queue.remove(at) {
-        shared.resolved(entry.resolve(Err(e)), entry.shard);
+        shared.resolved(entry.resolve(Err(e)), entry.shard, woken);
     }
 }
 
@@ -169,13 +180,14 @@ fn resolve_failed<B: EventBackend>(
 fn pass_each<B: EventBackend>(
     shared: &Shared<B>,
     queue: &mut VecDeque<Arc<Entry<B::Error>>>,
+    woken: &mut Vec<Waker>,
 ) -> bool {
     let mut moved = false;
     while let Some(entry) = queue.front() {
         match passed(shared, entry) {
             Ok(false) => break,
-            Ok(true) => resolve_front(shared, queue, 1),
-            Err(e) => resolve_failed(shared, queue, 0, e),
+            Ok(true) => resolve_front(shared, queue, 1, woken),
+            Err(e) => resolve_failed(shared, queue, 0, e, woken),
         }
         moved = true;
     }
@@ -187,6 +199,7 @@ fn pass_each<B: EventBackend>(
 fn pass_ordered<B: EventBackend>(
     shared: &Shared<B>,
     queue: &mut VecDeque<Arc<Entry<B::Error>>>,
+    woken: &mut Vec<Waker>,
 ) -> bool {
     let Some(oldest) = queue.front() else {
         return false;
@@ -195,7 +208,7 @@ fn pass_ordered<B: EventBackend>(
         Ok(false) => return false,
         Ok(true) => {}
         Err(e) => {
-            resolve_failed(shared, queue, 0, e);
+            resolve_failed(shared, queue, 0, e, woken);
             return true;
         }
     }
@@ -214,16 +227,16 @@ fn pass_ordered<B: EventBackend>(
                         Err(e) => {
                             // Resolved with its error; the ones below it
                             // wait for the next pass.
-                            resolve_failed(shared, queue, mid, e);
+                            resolve_failed(shared, queue, mid, e, woken);
                             break;
                         }
                     }
                 }
             }
-            Err(e) => resolve_failed(shared, queue, hi - 1, e),
+            Err(e) => resolve_failed(shared, queue, hi - 1, e, woken),
         }
     }
-    resolve_front(shared, queue, lo + 1);
+    resolve_front(shared, queue, lo + 1, woken);
     true
 }
 
