@@ -407,6 +407,18 @@ impl<B: StreamBackend> StreamPool<B> {
     /// out-of-range device, a stream in a graph capture
     /// ([`Error::StreamCapturing`]) or a failed call the stream comes back in
     /// the error, still the caller's, and the pool is unchanged.
+    ///
+    /// ```
+    /// use gpupool_core::StreamPool;
+    /// use gpupool_mock::MockBackend;
+    ///
+    /// let streams = StreamPool::new(MockBackend::new(1));
+    /// let owned = streams.get(0)?.detach(); // the caller's own stream now
+    /// let raw = owned.handle();
+    /// streams.put(owned, None).map_err(|r| r.error)?; // taken back in
+    /// assert_eq!(streams.get(0)?.handle(), raw);      // and leased again
+    /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
+    /// ```
     pub fn put(
         &self,
         stream: OwnedStream,
