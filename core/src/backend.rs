@@ -19,6 +19,7 @@ use core::fmt;
 
 use static_assertions::assert_impl_all;
 
+mod forward;
 mod traits;
 
 pub use traits::{Backend, CaptureBackend, EventBackend, MemoryBackend, MemoryKind, StreamBackend};
