@@ -159,21 +159,21 @@
 
 mod capture;
 mod device;
+mod kinds;
 mod overalign;
 mod state;
 mod stats;
 
 use core::ptr::NonNull;
 use std::alloc::Layout;
-use std::sync::atomic::Ordering;
 
 use cudarc::driver::sys;
-use gpupool_core::{DeviceId, MemoryBackend, MemoryKind, StreamBackend, StreamHandle};
+use gpupool_core::{DeviceId, MemoryBackend, MemoryKind, StreamHandle};
 
 use crate::backend::CudaBackend;
 use crate::block_pool::ThreadBlocks;
 use crate::driver::{driver, raw_stream, Driver};
-use crate::error::{check, invalid_value, out_of_memory, CudaError};
+use crate::error::{check, invalid_value, CudaError};
 use crate::graph::no_capture_ends;
 use crate::graph::unrestricted;
 use crate::shards::LocalShards;
@@ -222,7 +222,7 @@ impl CudaBackend {
     /// [`device_cache`](crate::device_cache)) back to the driver, with `cuMemFreeAsync` on
     /// `stream`. Returns how many.
     ///
-    /// [`destroy_stream`](StreamBackend::destroy_stream) of this backend does
+    /// [`destroy_stream`](gpupool_core::StreamBackend::destroy_stream) of this backend does
     /// this itself; call it before destroying a stream some other way (raw
     /// cudarc, the CUDA runtime) to have its blocks back at once rather than
     /// at the next [`trim_memory`](Self::trim_memory). Not calling it is
@@ -268,177 +268,6 @@ fn checked_state(
     state(device)
 }
 
-impl DeviceMemory {
-    /// A block of `kind` (not host) with the kind's own alignment.
-    ///
-    /// # Safety
-    /// `stream`, if any, is a usable stream of `device` (the contract of
-    /// [`MemoryBackend::allocate_async`]; see [`CudaBackend`], "Raw
-    /// handles").
-    unsafe fn raw_allocate(
-        &'static self,
-        drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
-        size: usize,
-        stream: Option<StreamHandle>,
-    ) -> Result<usize, CudaError> {
-        match kind {
-            // SAFETY: this function's contract.
-            MemoryKind::Device => unsafe { self.device_allocate(drv, device, size, stream) },
-            MemoryKind::Pinned | MemoryKind::Managed => {
-                let Some((pool, threads, index)) = self.host_visible(kind) else {
-                    return Err(invalid_value());
-                };
-                LocalShards::with_local(&LOCAL_BLOCKS, index, threads, |mine| {
-                    pool.take_local(mine, threads, device, size)
-                })
-                .unwrap_or_else(|| pool.take(device, size))
-            }
-            MemoryKind::Host => Err(invalid_value()),
-        }
-    }
-
-    /// Frees a block of [`raw_allocate`](Self::raw_allocate).
-    ///
-    /// # Safety
-    /// `addr` came from `raw_allocate` with the same `kind`, `device` and
-    /// `size`, is freed once; with `stream`, only work already issued on it
-    /// may still use the block; without, nothing does.
-    unsafe fn raw_free(
-        &'static self,
-        drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
-        addr: usize,
-        size: usize,
-        stream: Option<StreamHandle>,
-    ) -> Result<(), CudaError> {
-        if kind == MemoryKind::Device {
-            // SAFETY: the caller's contract.
-            return unsafe { self.device_free(drv, device, addr, size, stream) };
-        }
-        let Some((pool, threads, index)) = self.host_visible(kind) else {
-            return Err(invalid_value());
-        };
-        let local = LocalShards::with_local(&LOCAL_BLOCKS, index, threads, |mine| match stream {
-            // SAFETY: the caller's contract (the block came from `take` of
-            // this pool with this size).
-            None => unsafe { pool.give_local(mine, addr, size) },
-            // SAFETY: as above.
-            Some(s) => unsafe { pool.give_after_local(mine, threads, device, addr, size, s) },
-        });
-        match (local, stream) {
-            (Some(done), _) => done,
-            // The thread's locals are gone (it is exiting): the shared lists.
-            // SAFETY: as above.
-            (None, None) => unsafe { pool.give(addr, size) },
-            // SAFETY: as above.
-            (None, Some(s)) => unsafe { pool.give_after(device, addr, size, s) },
-        }
-    }
-
-    /// Host memory from `std::alloc` (layout checked).
-    fn host_allocate(&self, size: usize, align: usize) -> Result<NonNull<u8>, CudaError> {
-        let layout = Layout::from_size_align(size, align).map_err(|_| invalid_value())?;
-        // SAFETY: `layout` has a nonzero size (`check_layout`).
-        let p = NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or_else(out_of_memory)?;
-        self.host
-            .upstream_allocations
-            .fetch_add(1, Ordering::Relaxed);
-        Ok(p)
-    }
-
-    /// Frees host memory.
-    ///
-    /// # Safety
-    /// `ptr` came from [`host_allocate`](Self::host_allocate) with `size` and
-    /// `align`, is freed once, and nothing uses it any more.
-    unsafe fn host_free(
-        &self,
-        ptr: NonNull<u8>,
-        size: usize,
-        align: usize,
-    ) -> Result<(), CudaError> {
-        let layout = Layout::from_size_align(size, align).map_err(|_| invalid_value())?;
-        // SAFETY: the caller's contract: allocated by `std::alloc::alloc`
-        // with this layout, not freed yet, unused.
-        unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
-        self.host.upstream_frees.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// # Safety
-    /// `stream`, if any, is a usable stream of `device` (the contract of
-    /// [`MemoryBackend::allocate_async`]).
-    unsafe fn allocate(
-        &'static self,
-        drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
-        size: usize,
-        align: usize,
-        stream: Option<StreamHandle>,
-    ) -> Result<NonNull<u8>, CudaError> {
-        match kind {
-            MemoryKind::Host => self.host_allocate(size, align),
-            // Host-visible: allocated in host order, whatever the stream.
-            MemoryKind::Pinned | MemoryKind::Managed => {
-                // SAFETY: no stream.
-                unsafe { self.allocate_aligned(drv, kind, device, size, align, None) }
-            }
-            // SAFETY: this function's contract.
-            MemoryKind::Device => unsafe {
-                self.allocate_aligned(drv, kind, device, size, align, stream)
-            },
-        }
-    }
-
-    /// # Safety
-    /// The contract of [`MemoryBackend::deallocate`] (`stream: None`) or
-    /// [`MemoryBackend::deallocate_async`].
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn deallocate(
-        &'static self,
-        drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
-        ptr: NonNull<u8>,
-        size: usize,
-        align: usize,
-        stream: Option<StreamHandle>,
-    ) -> Result<(), CudaError> {
-        if kind == MemoryKind::Host {
-            if let Some(s) = stream {
-                // No capture question here (it would cost every host free
-                // `cuStreamIsCapturing`, 10 % of a host scratch round): a
-                // release in a capturing stream's order goes to
-                // `keep_for_graph` (the scratchpad asks where the stream may
-                // capture). On a capturing stream the synchronization fails
-                // with the driver's error and the block stays allocated.
-                // SAFETY: a usable stream of `device` (the contract of
-                // `deallocate_async`).
-                unsafe { CudaBackend::new().synchronize_stream(s, device) }?;
-            }
-            // SAFETY: the caller's contract; work issued on `stream` before
-            // the free has finished.
-            return unsafe { self.host_free(ptr, size, align) };
-        }
-        // SAFETY: the caller's contract.
-        unsafe {
-            self.free_aligned(
-                drv,
-                kind,
-                device,
-                ptr.as_ptr() as usize,
-                size,
-                align,
-                stream,
-            )
-        }
-    }
-}
-
 /// Memory of the four kinds; see the [module documentation](self).
 ///
 /// Sizes must be nonzero and alignments powers of two
@@ -470,7 +299,7 @@ impl DeviceMemory {
 /// same-stream reuse rule, without its calls. The contract that comes with
 /// it: streams given to the stream-ordered device calls belong to the
 /// device's primary context; a stream may be destroyed any way, but only
-/// [`destroy_stream`](StreamBackend::destroy_stream) of this backend (or
+/// [`destroy_stream`](gpupool_core::StreamBackend::destroy_stream) of this backend (or
 /// [`CudaBackend::forget_stream`] before destroying it elsewhere) gives its
 /// cached blocks back at once; otherwise they wait for
 /// [`CudaBackend::trim_memory`], which then synchronizes the device.

@@ -1,0 +1,191 @@
+//! Each kind's raw blocks for one device ([`DeviceMemory`]): allocation and
+//! free in host order and in stream order, with the kind's own alignment
+//! (over-aligned requests are built on these in `overalign.rs`).
+
+use core::ptr::NonNull;
+use std::alloc::Layout;
+use std::sync::atomic::Ordering;
+
+use gpupool_core::{DeviceId, MemoryKind, StreamBackend, StreamHandle};
+
+use super::state::DeviceMemory;
+use super::LOCAL_BLOCKS;
+use crate::backend::CudaBackend;
+use crate::driver::Driver;
+use crate::error::{invalid_value, out_of_memory, CudaError};
+use crate::shards::LocalShards;
+
+impl DeviceMemory {
+    /// A block of `kind` (not host) with the kind's own alignment.
+    ///
+    /// # Safety
+    /// `stream`, if any, is a usable stream of `device` (the contract of
+    /// [`MemoryBackend::allocate_async`]; see [`CudaBackend`], "Raw
+    /// handles").
+    pub(super) unsafe fn raw_allocate(
+        &'static self,
+        drv: &Driver,
+        kind: MemoryKind,
+        device: DeviceId,
+        size: usize,
+        stream: Option<StreamHandle>,
+    ) -> Result<usize, CudaError> {
+        match kind {
+            // SAFETY: this function's contract.
+            MemoryKind::Device => unsafe { self.device_allocate(drv, device, size, stream) },
+            MemoryKind::Pinned | MemoryKind::Managed => {
+                let Some((pool, threads, index)) = self.host_visible(kind) else {
+                    return Err(invalid_value());
+                };
+                LocalShards::with_local(&LOCAL_BLOCKS, index, threads, |mine| {
+                    pool.take_local(mine, threads, device, size)
+                })
+                .unwrap_or_else(|| pool.take(device, size))
+            }
+            MemoryKind::Host => Err(invalid_value()),
+        }
+    }
+
+    /// Frees a block of [`raw_allocate`](Self::raw_allocate).
+    ///
+    /// # Safety
+    /// `addr` came from `raw_allocate` with the same `kind`, `device` and
+    /// `size`, is freed once; with `stream`, only work already issued on it
+    /// may still use the block; without, nothing does.
+    pub(super) unsafe fn raw_free(
+        &'static self,
+        drv: &Driver,
+        kind: MemoryKind,
+        device: DeviceId,
+        addr: usize,
+        size: usize,
+        stream: Option<StreamHandle>,
+    ) -> Result<(), CudaError> {
+        if kind == MemoryKind::Device {
+            // SAFETY: the caller's contract.
+            return unsafe { self.device_free(drv, device, addr, size, stream) };
+        }
+        let Some((pool, threads, index)) = self.host_visible(kind) else {
+            return Err(invalid_value());
+        };
+        let local = LocalShards::with_local(&LOCAL_BLOCKS, index, threads, |mine| match stream {
+            // SAFETY: the caller's contract (the block came from `take` of
+            // this pool with this size).
+            None => unsafe { pool.give_local(mine, addr, size) },
+            // SAFETY: as above.
+            Some(s) => unsafe { pool.give_after_local(mine, threads, device, addr, size, s) },
+        });
+        match (local, stream) {
+            (Some(done), _) => done,
+            // The thread's locals are gone (it is exiting): the shared lists.
+            // SAFETY: as above.
+            (None, None) => unsafe { pool.give(addr, size) },
+            // SAFETY: as above.
+            (None, Some(s)) => unsafe { pool.give_after(device, addr, size, s) },
+        }
+    }
+
+    /// Host memory from `std::alloc` (layout checked).
+    pub(super) fn host_allocate(
+        &self,
+        size: usize,
+        align: usize,
+    ) -> Result<NonNull<u8>, CudaError> {
+        let layout = Layout::from_size_align(size, align).map_err(|_| invalid_value())?;
+        // SAFETY: `layout` has a nonzero size (`check_layout`).
+        let p = NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or_else(out_of_memory)?;
+        self.host
+            .upstream_allocations
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(p)
+    }
+
+    /// Frees host memory.
+    ///
+    /// # Safety
+    /// `ptr` came from [`host_allocate`](Self::host_allocate) with `size` and
+    /// `align`, is freed once, and nothing uses it any more.
+    pub(super) unsafe fn host_free(
+        &self,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+    ) -> Result<(), CudaError> {
+        let layout = Layout::from_size_align(size, align).map_err(|_| invalid_value())?;
+        // SAFETY: the caller's contract: allocated by `std::alloc::alloc`
+        // with this layout, not freed yet, unused.
+        unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+        self.host.upstream_frees.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// # Safety
+    /// `stream`, if any, is a usable stream of `device` (the contract of
+    /// [`MemoryBackend::allocate_async`]).
+    pub(super) unsafe fn allocate(
+        &'static self,
+        drv: &Driver,
+        kind: MemoryKind,
+        device: DeviceId,
+        size: usize,
+        align: usize,
+        stream: Option<StreamHandle>,
+    ) -> Result<NonNull<u8>, CudaError> {
+        match kind {
+            MemoryKind::Host => self.host_allocate(size, align),
+            // Host-visible: allocated in host order, whatever the stream.
+            MemoryKind::Pinned | MemoryKind::Managed => {
+                // SAFETY: no stream.
+                unsafe { self.allocate_aligned(drv, kind, device, size, align, None) }
+            }
+            // SAFETY: this function's contract.
+            MemoryKind::Device => unsafe {
+                self.allocate_aligned(drv, kind, device, size, align, stream)
+            },
+        }
+    }
+
+    /// # Safety
+    /// The contract of [`MemoryBackend::deallocate`] (`stream: None`) or
+    /// [`MemoryBackend::deallocate_async`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn deallocate(
+        &'static self,
+        drv: &Driver,
+        kind: MemoryKind,
+        device: DeviceId,
+        ptr: NonNull<u8>,
+        size: usize,
+        align: usize,
+        stream: Option<StreamHandle>,
+    ) -> Result<(), CudaError> {
+        if kind == MemoryKind::Host {
+            if let Some(s) = stream {
+                // No capture question here (it would cost every host free
+                // `cuStreamIsCapturing`, 10 % of a host scratch round): a
+                // release in a capturing stream's order goes to
+                // `keep_for_graph` (the scratchpad asks where the stream may
+                // capture). On a capturing stream the synchronization fails
+                // with the driver's error and the block stays allocated.
+                // SAFETY: a usable stream of `device` (the contract of
+                // `deallocate_async`).
+                unsafe { CudaBackend::new().synchronize_stream(s, device) }?;
+            }
+            // SAFETY: the caller's contract; work issued on `stream` before
+            // the free has finished.
+            return unsafe { self.host_free(ptr, size, align) };
+        }
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.free_aligned(
+                drv,
+                kind,
+                device,
+                ptr.as_ptr() as usize,
+                size,
+                align,
+                stream,
+            )
+        }
+    }
+}
