@@ -75,6 +75,7 @@ mod rounds;
 mod sizes;
 mod slice;
 mod stats;
+mod typed;
 
 pub use self::config::ScratchpadConfig;
 pub use self::copy::{KernelContext, Packed, PackedDevice};
