@@ -34,13 +34,15 @@ use crate::capture::CaptureNote;
 use crate::epoch::Pinning;
 use crate::error::{BackendOp, Error, Rejected};
 pub use crate::owned::OwnedStream;
-use crate::pool::{shared_pool_methods, BusyList, Pool, PoolKind, Slot};
-use crate::stack::{Bag, Chain};
+use crate::pool::{shared_pool_methods, Pool, PoolKind, Slot};
+use crate::stack::Chain;
 use crate::stats::Counters;
 use crate::sync::epoch::{Collector, Guard};
 use crate::thread_cache::Cell;
 
+mod busy;
 mod lease;
+use busy::BusyStreams;
 pub use lease::StreamLease;
 
 /// How a [`StreamPool`] creates streams and scans its busy list.
@@ -144,72 +146,6 @@ impl<B: StreamBackend> PoolKind<B> for Streams {
 /// One device's lists: ready, busy (with the streams held for a capture),
 /// quarantine.
 type StreamSlot = Slot<StreamHandle, BusyStreams>;
-
-/// The stream kind's other lists: streams returned with work pending, which
-/// `get` scans (queries) for a finished one, and streams returned while they
-/// were capturing a graph, held unqueried until their capture has ended
-/// (a query would break the capture, and work issued on them would go into
-/// its graph).
-pub(crate) struct BusyStreams {
-    pending: Bag<StreamHandle>,
-    capturing: Bag<StreamHandle>,
-}
-
-impl BusyStreams {
-    /// Adds a stream returned with work pending.
-    #[inline]
-    fn push(&self, stream: StreamHandle) {
-        self.pending.push(stream);
-    }
-
-    /// Adds a stream returned while capturing.
-    fn hold_for_capture(&self, stream: StreamHandle) {
-        self.capturing.push(stream);
-    }
-
-    /// Whether no stream with pending work looked present (a hint).
-    fn no_pending(&self) -> bool {
-        self.pending.is_empty()
-    }
-
-    /// Takes the streams with pending work (not the held ones).
-    fn take_pending(&self) -> Chain<StreamHandle> {
-        self.pending.take_all()
-    }
-
-    /// Puts streams back among those with pending work.
-    fn put_back_pending(&self, chain: Chain<StreamHandle>) {
-        self.pending.put_back(chain);
-    }
-}
-
-impl BusyList<StreamHandle> for BusyStreams {
-    fn new() -> Self {
-        BusyStreams {
-            pending: Bag::new(),
-            capturing: Bag::new(),
-        }
-    }
-
-    /// Everything, held streams included.
-    fn take_all(&self) -> Chain<StreamHandle> {
-        self.pending.put_back(self.capturing.take_all());
-        self.pending.take_all()
-    }
-
-    /// The pending streams: a purge leaves the streams held for a capture
-    /// (destroying one would break the capture it is in), as it leaves
-    /// leases that are out; the next purge after the capture has ended and
-    /// a `get` has found it ended takes them.
-    fn take_for_purge(&self) -> Chain<StreamHandle> {
-        self.take_pending()
-    }
-
-    /// The streams held for a capture (the pool's drop asks each).
-    fn take_held(&self) -> Chain<StreamHandle> {
-        self.capturing.take_all()
-    }
-}
 
 /// Per-device pools of streams. See the [module documentation](self).
 ///
