@@ -51,15 +51,6 @@ use crate::event_pool::{EventLease, EventPool};
 use crate::order::AccessOrder;
 use crate::sync::Arc;
 
-/// How long a [`Completed`] future's first poll asks about its event itself
-/// before the completion engine watches it, unless the pool says otherwise
-/// ([`EventPool::set_completion_spin`]): 20 µs, a short kernel's time.
-/// Work done by then resolves in that poll, with no thread hand-off (on the
-/// H200 a future resolved this way wakes its task a few microseconds after
-/// the GPU finished, against tens to hundreds of microseconds through the
-/// engine while many threads submit; see `docs/async.md`).
-pub const DEFAULT_COMPLETION_SPIN: Duration = Duration::from_micros(20);
-
 /// `spin_loop` hints between two of a first poll's queries (about a
 /// microsecond: each query takes the driver's lock, which the other threads'
 /// records and launches need too).

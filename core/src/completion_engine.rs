@@ -42,6 +42,7 @@ mod watch;
 
 use entry::quietly;
 pub(crate) use entry::Entry;
+pub use slot::DEFAULT_COMPLETION_SPIN;
 pub(crate) use slot::EngineSlot;
 
 pub(crate) use watch::StreamKey;

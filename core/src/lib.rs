@@ -93,7 +93,9 @@ pub use backend::{
     StreamBackend, StreamHandle, StreamOptions, MAX_DEVICES,
 };
 #[cfg(feature = "std")]
-pub use completion::{Completed, DEFAULT_COMPLETION_SPIN};
+pub use completion::Completed;
+#[cfg(feature = "std")]
+pub use completion_engine::DEFAULT_COMPLETION_SPIN;
 pub use error::{BackendOp, Error, Rejected};
 pub use event_pool::{EventLease, EventPool, OwnedEvent, SharedEvent};
 pub use lost::{lost_errors, set_lost_error_hook, LostErrorHook};

@@ -10,6 +10,15 @@ use crate::owned::OwnedEvent;
 use crate::sync::thread;
 use crate::sync::{AtomicPtr, Mutex, Ordering};
 
+/// How long a [`Completed`](crate::Completed) future's first poll asks about its event itself
+/// before the completion engine watches it, unless the pool says otherwise
+/// ([`EventPool::set_completion_spin`](crate::EventPool::set_completion_spin)): 20 µs, a short kernel's time.
+/// Work done by then resolves in that poll, with no thread hand-off (on the
+/// H200 a future resolved this way wakes its task a few microseconds after
+/// the GPU finished, against tens to hundreds of microseconds through the
+/// engine while many threads submit; see `docs/async.md`).
+pub const DEFAULT_COMPLETION_SPIN: Duration = Duration::from_micros(20);
+
 /// The pool's lazily started engine.
 pub(crate) struct EngineSlot<B: EventBackend> {
     engine: AtomicPtr<Engine<B>>,
@@ -28,7 +37,7 @@ impl<B: EventBackend> EngineSlot<B> {
             engine: AtomicPtr::new(core::ptr::null_mut()),
             starting: Mutex::new(()),
             spin_ns: core::sync::atomic::AtomicU32::new(duration_ns(
-                crate::completion::DEFAULT_COMPLETION_SPIN,
+                DEFAULT_COMPLETION_SPIN,
             )),
         }
     }
