@@ -42,8 +42,8 @@ mod watch;
 
 use entry::quietly;
 pub(crate) use entry::Entry;
-pub use slot::DEFAULT_COMPLETION_SPIN;
 pub(crate) use slot::EngineSlot;
+pub use slot::DEFAULT_COMPLETION_SPIN;
 
 pub(crate) use watch::StreamKey;
 use watch::Watch;

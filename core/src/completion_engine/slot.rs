@@ -36,9 +36,7 @@ impl<B: EventBackend> EngineSlot<B> {
         EngineSlot {
             engine: AtomicPtr::new(core::ptr::null_mut()),
             starting: Mutex::new(()),
-            spin_ns: core::sync::atomic::AtomicU32::new(duration_ns(
-                DEFAULT_COMPLETION_SPIN,
-            )),
+            spin_ns: core::sync::atomic::AtomicU32::new(duration_ns(DEFAULT_COMPLETION_SPIN)),
         }
     }
 
