@@ -71,6 +71,7 @@ mod capture;
 mod config;
 mod copy;
 mod fence;
+mod kind;
 mod rounds;
 mod sizes;
 mod slice;
@@ -90,55 +91,18 @@ use core::ptr::NonNull;
 
 use crate::backend::{BackendId, DeviceId, EventBackend, MemoryBackend, MemoryKind, StreamBackend};
 use crate::error::{BackendOp, Error};
-use crate::monotonic::{check_request, FixedOrder, MonotonicResource};
+use crate::monotonic::{check_request, FixedOrder};
 use crate::order::AccessOrder;
 
 use self::capture::Watch;
-use self::fence::Fence;
+use self::kind::KindState;
 use self::rounds::FirstError;
-use self::sizes::fitted;
 use self::stats::Counting;
 
 /// What a scratchpad needs of its backend: memory, and streams and events for
 /// stream-ordered reuse. Implemented for every such backend.
 pub trait ScratchBackend: MemoryBackend + StreamBackend + EventBackend {}
 impl<B: MemoryBackend + StreamBackend + EventBackend + ?Sized> ScratchBackend for B {}
-
-impl KindState {
-    /// Records the bytes this round handed out; returns the block size that
-    /// holds the largest round so far.
-    fn note_round(&self) -> usize {
-        let peak = self.peak_used.get().max(self.res.used());
-        self.peak_used.set(peak);
-        fitted(peak)
-    }
-}
-
-/// One kind's resource and what goes with it. Every field is usable through
-/// `&self`.
-struct KindState {
-    res: MonotonicResource,
-    fence: Cell<Option<Fence>>,
-    /// Resets left before `reset` asks the release stream whether it is idle
-    /// again (0: ask at the next one). See `reset_kind`.
-    skip_probes: Cell<u8>,
-    high_water: Cell<usize>,
-    /// The most bytes one round handed out (alignment padding included),
-    /// recorded at each reset and at release: what one block must hold.
-    peak_used: Cell<usize>,
-}
-
-impl KindState {
-    const fn new(first_block: usize) -> Self {
-        KindState {
-            res: MonotonicResource::new(first_block),
-            fence: Cell::new(None),
-            skip_probes: Cell::new(0),
-            high_water: Cell::new(0),
-            peak_used: Cell::new(0),
-        }
-    }
-}
 
 /// Scratch memory in four kinds. See the [module documentation](self).
 ///
