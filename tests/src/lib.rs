@@ -44,6 +44,7 @@ pub mod any_pool;
 pub mod baselines;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod wake;
 
 /// The environment variable that turns the `--features cuda` run's "no CUDA
 /// driver" / "no CUDA GPU" panic into a skip.

@@ -47,7 +47,7 @@ fn polled_on_other_threads_with_other_wakers_before_and_after_ready() {
         .unwrap()
     });
     gpu.complete_all(lease.handle()).unwrap();
-    until("the latest waker is woken", || c2.0.load(SeqCst) > 0);
+    until("the latest waker is woken", || c2.wakes() > 0);
     assert_eq!(poll(&mut f, &w1), Poll::Ready(Ok(())));
     assert_eq!(poll(&mut f, &w1), Poll::Ready(Ok(())), "after Ready");
     assert!(format!("{f:?}").contains("taken"));
@@ -87,7 +87,7 @@ fn forgotten_future_then_purge_then_pool_drop() {
     // The engine still asks about the forgotten event: it must be alive.
     thread::sleep(Duration::from_millis(10));
     gpu.complete_everything();
-    until("its waker is woken", || c.0.load(SeqCst) > 0);
+    until("its waker is woken", || c.wakes() > 0);
     events.purge().unwrap();
     drop(events);
     assert_eq!(gpu.live_events(), 1, "only the forgotten event is left");

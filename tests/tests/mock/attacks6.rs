@@ -342,11 +342,9 @@ fn a_future_moved_between_threads_then_polled_by_each_keeps_the_latest_waker() {
         counters.push(c);
     }
     gpu.complete_all(lease.handle()).unwrap();
-    until("the latest waker is woken", || {
-        counters[2].0.load(SeqCst) > 0
-    });
-    assert_eq!(counters[0].0.load(SeqCst), 0, "a stale waker woken");
-    assert_eq!(counters[1].0.load(SeqCst), 0, "a stale waker woken");
+    until("the latest waker is woken", || counters[2].wakes() > 0);
+    assert_eq!(counters[0].wakes(), 0, "a stale waker woken");
+    assert_eq!(counters[1].wakes(), 0, "a stale waker woken");
     assert_eq!(poll(&mut f, &flag().1), Poll::Ready(Ok(())));
     drop(f);
     drop(lease);

@@ -4,67 +4,14 @@
 //! a failed query as the future's error.
 #![cfg(not(feature = "cuda"))]
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use gpupool_core::{AccessOrder, BackendOp, CaptureMode, Completed, Error, EventPool, StreamPool};
 use gpupool_mock::{CallKind, CompletionPolicy, MockBackend, MockError};
-
-/// How long a wait may take before the test calls it lost (Miri runs the
-/// engine's thread hundreds of times slower).
-const LONG: Duration = Duration::from_secs(if cfg!(miri) { 600 } else { 10 });
-
-/// Counts its wakes and unparks the thread that made it.
-struct Counter {
-    wakes: AtomicUsize,
-    thread: std::thread::Thread,
-}
-
-impl Wake for Counter {
-    fn wake(self: Arc<Self>) {
-        self.wakes.fetch_add(1, Ordering::SeqCst);
-        self.thread.unpark();
-    }
-}
-
-fn counter() -> (Arc<Counter>, Waker) {
-    let c = Arc::new(Counter {
-        wakes: AtomicUsize::new(0),
-        thread: std::thread::current(),
-    });
-    (Arc::clone(&c), Waker::from(c))
-}
-
-fn poll<F: Future + Unpin>(f: &mut F, waker: &Waker) -> Poll<F::Output> {
-    Pin::new(f).poll(&mut Context::from_waker(waker))
-}
-
-/// Polls `f` until it is ready, parking between polls (a minimal executor);
-/// panics after 10 s, which only a lost wake-up would take.
-fn block_on<F: Future + Unpin>(mut f: F) -> F::Output {
-    let (_, waker) = counter();
-    let start = Instant::now();
-    loop {
-        if let Poll::Ready(v) = poll(&mut f, &waker) {
-            return v;
-        }
-        assert!(start.elapsed() < LONG, "never woken");
-        std::thread::park_timeout(Duration::from_millis(100));
-    }
-}
-
-/// Waits until `c` was woken at least once (10 s at most).
-fn wait_for_wake(c: &Counter) {
-    let start = Instant::now();
-    while c.wakes.load(Ordering::SeqCst) == 0 {
-        assert!(start.elapsed() < LONG, "never woken");
-        std::thread::park_timeout(Duration::from_millis(10));
-    }
-}
+use gpupool_tests::wake::{block_on, counting_waker as counter, poll, wait_for_wake, LONG};
 
 type R = Result<(), Error<MockError>>;
 
@@ -80,7 +27,7 @@ fn resolves_only_after_the_work_ran_and_wakes_its_task() {
     // The engine keeps asking; nothing has run, so nothing resolves.
     std::thread::sleep(Duration::from_millis(20));
     assert!(poll(&mut done, &waker).is_pending());
-    assert_eq!(c.wakes.load(Ordering::SeqCst), 0);
+    assert_eq!(c.wakes(), 0);
     assert_eq!(events.live_leases(), 1);
     gpu.complete_all(lease.handle()).unwrap();
     wait_for_wake(&c);
@@ -209,7 +156,7 @@ fn a_later_event_of_a_stream_resolves_after_the_earlier_one() {
     assert_eq!(poll(&mut first, &w1), Poll::Ready(Ok(())));
     std::thread::sleep(Duration::from_millis(20));
     assert!(poll(&mut second, &w2).is_pending());
-    assert_eq!(c2.wakes.load(Ordering::SeqCst), 0);
+    assert_eq!(c2.wakes(), 0);
     gpu.complete_all(lease.handle()).unwrap();
     wait_for_wake(&c2);
     assert_eq!(poll(&mut second, &w2), Poll::Ready(Ok(())));
@@ -387,7 +334,7 @@ fn a_burst_on_one_stream_resolves_exactly_what_ran_with_few_queries() {
                 poll(f, w).is_pending(),
                 "future {i} resolved before its work ran"
             );
-            assert_eq!(c.wakes.load(Ordering::SeqCst), 0);
+            assert_eq!(c.wakes(), 0);
         }
     }
     // The rest at once: found with a few queries (oldest, newest), not one

@@ -3,59 +3,15 @@
 //! default, a GPU with `--features cuda`: they stay pending while the work is
 //! held, resolve and wake their task once it ran, and give every event back.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::sync::atomic::Ordering;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use gpupool_core::{AccessOrder, Completed, DeviceId};
+use gpupool_tests::wake::{block_on, counting_waker as counter, poll, LONG};
 use gpupool_tests::{assert_no_misuse, with_pools, TestGpu};
 
-/// How long a wait may take before the test calls it lost (Miri runs the
-/// engine's thread hundreds of times slower).
-const LONG: Duration = Duration::from_secs(if cfg!(miri) { 600 } else { 10 });
-
 const D0: DeviceId = DeviceId(0);
-
-struct Counter {
-    wakes: AtomicUsize,
-    thread: std::thread::Thread,
-}
-
-impl Wake for Counter {
-    fn wake(self: Arc<Self>) {
-        self.wakes.fetch_add(1, Ordering::SeqCst);
-        self.thread.unpark();
-    }
-}
-
-fn counter() -> (Arc<Counter>, Waker) {
-    let c = Arc::new(Counter {
-        wakes: AtomicUsize::new(0),
-        thread: std::thread::current(),
-    });
-    (Arc::clone(&c), Waker::from(c))
-}
-
-fn poll<F: Future + Unpin>(f: &mut F, waker: &Waker) -> Poll<F::Output> {
-    Pin::new(f).poll(&mut Context::from_waker(waker))
-}
-
-/// Polls until ready, parking in between; 30 s at most (only a lost wake-up
-/// or work that never runs takes that long).
-fn block_on<F: Future + Unpin>(mut f: F) -> F::Output {
-    let (_, waker) = counter();
-    let start = Instant::now();
-    loop {
-        if let Poll::Ready(v) = poll(&mut f, &waker) {
-            return v;
-        }
-        assert!(start.elapsed() < LONG, "never resolved");
-        std::thread::park_timeout(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn a_future_waits_for_held_work_then_wakes_its_task() {
@@ -68,11 +24,11 @@ fn a_future_waits_for_held_work_then_wakes_its_task() {
         assert!(poll(&mut done, &waker).is_pending());
         std::thread::sleep(Duration::from_millis(50));
         assert!(poll(&mut done, &waker).is_pending(), "resolved while held");
-        assert_eq!(c.wakes.load(Ordering::SeqCst), 0);
+        assert_eq!(c.wakes(), 0);
         // SAFETY: as above.
         unsafe { gpu.finish(lease.handle(), D0) };
         let start = Instant::now();
-        while c.wakes.load(Ordering::SeqCst) == 0 {
+        while c.wakes() == 0 {
             assert!(start.elapsed() < LONG, "never woken");
             std::thread::park_timeout(Duration::from_millis(10));
         }
