@@ -133,9 +133,7 @@
 mod shelf;
 mod thread_shelf;
 
-use std::ffi::c_ulonglong;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, StreamHandle};
@@ -143,9 +141,9 @@ use gpupool_core::{DeviceId, StreamHandle};
 use gpupool_core::{MemoryBackend, StreamBackend};
 
 use crate::backend::CudaBackend;
-use crate::driver::{raw_stream, Driver};
-use crate::error::{check, invalid_value, CudaError};
-use crate::library;
+use crate::driver::Driver;
+use crate::error::{invalid_value, CudaError};
+use crate::raw;
 use crate::shards::{LocalShards, ShardState, Shards};
 
 pub(crate) use self::shelf::Shelf;
@@ -181,34 +179,11 @@ pub(crate) fn cacheable(stream: StreamHandle) -> bool {
 /// Process-wide switch ([`CudaBackend::set_device_cache`]).
 static ENABLED: AtomicBool = AtomicBool::new(true);
 
-/// `cuStreamGetId`'s signature.
-type GetId = unsafe extern "C" fn(sys::CUstream, *mut c_ulonglong) -> sys::CUresult;
-
-/// The loaded driver's `cuStreamGetId`, looked up once; `None` before the
-/// driver has loaded (cudarc panics on a missing library), or when the driver
-/// predates CUDA 12.0. Called through this pointer rather than through
-/// cudarc's binding, which exists only when cudarc is built for CUDA 12.0 or
-/// later: so the cache works with every CUDA version feature, and a missing
-/// symbol switches the cache off instead of panicking.
-fn get_id_fn() -> Option<GetId> {
-    static GET_ID: OnceLock<Option<GetId>> = OnceLock::new();
-    if !library::is_loaded() {
-        return None;
-    }
-    *GET_ID.get_or_init(|| {
-        // SAFETY: the library is loaded (checked above), so `culib` does not
-        // panic; looking a symbol up calls nothing in it. `GetId` is the
-        // signature the CUDA headers declare for `cuStreamGetId`, and the
-        // pointer stays valid while the library is loaded, which cudarc keeps
-        // it for the life of the process (`culib` is a process-wide static).
-        unsafe { sys::culib().get::<GetId>(b"cuStreamGetId").ok().map(|f| *f) }
-    })
-}
-
-/// Whether the loaded driver has `cuStreamGetId`. False until the driver
-/// has loaded.
+/// Whether the loaded driver has `cuStreamGetId` (looked up at run time,
+/// so the cache works with every CUDA version feature, and a missing symbol
+/// switches it off). False until the driver has loaded.
 fn supported() -> bool {
-    get_id_fn().is_some()
+    raw::has_stream_get_id()
 }
 
 /// Whether the cache is on (switched on, and the driver can tell streams
@@ -226,13 +201,8 @@ fn active() -> bool {
 /// # Safety
 /// `stream` is a live created stream of this process's driver.
 unsafe fn stream_id(stream: StreamHandle) -> Option<u64> {
-    let get_id = get_id_fn()?;
-    let mut id: c_ulonglong = 0;
-    // SAFETY: `get_id` is the driver's `cuStreamGetId`, and `stream` is a
-    // live created stream (this function's contract); `id` is a valid place
-    // for the answer.
-    let r = unsafe { get_id(raw_stream(stream), &mut id) };
-    (r == sys::CUresult::CUDA_SUCCESS).then_some(id)
+    // SAFETY: a live created stream (this function's contract).
+    unsafe { raw::stream_get_id(stream) }?.ok()
 }
 
 /// `cuStreamGetId` of a usable stream; `None` for a special stream (never
@@ -267,7 +237,7 @@ unsafe fn capturing(stream: StreamHandle) -> bool {
 /// the current context).
 unsafe fn free_on(addr: usize, stream: StreamHandle) -> Result<(), CudaError> {
     // SAFETY: the caller's contract.
-    check(unsafe { sys::cuMemFreeAsync(addr as sys::CUdeviceptr, raw_stream(stream)) })
+    unsafe { raw::mem_free_async(addr as sys::CUdeviceptr, stream) }
 }
 
 /// The device cache of one device: a [`ThreadShelf`] per thread that frees
@@ -497,10 +467,10 @@ impl DeviceCache {
         }
         let mut left = Vec::new();
         let done = drv.with_context(device, |_| {
-            // SAFETY: no arguments; waits for all work of the primary context
-            // (the context of every stream a block was freed on, the
-            // module's contract), work left on destroyed streams included.
-            if let Err(e) = check(unsafe { sys::cuCtxSynchronize() }) {
+            // Waits for all work of the primary context (the context of
+            // every stream a block was freed on, the module's contract), work
+            // left on destroyed streams included.
+            if let Err(e) = raw::ctx_synchronize() {
                 left = core::mem::take(&mut blocks);
                 return Err(e);
             }
@@ -525,7 +495,7 @@ impl DeviceCache {
             })?;
             // SAFETY: `private` is live (this function's contract); lets a
             // following pool trim see the frees.
-            check(unsafe { sys::cuStreamSynchronize(raw_stream(private)) })?;
+            unsafe { raw::stream_synchronize(private) }?;
             Ok(freed)
         });
         // Not freed: still ours, kept for a later try.

@@ -78,10 +78,12 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::safe::CudaContext;
 use cudarc::driver::sys;
-use gpupool_core::{DeviceId, EventHandle, StreamHandle};
+use gpupool_core::{DeviceId, StreamHandle};
 
-use crate::error::{check, CudaError};
+use crate::error::CudaError;
 use crate::library;
+use crate::raw;
+pub(crate) use crate::raw::{raw_event, raw_stream};
 
 /// The driver as this process found it.
 pub(crate) struct Driver {
@@ -192,7 +194,7 @@ impl Driver {
         if let Some(d) = self.device_of_primary(ctx) {
             return Ok(d);
         }
-        let cu_device = current_context_device()?;
+        let cu_device = raw::ctx_get_device()?;
         self.device_of_handle(cu_device)
             .map(Device::id)
             .ok_or(CudaError::Driver(DriverError(
@@ -318,7 +320,7 @@ impl Driver {
     /// not a dead handle: the retain's handle is alive, and `prev` is put
     /// back only if it is that handle.)
     fn pin_current(&self, prev: sys::CUcontext) -> Result<Option<sys::CUcontext>, CudaError> {
-        pinned(prev, current_context_device(), |cu_device| {
+        pinned(prev, raw::ctx_get_device(), |cu_device| {
             let Some(dev) = self.device_of_handle(cu_device) else {
                 return Ok(None);
             };
@@ -352,20 +354,6 @@ fn pinned(
         Err(e) => return Err(e),
     };
     Ok(retained_primary(cu_device)?.filter(|&p| p == prev))
-}
-
-/// `cuCtxGetDevice`: the device of the calling thread's current context. It
-/// reads the thread's own current context, so no handle is handed to the
-/// driver (nothing is pushed): a context destroyed while current, which the
-/// driver leaves current on other threads (and a released primary context
-/// even on the releasing one), gives `CUDA_ERROR_CONTEXT_IS_DESTROYED`. Call
-/// it only with a context current (`CUDA_ERROR_INVALID_CONTEXT` otherwise).
-fn current_context_device() -> Result<sys::CUdevice, CudaError> {
-    let mut cu_device: sys::CUdevice = 0;
-    // SAFETY: `cu_device` is a valid place for the driver to write to; the
-    // call takes no handle.
-    check(unsafe { sys::cuCtxGetDevice(&mut cu_device) })?;
-    Ok(cu_device)
 }
 
 impl Device {
@@ -410,11 +398,8 @@ impl Device {
     /// active (retained by someone), so that retaining it initialises
     /// nothing.
     fn primary_is_active(&self) -> Result<bool, CudaError> {
-        let mut flags: std::ffi::c_uint = 0;
-        let mut active: std::ffi::c_int = 0;
-        // SAFETY: a device handle from `cuDeviceGet`; `flags` and `active`
-        // are valid places for the driver to write to.
-        check(unsafe { sys::cuDevicePrimaryCtxGetState(self.cu_device, &mut flags, &mut active) })?;
+        // SAFETY: a device handle from `cuDeviceGet`.
+        let (_flags, active) = unsafe { raw::device_primary_ctx_get_state(self.cu_device) }?;
         Ok(active != 0)
     }
 }
@@ -434,18 +419,6 @@ impl Primary {
     pub(crate) fn clamp_priority(&self, priority: i32) -> i32 {
         priority.clamp(self.greatest, self.least)
     }
-}
-
-/// The driver's handle of a stream.
-#[inline]
-pub(crate) fn raw_stream(s: StreamHandle) -> sys::CUstream {
-    s.as_raw() as sys::CUstream
-}
-
-/// The driver's handle of an event.
-#[inline]
-pub(crate) fn raw_event(e: EventHandle) -> sys::CUevent {
-    e.as_raw() as sys::CUevent
 }
 
 /// Puts something back when dropped: `put(value)` runs once, from

@@ -37,8 +37,9 @@ use cudarc::driver::sys;
 use gpupool_core::{AccessOrder, CaptureBackend, CaptureMode, DeviceId, StreamHandle};
 
 use crate::backend::CudaBackend;
-use crate::driver::{driver, raw_stream};
-use crate::error::{check, CudaError};
+use crate::driver::driver;
+use crate::error::CudaError;
+use crate::raw;
 
 /// A graph a capture ended in (`CUgraph`), owned: destroyed when dropped.
 /// Every executable graph made from it ([`instantiate`](Self::instantiate))
@@ -75,10 +76,10 @@ impl CudaGraph {
     pub fn instantiate(&self) -> Result<CudaGraphExec, CudaError> {
         let drv = driver()?;
         drv.with_context(self.device, |_| {
-            let mut exec: sys::CUgraphExec = core::ptr::null_mut();
-            // SAFETY: `exec` is a valid place for the handle; the graph is
-            // live (owned by `self`); the device's primary context is current.
-            check(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, self.graph, 0) })?;
+            // SAFETY: the graph is live (owned by `self`) and not modified
+            // (`CudaGraph` offers no modifying call); the device's primary
+            // context is current.
+            let exec = unsafe { raw::graph_instantiate_with_flags(self.graph, 0) }?;
             Ok(CudaGraphExec {
                 exec,
                 device: self.device,
@@ -92,7 +93,7 @@ impl Drop for CudaGraph {
         // SAFETY: the graph is owned by `self` alone and used no more; its
         // executable graphs keep what they need. An error (the driver shut
         // down at exit) leaves nothing to do.
-        let _ = unsafe { sys::cuGraphDestroy(self.graph) };
+        let _ = unsafe { raw::graph_destroy(self.graph) };
     }
 }
 
@@ -155,7 +156,7 @@ impl CudaGraphExec {
             // null stream, of the graph's device; the memory its work uses is
             // valid (this function's contract, and gpupool's scratchpads for
             // their memory).
-            check(unsafe { sys::cuGraphLaunch(self.exec, raw_stream(stream)) })
+            unsafe { raw::graph_launch(self.exec, stream) }
         })
     }
 }
@@ -165,7 +166,7 @@ impl Drop for CudaGraphExec {
         // SAFETY: owned by `self` alone and used no more; CUDA finishes the
         // launches in flight. An error (the driver shut down) leaves nothing
         // to do.
-        let _ = unsafe { sys::cuGraphExecDestroy(self.exec) };
+        let _ = unsafe { raw::graph_exec_destroy(self.exec) };
     }
 }
 
@@ -212,8 +213,7 @@ pub(crate) fn unrestricted<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Resu
 /// the same way).
 pub(crate) fn with_relaxed_mode<R>(op: impl FnOnce() -> R) -> R {
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: `mode` is a valid place; the call swaps the thread's mode.
-    if check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }).is_err() {
+    if raw::thread_exchange_stream_capture_mode(&mut mode).is_err() {
         return op();
     }
     let _restore = Restore(mode);
@@ -226,8 +226,8 @@ struct Restore(sys::CUstreamCaptureMode);
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        // SAFETY: `self.0` is a valid place holding the mode the thread had.
-        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut self.0) };
+        // `self.0` holds the mode the thread had.
+        let _ = raw::thread_exchange_stream_capture_mode(&mut self.0);
     }
 }
 
@@ -239,8 +239,7 @@ impl Drop for Restore {
 #[inline(never)]
 fn relaxed_mode<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: `mode` is a valid place; the call swaps the thread's mode.
-    check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) })?;
+    raw::thread_exchange_stream_capture_mode(&mut mode)?;
     let _restore = Restore(mode);
     op()
 }
@@ -312,7 +311,7 @@ impl CaptureBackend for CudaBackend {
             drv.on_stream(stream, device, || {
                 // SAFETY: the caller's contract: a live created stream of
                 // `device` (it carries its context), not capturing.
-                check(unsafe { sys::cuStreamBeginCapture_v2(raw_stream(stream), raw_mode(mode)) })
+                unsafe { raw::stream_begin_capture(stream, raw_mode(mode)) }
             })
         });
         match begun {
@@ -338,12 +337,11 @@ impl CaptureBackend for CudaBackend {
         let _ending = CAPTURES_ENDING.write().unwrap_or_else(|e| e.into_inner());
         let ended = driver()?.on_stream(stream, device, || {
             let mut graph: sys::CUgraph = core::ptr::null_mut();
-            // SAFETY: the caller's contract: a live created stream; `graph`
-            // is a valid place for the handle.
-            let r = check(unsafe { sys::cuStreamEndCapture(raw_stream(stream), &mut graph) });
+            // SAFETY: the caller's contract: a live created stream.
+            let r = unsafe { raw::stream_end_capture(stream, &mut graph) };
             if r.is_err() && !graph.is_null() {
                 // SAFETY: the driver handed the graph over; nothing uses it.
-                let _ = unsafe { sys::cuGraphDestroy(graph) };
+                let _ = unsafe { raw::graph_destroy(graph) };
             }
             r.map(|()| CudaGraph { graph, device })
         });

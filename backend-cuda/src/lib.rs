@@ -95,6 +95,7 @@ pub mod interop;
 mod kernel_arg;
 mod library;
 pub mod memory;
+mod raw;
 #[doc(hidden)]
 pub mod shards; // public for the loom models only
 mod streams_events;

@@ -172,10 +172,10 @@ use gpupool_core::{DeviceId, MemoryBackend, MemoryKind, StreamHandle};
 
 use crate::backend::CudaBackend;
 use crate::block_pool::ThreadBlocks;
-use crate::driver::{driver, raw_stream, Driver};
-use crate::error::{check, invalid_value, CudaError};
-use crate::graph::no_capture_ends;
-use crate::graph::unrestricted;
+use crate::driver::{driver, Driver};
+use crate::error::{invalid_value, CudaError};
+use crate::graph::{no_capture_ends, unrestricted};
+use crate::raw;
 use crate::shards::LocalShards;
 pub(crate) use capture::current_capture;
 use capture::GiveBack;
@@ -559,14 +559,14 @@ impl CudaBackend {
             // bytes until the copy has run on `stream`, and do not overlap;
             // `stream` is a live stream of `device` or a special stream of
             // the context `Driver::on_stream` made current.
-            check(unsafe {
-                sys::cuMemcpyAsync(
+            unsafe {
+                raw::memcpy_async(
                     dst.as_ptr() as usize as sys::CUdeviceptr,
                     src.as_ptr() as usize as sys::CUdeviceptr,
                     size,
-                    raw_stream(stream),
+                    stream,
                 )
-            })
+            }
         })
     }
 }

@@ -20,9 +20,10 @@ use gpupool_core::{
 
 use crate::backend::CudaBackend;
 use crate::driver::{driver, raw_event, raw_stream, Driver};
-use crate::error::{check, teardown_ok, CudaError};
+use crate::error::{teardown_ok, CudaError};
 use crate::graph::unrestricted;
 use crate::memory;
+use crate::raw;
 
 /// The driver, and `device` checked against it.
 #[inline]
@@ -37,17 +38,6 @@ fn checked(device: DeviceId) -> Result<&'static Driver, CudaError> {
 fn process_id() -> BackendId {
     static ID: OnceLock<BackendId> = OnceLock::new();
     *ID.get_or_init(BackendId::unique)
-}
-
-/// `CUDA_SUCCESS` is complete, `CUDA_ERROR_NOT_READY` pending, anything else
-/// an error.
-#[inline]
-fn completion(r: sys::CUresult) -> Result<Completion, CudaError> {
-    match r {
-        sys::CUresult::CUDA_SUCCESS => Ok(Completion::Complete),
-        sys::CUresult::CUDA_ERROR_NOT_READY => Ok(Completion::Pending),
-        other => Err(CudaError::Driver(DriverError(other))),
-    }
 }
 
 // SAFETY: one id for the process, fixed on first use; every `CudaBackend`
@@ -145,7 +135,7 @@ impl StreamBackend for CudaBackend {
             drv.on_stream(stream, device, || {
                 // SAFETY: a live stream of `device` (this call's contract), or
                 // a special stream of the context made current by `on_stream`.
-                completion(unsafe { sys::cuStreamQuery(raw_stream(stream)) })
+                unsafe { raw::stream_query(stream) }
             })
         })
     }
@@ -258,15 +248,9 @@ impl StreamBackend for CudaBackend {
             return Ok(None);
         }
         checked(device)?;
-        let Some(get_id) = stream_id_fn() else {
-            return Ok(None);
-        };
-        let mut id: u64 = 0;
-        // SAFETY: a live created stream (this call's contract); `id` is a
-        // valid place for the driver to write it to. The stream names its
-        // context: no current context is needed.
-        check(unsafe { get_id(raw_stream(stream), &mut id) })?;
-        Ok(Some(id))
+        // SAFETY: a live created stream (this call's contract). The stream
+        // names its context: no current context is needed.
+        unsafe { raw::stream_get_id(stream) }.transpose()
     }
 
     /// `cuStreamGetCtx`, and the device of that context. A special stream
@@ -283,10 +267,8 @@ impl StreamBackend for CudaBackend {
         if stream.is_special() {
             return drv.current_device();
         }
-        let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: a live created stream (this call's contract); `ctx` is a
-        // valid place for the driver to write the context to.
-        check(unsafe { sys::cuStreamGetCtx(raw_stream(stream), &mut ctx) })?;
+        // SAFETY: a live created stream (this call's contract).
+        let ctx = unsafe { raw::stream_get_ctx(stream) }?;
         // A `CudaBackend` creates streams only on primary contexts that the
         // process-wide table retains (`create_stream`), so the context is
         // recognised by its handle; no other context is handed to the driver.
@@ -305,10 +287,8 @@ impl CudaBackend {
     pub(crate) unsafe fn raw_capture_status(
         stream: StreamHandle,
     ) -> Result<CaptureStatus, CudaError> {
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: the caller's contract; `status` is a valid place for the
-        // answer.
-        check(unsafe { sys::cuStreamIsCapturing(raw_stream(stream), &mut status) })?;
+        // SAFETY: the caller's contract.
+        let status = unsafe { raw::stream_is_capturing(stream) }?;
         Ok(capture_status_of(status))
     }
 }
@@ -328,10 +308,8 @@ impl EventBackend for CudaBackend {
     fn create_event(&self, device: DeviceId, flags: EventFlags) -> Result<EventHandle, CudaError> {
         let drv = driver()?;
         drv.with_context(device, |_| {
-            let mut event: sys::CUevent = std::ptr::null_mut();
-            // SAFETY: `event` is a valid place for the new handle; the driver
-            // rejects flag bits it does not know.
-            check(unsafe { sys::cuEventCreate(&mut event, flags.0) })?;
+            // The driver rejects flag bits it does not know.
+            let event = raw::event_create(flags.0)?;
             // SAFETY: an event the driver just created on `device`'s primary
             // context: a usable event of `device` until it is destroyed.
             Ok(unsafe { EventHandle::from_raw(event as usize) })
@@ -391,7 +369,7 @@ impl EventBackend for CudaBackend {
         let drv = checked(device)?;
         drv.ensure_context(device)?;
         // SAFETY: a live event (this call's contract).
-        unrestricted(|| completion(unsafe { sys::cuEventQuery(raw_event(event)) }))
+        unrestricted(|| unsafe { raw::event_query(event) })
     }
 
     /// `queries` with the thread's capture interaction mode relaxed
@@ -421,22 +399,4 @@ impl EventBackend for CudaBackend {
             Ok(())
         })
     }
-}
-
-/// The driver's `cuStreamGetId`, or `None` if it does not export one (a
-/// driver older than CUDA 12.0).
-fn stream_id_fn() -> Option<unsafe extern "C" fn(sys::CUstream, *mut u64) -> sys::CUresult> {
-    type GetId = unsafe extern "C" fn(sys::CUstream, *mut u64) -> sys::CUresult;
-    static FN: std::sync::OnceLock<Option<GetId>> = std::sync::OnceLock::new();
-    *FN.get_or_init(|| {
-        // SAFETY: `culib` loads the driver library (gpupool reaches this only
-        // after the driver answered, `checked`); the symbol is read with the
-        // signature the CUDA headers give it.
-        unsafe {
-            sys::culib()
-                .get::<GetId>(b"cuStreamGetId\0")
-                .ok()
-                .map(|f| *f)
-        }
-    })
 }

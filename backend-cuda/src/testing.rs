@@ -38,8 +38,9 @@ use cudarc::driver::{sys, DriverError};
 use gpupool_core::{AccessOrder, DeviceId, StreamHandle};
 
 use crate::backend::CudaBackend;
-use crate::driver::{driver, raw_stream};
-use crate::error::{check, invalid_value, out_of_memory, CudaError};
+use crate::driver::driver;
+use crate::error::{invalid_value, out_of_memory, CudaError};
+use crate::raw;
 
 /// `gpupool_spin(u64 ns)`: returns once `%globaltimer` has advanced by `ns`.
 /// `gpupool_gate(u64 flags, u64 ns)`: `flags` points at two `u32`s, `open` and
@@ -131,15 +132,13 @@ fn kernels(device: DeviceId) -> Result<Kernels, CudaError> {
 
 /// Loads the module into the current context.
 fn load_kernels() -> Result<Kernels, CudaError> {
-    let mut module: sys::CUmodule = core::ptr::null_mut();
     // SAFETY: `KERNELS` is NUL-terminated PTX text; the driver JIT-compiles it
     // into the current context. The module is never unloaded, so its
     // functions stay valid for the life of the process.
-    check(unsafe { sys::cuModuleLoadData(&mut module, KERNELS.as_ptr().cast()) })?;
+    let module = unsafe { raw::module_load_data(KERNELS) }?;
     let function = |name: &CStr| -> Result<usize, CudaError> {
-        let mut f: sys::CUfunction = core::ptr::null_mut();
-        // SAFETY: `module` was just loaded; `name` is NUL-terminated.
-        check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) })?;
+        // SAFETY: `module` was just loaded, and is never unloaded.
+        let f = unsafe { raw::module_get_function(module, name) }?;
         Ok(f as usize)
     };
     Ok(Kernels {
@@ -180,25 +179,20 @@ unsafe fn launch(
     stream: StreamHandle,
     params: &mut [*mut c_void],
 ) -> Result<(), CudaError> {
-    // SAFETY: `function` is a kernel of the current context whose parameters
-    // match `params`, and `stream` a live stream of that context or a special
-    // one (this function's contract); the driver copies the arguments before
-    // returning.
-    check(unsafe {
-        sys::cuLaunchKernel(
+    // SAFETY: `function` is a kernel of the current context (of a module
+    // never unloaded) whose parameters match `params`, and `stream` a live
+    // stream of that context or a special one (this function's contract);
+    // the driver copies the arguments before returning.
+    unsafe {
+        raw::launch_kernel(
             function as sys::CUfunction,
-            1,
-            1,
-            1,
-            1,
-            1,
-            1,
+            [1; 3],
+            [1; 3],
             0,
-            raw_stream(stream),
-            params.as_mut_ptr(),
-            core::ptr::null_mut(),
+            stream,
+            params,
         )
-    })
+    }
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -248,16 +242,12 @@ static SLAB: Mutex<Option<Slab>> = Mutex::new(None);
 fn take_slot() -> Result<(usize, NonNull<AtomicU32>), CudaError> {
     let mut slab = SLAB.lock().unwrap_or_else(|p| p.into_inner());
     if slab.is_none() {
-        let mut host: *mut c_void = core::ptr::null_mut();
-        // SAFETY: `host` is a valid place for the pointer. Portable: pinned in
-        // every context; device-mapped: kernels may read and write it.
-        check(unsafe {
-            sys::cuMemHostAlloc(
-                &mut host,
-                MAX_GATES * 2 * size_of::<u32>(),
-                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
-            )
-        })?;
+        // Portable: pinned in every context; device-mapped: kernels may read
+        // and write it.
+        let host = raw::mem_host_alloc(
+            MAX_GATES * 2 * size_of::<u32>(),
+            sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+        )?;
         *slab = Some(Slab {
             base: host as usize,
             free: (0..MAX_GATES).rev().collect(),
@@ -340,13 +330,10 @@ impl Gate {
             };
             gate.open_flag().store(0, Ordering::SeqCst);
             gate.done_flag().store(0, Ordering::SeqCst);
-            let mut dptr: sys::CUdeviceptr = 0;
             // SAFETY: the slot lies in the slab, allocated device-mapped.
-            let mapped = check(unsafe {
-                sys::cuMemHostGetDevicePointer_v2(&mut dptr, flags.as_ptr().cast(), 0)
-            });
+            let mapped = unsafe { raw::mem_host_get_device_pointer(flags.as_ptr().cast(), 0) };
             let mut ns = nanos(timeout);
-            let launched = mapped.and_then(|()| {
+            let launched = mapped.and_then(|mut dptr| {
                 // SAFETY: `k.gate` was loaded into `device`'s primary context,
                 // current now, and takes two `u64`s; `stream` is a usable
                 // stream of `device` (`stream_of`: the order borrows it).

@@ -153,25 +153,9 @@ fn a_thread_without_a_context_keeps_the_primary_one_after_the_closure() {
 }
 
 /// cudarc's safe `CudaContext::new_non_primary`, which these tests use, exists
-/// for these CUDA versions only.
-#[cfg(any(
-    feature = "cuda-11040",
-    feature = "cuda-11050",
-    feature = "cuda-11060",
-    feature = "cuda-11070",
-    feature = "cuda-11080",
-    feature = "cuda-12000",
-    feature = "cuda-12010",
-    feature = "cuda-12020",
-    feature = "cuda-12030",
-    feature = "cuda-12040",
-    feature = "cuda-12050",
-    feature = "cuda-12060",
-    feature = "cuda-12080",
-    feature = "cuda-12090",
-    feature = "cuda-13000",
-    feature = "cuda-13010"
-))]
+/// only for the CUDA versions up to 13.1 (the cfg is set by build.rs, which
+/// holds the list of version features).
+#[cfg(cuda_non_primary_context)]
 mod non_primary {
     use super::*;
     use gpupool_core::EventPool;

@@ -8,7 +8,8 @@ use gpupool_core::{
 
 use crate::backend::CudaBackend;
 use crate::driver::driver;
-use crate::error::{check, invalid_value, teardown_ok, CudaError};
+use crate::error::{invalid_value, teardown_ok, CudaError};
+use crate::raw;
 
 /// What a [`Pool`](super::Pool) asks of the layer below it: blocks, and fences recorded in
 /// a stream's order. Every call is made without the pool's lock held, except
@@ -98,30 +99,21 @@ impl Upstream for PoolKind {
     fn allocate(&self, device: DeviceId, bytes: usize) -> Result<usize, CudaError> {
         driver()?.with_context(device, |_| match self {
             PoolKind::Pinned => {
-                let mut host: *mut core::ffi::c_void = core::ptr::null_mut();
-                // SAFETY: `host` is a valid place for the pointer. Portable:
-                // page-locked for every context; device-mapped: kernels may
-                // use it (under unified addressing, at the same address).
-                check(unsafe {
-                    sys::cuMemHostAlloc(
-                        &mut host,
-                        bytes,
-                        sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
-                    )
-                })?;
+                // Portable: page-locked for every context; device-mapped:
+                // kernels may use it (under unified addressing, at the same
+                // address).
+                let host = raw::mem_host_alloc(
+                    bytes,
+                    sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP,
+                )?;
                 Ok(host as usize)
             }
             PoolKind::Managed => {
-                let mut dptr: sys::CUdeviceptr = 0;
-                // SAFETY: `dptr` is a valid place for the address; global
-                // attachment makes it usable from every stream.
-                check(unsafe {
-                    sys::cuMemAllocManaged(
-                        &mut dptr,
-                        bytes,
-                        sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
-                    )
-                })?;
+                // Global attachment makes it usable from every stream.
+                let dptr = raw::mem_alloc_managed(
+                    bytes,
+                    sys::CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL as u32,
+                )?;
                 Ok(dptr as usize)
             }
         })
@@ -131,9 +123,9 @@ impl Upstream for PoolKind {
         // At process exit the driver has already freed everything.
         teardown_ok(driver()?.with_context(device, |_| match self {
             // SAFETY: the caller's contract.
-            PoolKind::Pinned => check(unsafe { sys::cuMemFreeHost(addr as *mut _) }),
+            PoolKind::Pinned => unsafe { raw::mem_free_host(addr as *mut _) },
             // SAFETY: the caller's contract.
-            PoolKind::Managed => check(unsafe { sys::cuMemFree_v2(addr as sys::CUdeviceptr) }),
+            PoolKind::Managed => unsafe { raw::mem_free(addr as sys::CUdeviceptr) },
         }))
     }
 

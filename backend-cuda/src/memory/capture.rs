@@ -15,8 +15,9 @@ pub(super) use super::state::GiveBack;
 use super::state::{DeviceMemory, GraphAllocation, GraphHeld, KeptForGraphs};
 use crate::backend::CudaBackend;
 use crate::driver::Driver;
-use crate::error::{check, CudaError};
+use crate::error::CudaError;
 use crate::graph::no_capture_ends;
+use crate::raw;
 
 impl DeviceMemory {
     /// The id of the capture `stream` is in ([`current_capture`]), or
@@ -200,9 +201,8 @@ impl DeviceMemory {
         // The graphs are done with the blocks, but work issued on their
         // streams before the captures began (which the graphs do not wait
         // for) may still use them: wait for all of the device's work first.
-        // SAFETY: no arguments; waits for the work of the current context,
-        // `device`'s primary one.
-        let synced = drv.with_context(device, |_| check(unsafe { sys::cuCtxSynchronize() }));
+        // Waits for the work of the current context, `device`'s primary one.
+        let synced = drv.with_context(device, |_| raw::ctx_synchronize());
         if let Err(e) = synced {
             self.kept().released.extend(released);
             return Err(e);
@@ -292,23 +292,24 @@ unsafe fn hold_in_graph_now(
         return Err(held);
     };
     let held = Box::into_raw(Box::new(held));
-    let mut object: sys::CUuserObject = std::ptr::null_mut();
-    // SAFETY: `object` is a valid place for the handle; `held` is a live
-    // allocation that the destructor takes back (once: the object's one
-    // destructor call). The flag is the one the driver requires.
-    let made = check(unsafe {
-        sys::cuUserObjectCreate(
-            &mut object,
+    // SAFETY: `held` is a live allocation that the destructor takes back
+    // (once: the object's one destructor call), on any thread, making no
+    // CUDA call (`graph_done`). The flag is the one the driver requires.
+    let made = unsafe {
+        raw::user_object_create(
             held.cast(),
             Some(graph_done),
             1,
             sys::CUuserObject_flags_enum::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC as u32,
         )
-    });
-    if made.is_err() {
-        // SAFETY: made by `Box::into_raw` above; no object took it.
-        return Err(*unsafe { Box::from_raw(held) });
-    }
+    };
+    let object = match made {
+        Ok(object) => object,
+        Err(_) => {
+            // SAFETY: made by `Box::into_raw` above; no object took it.
+            return Err(*unsafe { Box::from_raw(held) });
+        }
+    };
     // CUDA does not synchronize calls on one graph: two threads whose streams
     // are joined in one capture may free into it at once. (Not the `kept`
     // lock, which the destructor takes.)
@@ -321,14 +322,14 @@ unsafe fn hold_in_graph_now(
         // handle is that `unsafe` call's contract (see `docs/safety.md`);
         // no other gpupool call on it runs now (`RETAIN`); the move gives it
         // the one reference this call owns.
-        check(unsafe {
-            sys::cuGraphRetainUserObject(
+        unsafe {
+            raw::graph_retain_user_object(
                 graph,
                 object,
                 1,
                 sys::CUuserObjectRetain_flags_enum::CU_GRAPH_USER_OBJECT_MOVE as u32,
             )
-        })
+        }
     };
     if moved.is_err() {
         // Taken to be still this call's reference (CUDA documents no partial
@@ -381,7 +382,8 @@ pub(crate) struct CaptureNow {
 pub(crate) unsafe fn current_capture(
     stream: StreamHandle,
 ) -> Result<Option<CaptureNow>, CudaError> {
-    if capture_info_fn().is_none() {
+    // SAFETY: the caller's contract.
+    let Some(info) = (unsafe { raw::stream_get_capture_info(stream) }) else {
         // SAFETY: the caller's contract.
         let status = unsafe { CudaBackend::raw_capture_status(stream) }?;
         return Ok(status.is_capturing().then_some(CaptureNow {
@@ -389,13 +391,8 @@ pub(crate) unsafe fn current_capture(
             id: 0,
             graph: None,
         }));
-    }
-    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id: u64 = 0;
-    let mut graph: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: the caller's contract; `status`, `id` and `graph` are valid
-    // places for the answers.
-    check(unsafe { capture_info(stream, &mut status, &mut id, &mut graph) })?;
+    };
+    let (status, id, graph) = info?;
     if status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
         return Ok(None);
     }
@@ -404,80 +401,4 @@ pub(crate) unsafe fn current_capture(
         id,
         graph: (!graph.is_null()).then_some(graph),
     }))
-}
-
-/// `cuStreamGetCaptureInfo` as the driver exports it: the `_v3` entry
-/// point (drivers for CUDA 12.3 and later), else `_v2` (11.3 and later),
-/// looked up once in the driver library cudarc loaded, whatever CUDA version
-/// cudarc's bindings were generated for (the two signatures differ; the
-/// outputs asked for here come first in both). The dependency and edge
-/// outputs are not asked for (null).
-#[derive(Copy, Clone)]
-enum CaptureInfoFn {
-    V3(
-        unsafe extern "C" fn(
-            sys::CUstream,
-            *mut sys::CUstreamCaptureStatus,
-            *mut u64,
-            *mut sys::CUgraph,
-            *mut std::ffi::c_void,
-            *mut std::ffi::c_void,
-            *mut usize,
-        ) -> sys::CUresult,
-    ),
-    V2(
-        unsafe extern "C" fn(
-            sys::CUstream,
-            *mut sys::CUstreamCaptureStatus,
-            *mut u64,
-            *mut sys::CUgraph,
-            *mut std::ffi::c_void,
-            *mut usize,
-        ) -> sys::CUresult,
-    ),
-}
-
-/// The driver's `cuStreamGetCaptureInfo` entry point, or `None` if it
-/// exports neither (a driver older than CUDA 11.3, or none loaded).
-fn capture_info_fn() -> Option<CaptureInfoFn> {
-    static FN: std::sync::OnceLock<Option<CaptureInfoFn>> = std::sync::OnceLock::new();
-    *FN.get_or_init(|| {
-        // SAFETY: `culib` loads the driver library (or panics, as every
-        // cudarc driver call does without one; gpupool reaches this only
-        // after the driver answered). Each symbol is read with the signature
-        // the CUDA headers give that versioned name.
-        unsafe {
-            let lib = sys::culib();
-            if let Ok(f) = lib.get(b"cuStreamGetCaptureInfo_v3\0") {
-                return Some(CaptureInfoFn::V3(*f));
-            }
-            lib.get(b"cuStreamGetCaptureInfo_v2\0")
-                .ok()
-                .map(|f| CaptureInfoFn::V2(*f))
-        }
-    })
-}
-
-/// `cuStreamGetCaptureInfo`: the capture status, its id and the graph being
-/// captured; `CUDA_ERROR_NOT_SUPPORTED` where the driver exports no entry
-/// point for it.
-///
-/// # Safety
-/// As [`current_capture`]; `status`, `id` and `graph` are valid places.
-unsafe fn capture_info(
-    stream: StreamHandle,
-    status: &mut sys::CUstreamCaptureStatus,
-    id: &mut u64,
-    graph: &mut sys::CUgraph,
-) -> sys::CUresult {
-    let raw = crate::driver::raw_stream(stream);
-    let null = std::ptr::null_mut();
-    match capture_info_fn() {
-        // SAFETY: the caller's contract; the outputs not asked for are null,
-        // which the driver allows.
-        Some(CaptureInfoFn::V3(f)) => unsafe { f(raw, status, id, graph, null, null, null.cast()) },
-        // SAFETY: as above.
-        Some(CaptureInfoFn::V2(f)) => unsafe { f(raw, status, id, graph, null, null.cast()) },
-        None => sys::CUresult::CUDA_ERROR_NOT_SUPPORTED,
-    }
 }

@@ -14,9 +14,10 @@ use gpupool_core::{DeviceId, MemoryKind, StreamBackend, StreamHandle, StreamOpti
 use super::capture::GiveBack;
 use super::state::{state, DeviceMemory};
 use crate::backend::CudaBackend;
-use crate::driver::{raw_stream, Driver};
-use crate::error::{check, invalid_value, not_supported, teardown_ok, CudaError};
+use crate::driver::Driver;
+use crate::error::{invalid_value, not_supported, teardown_ok, CudaError};
 use crate::graph::no_capture_ends;
+use crate::raw;
 
 /// `CUmemLocation` as the CUDA headers lay it out in every version: the
 /// location type, then the id. From CUDA 13.2 the id sits in an anonymous
@@ -218,18 +219,16 @@ impl DeviceMemory {
         wait: bool,
         size: usize,
     ) -> Result<usize, CudaError> {
-        let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `dptr` is a valid place for the address; `pool` is
-        // gpupool's live pool of `device`; `s` is a live stream of `device` or a
-        // special stream, which means the context current: `device`'s (this
-        // function's contract).
-        check(unsafe { sys::cuMemAllocFromPoolAsync(&mut dptr, size, pool, raw_stream(s)) })?;
+        // SAFETY: `pool` is gpupool's live pool of `device`; `s` is a live
+        // stream of `device` or a special stream, which means the context
+        // current: `device`'s (this function's contract).
+        let dptr = unsafe { raw::mem_alloc_from_pool_async(size, pool, s) }?;
         if wait {
             // SAFETY: `s` is usable (this function's contract); with `wait`,
             // it is the private stream, live for the whole process.
-            if let Err(e) = check(unsafe { sys::cuStreamSynchronize(raw_stream(s)) }) {
+            if let Err(e) = unsafe { raw::stream_synchronize(s) } {
                 // SAFETY: allocated just now on `s` and never handed out.
-                let _ = unsafe { sys::cuMemFreeAsync(dptr, raw_stream(s)) };
+                let _ = unsafe { raw::mem_free_async(dptr, s) };
                 return Err(e);
             }
         }
@@ -325,7 +324,7 @@ impl DeviceMemory {
                     // `device` or a special stream of the context just made
                     // current. Inside a capture, a free node of the graph's
                     // own allocation, in the capture that made it.
-                    check(unsafe { sys::cuMemFreeAsync(addr as sys::CUdeviceptr, raw_stream(s)) })?;
+                    unsafe { raw::mem_free_async(addr as sys::CUdeviceptr, s) }?;
                     Ok(true)
                 })
             })

@@ -10,7 +10,8 @@ use gpupool_core::{DeviceId, MemoryKind};
 
 use super::state::state;
 use crate::backend::CudaBackend;
-use crate::error::{check, CudaError};
+use crate::error::CudaError;
+use crate::raw;
 
 /// What [`CudaBackend`]'s memory has asked of its upstream allocators on one
 /// device, and what its pools hold. Every array is indexed by
@@ -176,10 +177,9 @@ impl CudaBackend {
             // gone) are proven free by a synchronization of the context.
             let pending = pool.drain_local(threads);
             if !pending.is_empty() {
-                // SAFETY: no arguments; waits for all work of the primary
-                // context, work left on destroyed streams included.
-                let synced =
-                    drv.with_context(device, |_| check(unsafe { sys::cuCtxSynchronize() }));
+                // Waits for all work of the primary context, work left on
+                // destroyed streams included.
+                let synced = drv.with_context(device, |_| raw::ctx_synchronize());
                 match synced {
                     // SAFETY: every block was freed in the order of a stream
                     // of the primary context, whose work has all finished:
@@ -219,7 +219,7 @@ impl CudaBackend {
             let trimmed = drv.ensure_context(device).and_then(|()| {
                 // SAFETY: gpupool's pool of `device`, never destroyed;
                 // trimming frees only memory no allocation holds.
-                check(unsafe { sys::cuMemPoolTrimTo(pool as sys::CUmemoryPool, 0) })
+                unsafe { raw::mem_pool_trim_to(pool as sys::CUmemoryPool, 0) }
             });
             if let Err(e) = trimmed {
                 first_error.get_or_insert(e);
