@@ -541,6 +541,13 @@ pub fn mock_event_pool(devices: u32) -> (MockBackend, EventPool<MockBackend>) {
     (gpu, events)
 }
 
+/// No misuse logged and no hazard found on the mock.
+#[track_caller]
+pub fn assert_clean(gpu: &MockBackend) {
+    assert!(gpu.misuses().is_empty(), "misuses: {:?}", gpu.misuses());
+    assert!(gpu.hazards().is_empty(), "hazards: {:?}", gpu.hazards());
+}
+
 /// A fresh mock machine ([`mock`]), a stream pool and an event pool over it.
 pub fn mock_pools(devices: u32) -> (MockBackend, StreamPool<MockBackend>, EventPool<MockBackend>) {
     let (gpu, streams) = mock_stream_pool(devices);

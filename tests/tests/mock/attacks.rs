@@ -13,6 +13,7 @@ use gpupool_core::{
     MemoryKind, Scratchpad, ScratchpadConfig, StreamPool,
 };
 use gpupool_mock::{MockBackend, MockError};
+use gpupool_tests::assert_clean;
 use gpupool_tests::mock_pools;
 
 const D0: DeviceId = DeviceId(0);
@@ -21,12 +22,6 @@ const D0: DeviceId = DeviceId(0);
 /// within a few hundred rounds natively; a few under Miri, which explores
 /// the interleavings itself (and runs each round far slower).
 const RACE_ROUNDS: usize = if cfg!(miri) { 3 } else { 20_000 };
-
-#[track_caller]
-fn assert_clean(gpu: &MockBackend) {
-    assert!(gpu.misuses().is_empty(), "misuses: {:?}", gpu.misuses());
-    assert!(gpu.hazards().is_empty(), "hazards: {:?}", gpu.hazards());
-}
 
 // ---------------------------------------------------------------------------
 // Finding 1: a scratchpad's copies check only their *own* retired graph

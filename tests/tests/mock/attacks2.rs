@@ -19,18 +19,13 @@ use gpupool_core::{
     StreamPool,
 };
 use gpupool_mock::{MockBackend, MockError, MockGraph};
+use gpupool_tests::assert_clean;
 use gpupool_tests::mock_pools;
 
 const D0: DeviceId = DeviceId(0);
 
 /// How many times a racy test repeats its race (see `attacks.rs`).
 const RACE_ROUNDS: usize = if cfg!(miri) { 3 } else { 20_000 };
-
-#[track_caller]
-fn assert_clean(gpu: &MockBackend) {
-    assert!(gpu.misuses().is_empty(), "misuses: {:?}", gpu.misuses());
-    assert!(gpu.hazards().is_empty(), "hazards: {:?}", gpu.hazards());
-}
 
 /// How many misuses of `call` the mock logged.
 fn misuses_of(gpu: &MockBackend, call: BackendOp) -> usize {

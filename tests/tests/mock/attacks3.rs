@@ -9,14 +9,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpupool_core::{CaptureMode, Scratchpad, ScratchpadConfig};
-use gpupool_mock::{CallKind, MockBackend};
+use gpupool_mock::CallKind;
+use gpupool_tests::assert_clean;
 use gpupool_tests::mock_pools;
-
-#[track_caller]
-fn assert_clean(gpu: &MockBackend) {
-    assert!(gpu.misuses().is_empty(), "misuses: {:?}", gpu.misuses());
-    assert!(gpu.hazards().is_empty(), "hazards: {:?}", gpu.hazards());
-}
 
 /// How many resets the race below may take to begin a round while the other
 /// thread's wait is under way.

@@ -9,13 +9,8 @@ use std::sync::Mutex;
 
 use gpupool_core::{AccessOrder, CaptureMode, DeviceId, Error, Scratchpad};
 use gpupool_mock::{CallKind, MockBackend, MockError};
+use gpupool_tests::assert_clean;
 use gpupool_tests::mock_pools;
-
-#[track_caller]
-fn assert_clean(gpu: &MockBackend) {
-    assert!(gpu.misuses().is_empty(), "misuses: {:?}", gpu.misuses());
-    assert!(gpu.hazards().is_empty(), "hazards: {:?}", gpu.hazards());
-}
 
 /// The process-wide pools are shared by every test of this binary that uses
 /// them: these tests take turns.

@@ -16,16 +16,11 @@
 use gpupool_core::{
     AccessOrder, BackendOp, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad,
 };
-use gpupool_mock::{CaptureMode, MockBackend};
+use gpupool_mock::CaptureMode;
+use gpupool_tests::assert_clean;
 use gpupool_tests::mock_pools;
 
 const D0: DeviceId = DeviceId(0);
-
-#[track_caller]
-fn assert_clean(gpu: &MockBackend) {
-    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
-    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
-}
 
 /// The fork/join pattern inside a capture: the origin forks a side lease
 /// (`side.order().wait(origin)`), the side works, the origin joins it back,

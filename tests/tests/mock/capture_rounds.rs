@@ -14,15 +14,10 @@ use gpupool_core::{
     ScratchpadConfig, StreamPool,
 };
 use gpupool_mock::MockBackend;
+use gpupool_tests::assert_clean;
 use gpupool_tests::mock_pools;
 
 const D0: DeviceId = DeviceId(0);
-
-#[track_caller]
-fn assert_clean(gpu: &MockBackend) {
-    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
-    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
-}
 
 /// The address range of a scratchpad's device blocks.
 fn device_blocks(scratch: &Scratchpad<'_, MockBackend>) -> Vec<(usize, usize)> {

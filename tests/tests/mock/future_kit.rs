@@ -5,14 +5,8 @@
 
 use gpupool_core::{EventPool, StreamPool};
 use gpupool_mock::{CallKind, MockBackend};
+pub(crate) use gpupool_tests::assert_clean;
 pub(crate) use gpupool_tests::wake::{counting_waker as flag, poll, until, wait_for, LONG};
-
-/// No misuse and no hazard on the mock.
-#[track_caller]
-pub(crate) fn assert_clean(gpu: &MockBackend) {
-    assert!(gpu.misuses().is_empty(), "misuses: {:?}", gpu.misuses());
-    assert!(gpu.hazards().is_empty(), "hazards: {:?}", gpu.hazards());
-}
 
 /// Nothing misused, every event made destroyed exactly once (after the
 /// pool's drop).
