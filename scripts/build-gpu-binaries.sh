@@ -8,8 +8,8 @@
 #                                     one that holds no test with these
 #                                     features is left out (it says so)
 #   .gpu/example-<name>               each example of gpupool-cuda, and the
-#                                     side-by-side benchmark of gpupool-tests
-#                                     (built with its `cuda` feature)
+#                                     probes and the side-by-side benchmark
+#                                     of gpupool-bench (its `cuda` feature)
 #   .gpu/MANIFEST                     commit, toolchain, date, sizes, sha256
 #
 # cudarc loads libcuda at run time, so nothing here needs CUDA installed.
@@ -100,8 +100,9 @@ collect gpupool build --release -p gpupool --features cuda,nvrtc,cuda-12080 --ex
 echo "== .ci/downstream --features cuda: an application on CUDA 13.0 bindings (release)"
 collect gpupool-downstream build --release --manifest-path .ci/downstream/Cargo.toml \
   --target-dir target/downstream --features cuda
-echo "== gpupool-tests --features cuda: the side-by-side benchmark (release)"
-collect gpupool-tests build --release -p gpupool-tests --features cuda --example side-by-side
+echo "== gpupool-bench --features cuda: the probes and the side-by-side benchmark (release)"
+collect gpupool-bench build --release -p gpupool-bench --features cuda --bin soak --bin driver-scaling \
+  --bin capture-probe --bin scratch-thread-profile --bin one-thread-rows --bin side-by-side
 
 {
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Compares runs of two builds of the one-thread rows example
-(backend-cuda/examples/08-one-thread-rows/, run alternately by
+"""Compares runs of two builds of the one-thread rows binary
+(bench/src/bin/one-thread-rows/, run alternately by
 scripts/gpu-before-after.sh).
 
     scripts/compare-rows.py OLD_DIR... -- NEW_DIR...

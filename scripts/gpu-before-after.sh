@@ -3,14 +3,14 @@
 # (old, new, new, old, old, new, ...: each build runs first as often as
 # second, so a drift within the session favours neither), so a change is
 # measured against the code before it on the same machine in the same session. Builds nothing: build each binary on
-# a build machine first (`cargo build --release -p gpupool-tests --features cuda
-# --example side-by-side` at each commit) and bring both along.
+# a build machine first (`cargo build --release -p gpupool-bench --features cuda
+# --bin side-by-side` at each commit) and bring both along.
 #
 #   OUT=dir scripts/gpu-before-after.sh OLD_BIN NEW_BIN [PAIRS]
 #
 # Each run writes $OUT/{old,new}-N/side-by-side.json and stdout.txt; compare
 # them with scripts/compare-side-by-side.py. The same for two builds of
-# backend-cuda's example 08-one-thread-rows (gpupool's own one-thread rows,
+# gpupool-bench's one-thread-rows binary (gpupool's own one-thread rows,
 # ~5 s a run: many more pairs in the same time; rows.json, compared by
 # scripts/compare-rows.py); between processes the GPU machine's rows move up
 # to twofold, so for a few-percent question prefer scripts/same-process-rows.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds one binary holding two builds of gpupool, the one at REV and the
 # working tree, timed against each other in one process
-# (scripts/same-process-rows/main.rs; the rows are backend-cuda's example 08).
+# (bench/same-process-rows/main.rs; the rows are the gpupool-rows crate,
+# bench/rows/, compiled once against each build).
 # Builds here (no GPU needed); run the binary on the GPU machine:
 #
 #   scripts/same-process-rows.sh REV [DEST [AFTER_REV]]
@@ -12,8 +13,11 @@
 #
 # REV's tree is exported to $SAME_PROCESS_ROWS_DIR/before (default
 # /tmp/gpupool-same-process-rows) with its crates' version renamed
-# 0.1.0-before, so cargo keeps the two copies of each crate apart; the
-# binary's manifest is written to $SAME_PROCESS_ROWS_DIR/bench/.
+# 0.1.0-before, so cargo keeps the two copies of each crate apart. The rows
+# crate's source always comes from the working tree (REV may predate it):
+# it is copied twice, to rows-before/ (against REV's crates) and rows-after/
+# (against the working tree's, or AFTER_REV's), each under a package name of
+# its own; the binary's manifest is written to $SAME_PROCESS_ROWS_DIR/bench/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev=${1:?usage: scripts/same-process-rows.sh REV [DEST [AFTER_REV]]}
@@ -44,6 +48,31 @@ if [[ -n $after_rev ]]; then
   mkdir -p "$after"
   git archive "$after_rev" | tar -x -m -C "$after"
 fi
+# The rows crate, twice: the working tree's source, each copy with a manifest
+# naming one build's crates (the dependencies of bench/rows/Cargo.toml).
+# $1: before or after; $2: the tree holding that build's crates.
+rows_copy() {
+  local dir=$work/rows-$1
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  cp -R "$root/bench/rows/src" "$dir/src"
+  cat >"$dir/Cargo.toml" <<TOML
+# Written by scripts/same-process-rows.sh: bench/rows/ of the working tree,
+# against the gpupool in $2.
+[package]
+name = "gpupool-rows-$1"
+version = "0.0.0"
+edition = "2021"
+publish = false
+
+[dependencies]
+gpupool-core = { path = "$2/core", features = ["std"] }
+gpupool-mock = { path = "$2/backend-mock" }
+gpupool-cuda = { path = "$2/backend-cuda", features = ["cuda-12080"] }
+TOML
+}
+rows_copy before "$work/before"
+rows_copy after "$after"
 # The binary's package sits beside REV's tree, not above it: cargo makes path
 # dependencies below a workspace's root members of that workspace.
 mkdir -p "$work/bench"
@@ -59,15 +88,11 @@ publish = false
 
 [[bin]]
 name = "same-process-rows"
-path = "$root/scripts/same-process-rows/main.rs"
+path = "$root/bench/same-process-rows/main.rs"
 
 [dependencies]
-gpupool_core_before = { package = "gpupool-core", path = "../before/core", features = ["std"] }
-gpupool_cuda_before = { package = "gpupool-cuda", path = "../before/backend-cuda", features = ["cuda-12080"] }
-gpupool_mock_before = { package = "gpupool-mock", path = "../before/backend-mock" }
-gpupool_core_after = { package = "gpupool-core", path = "$after/core", features = ["std"] }
-gpupool_cuda_after = { package = "gpupool-cuda", path = "$after/backend-cuda", features = ["cuda-12080"] }
-gpupool_mock_after = { package = "gpupool-mock", path = "$after/backend-mock" }
+rows_before = { package = "gpupool-rows-before", path = "../rows-before" }
+rows_after = { package = "gpupool-rows-after", path = "../rows-after" }
 
 [profile.release]
 debug = false

@@ -1,4 +1,18 @@
-//! gpupool's measurements on a GPU (not published).
+//! gpupool's measurements (not published): the baselines gpupool is measured
+//! against, the benchmarks and the probes.
+//!
+//! - [`baselines`]: DALI-style spinlock pools, `Mutex<Vec>` pools, no pool,
+//!   a DALI-style scratchpad, plain calls and bumpalo for host scratch, over
+//!   the backend traits. The side-by-side benchmark
+//!   (`src/bin/side-by-side/`: every pool and scratch operation against
+//!   them, on the mock or with `--features cuda` on a GPU) and the criterion
+//!   benches (`benches/`) measure gpupool against them.
+//! - The probes on a GPU, each a binary that says "skipped" without one:
+//!   `soak`, `driver-scaling`, `capture-probe`, `scratch-thread-profile`,
+//!   `one-thread-rows` (gpupool's own one-thread rows, from the
+//!   `gpupool-rows` crate in `rows/`, which `scripts/same-process-rows.sh`
+//!   also compiles against two builds of gpupool into one binary,
+//!   `same-process-rows/main.rs`).
 //!
 //! The async-completion benchmark (`src/bin/async-completion.rs`) compares
 //! four ways of making GPU completion awaitable from async Rust, in one
@@ -21,6 +35,7 @@
 //! calibration), [`harness`] one measured run, [`sys_stats`] the CPU-time
 //! and percentile helpers, [`report`] the table and the CSV.
 
+pub mod baselines;
 pub mod designs;
 pub mod gpu;
 pub mod harness;

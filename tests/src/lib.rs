@@ -41,7 +41,6 @@ use gpupool_core::{
 use gpupool_mock::MockBackend;
 
 pub mod any_pool;
-pub mod baselines;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod wake;

@@ -2,11 +2,12 @@
 //! event pools, scratch rounds of each kind), short and interleaved, for
 //! comparing two builds. Two ways:
 //!
-//! - `scripts/same-process-rows.sh` (preferred) compiles the rows (`rows.rs`)
-//!   against two builds of gpupool into one binary and alternates the two
-//!   builds' rows in blocks of milliseconds within one process, so a drift of
-//!   the machine's speed falls on both alike;
-//! - `scripts/gpu-before-after.sh` runs two builds of this example
+//! - `scripts/same-process-rows.sh` (preferred) compiles the rows (the
+//!   `gpupool-rows` crate, `bench/rows/`) against two builds of gpupool into
+//!   one binary and alternates the two builds' rows in blocks of milliseconds
+//!   within one process, so a drift of the machine's speed falls on both
+//!   alike;
+//! - `scripts/gpu-before-after.sh` runs two builds of this binary
 //!   alternately, many times in a few minutes, and `scripts/compare-rows.py`
 //!   takes each row's median over the runs of each build. Between processes
 //!   the GPU machine's rows moved up to twofold (H200, 2026-12-02), in step
@@ -17,14 +18,13 @@
 //! (`{"row": ns, ...}`) and prints the table. Without a driver or a GPU it
 //! says "skipped" and exits 0.
 //!
-//! `cargo run --release -p gpupool-cuda --example 08-one-thread-rows`
+//! `cargo run --release -p gpupool-bench --bin one-thread-rows`
 
 use std::time::Duration;
 
 use gpupool_core::Backend;
 use gpupool_cuda::CudaBackend;
-
-mod rows;
+use gpupool_rows as rows;
 
 const REPEATS: usize = 9;
 const TARGET: Duration = Duration::from_millis(20);

@@ -1,47 +1,29 @@
-//! Two builds of gpupool in one process: the one-thread rows of
-//! `backend-cuda/examples/08-one-thread-rows/rows.rs`, compiled once against a
-//! build from before a change (`gpupool_*_before`) and once against the
-//! working tree (`gpupool_*_after`), timed in alternating blocks of a few
-//! milliseconds: for each row, a block of the one build, then a block of the
-//! other (the order swapped every pair), `PAIRS` times. A pair's two blocks
-//! run within milliseconds of each other on the same thread, so a drift of
-//! the machine's speed (between processes the GPU machine's rows moved up to
+//! Two builds of gpupool in one process: the one-thread rows of the
+//! `gpupool-rows` crate (`bench/rows/`), compiled once against a build from
+//! before a change (`rows_before`) and once against the working tree
+//! (`rows_after`), timed in alternating blocks of a few milliseconds: for
+//! each row, a block of the one build, then a block of the other (the order
+//! swapped every pair), `PAIRS` times. A pair's two blocks run within
+//! milliseconds of each other on the same thread, so a drift of the
+//! machine's speed (between processes the GPU machine's rows moved up to
 //! twofold, in step) falls on both alike; the median over the pairs of each
 //! pair's after/before quotient is the comparison.
 //!
-//! Built by `scripts/same-process-rows.sh REV`, which writes the manifest
-//! that names the two builds. Environment: `PAIRS` (default 61), `BLOCK_MS`
-//! (default 5), `ROWS` (only the rows whose name contains it), `OUT` (writes
-//! `same-process-rows.json` there). With `--mock`, on the mock backend (no
-//! GPU; the mock's own costs are not CUDA's); with `--bare`, on a backend
-//! that only allocates host memory (`bare_backend.rs`: what the core's own
-//! code costs, on any machine). Otherwise on CUDA: without a driver or a GPU
-//! it says "skipped" and exits 0.
+//! Built by `scripts/same-process-rows.sh REV`, which writes the two copies
+//! of the rows crate and the manifest that names them. Environment: `PAIRS`
+//! (default 61), `BLOCK_MS` (default 5), `ROWS` (only the rows whose name
+//! contains it), `OUT` (writes `same-process-rows.json` there). With
+//! `--mock`, on the mock backend (no GPU; the mock's own costs are not
+//! CUDA's); with `--bare`, on a backend that only allocates host memory
+//! (`bench/rows/src/bare.rs`: what the core's own code costs, on any
+//! machine). Otherwise on CUDA: without a driver or a GPU it says "skipped"
+//! and exits 0.
 
 use std::time::Duration;
 
-// The timing helpers of rows.rs, from one build: the same code times both.
-use before::{calibrate, time};
-
-mod before {
-    use gpupool_core_before as gpupool_core;
-    use gpupool_cuda_before as gpupool_cuda;
-    include!("../../backend-cuda/examples/08-one-thread-rows/rows.rs");
-    pub(crate) use gpupool_cuda::CudaBackend as Gpu;
-    pub(crate) use gpupool_mock_before::MockBackend as Mock;
-    include!("bare_backend.rs");
-}
-
-// Its copy of rows.rs's timing helpers is not used (`before`'s times both).
-#[allow(dead_code)]
-mod after {
-    use gpupool_core_after as gpupool_core;
-    use gpupool_cuda_after as gpupool_cuda;
-    include!("../../backend-cuda/examples/08-one-thread-rows/rows.rs");
-    pub(crate) use gpupool_cuda::CudaBackend as Gpu;
-    pub(crate) use gpupool_mock_after::MockBackend as Mock;
-    include!("bare_backend.rs");
-}
+// The timing helpers of the rows crate, from one build: the same code times
+// both.
+use rows_before::{calibrate, time};
 
 /// The `q` quantile (0..=1) of `v`, nearest rank.
 fn quantile(v: &[f64], q: f64) -> f64 {
@@ -65,8 +47,8 @@ struct Figures {
 }
 
 fn compare(
-    before_rows: &mut [before::Row<'_>],
-    after_rows: &mut [after::Row<'_>],
+    before_rows: &mut [rows_before::Row<'_>],
+    after_rows: &mut [rows_after::Row<'_>],
     pairs: usize,
     block: Duration,
 ) -> Vec<Figures> {
@@ -111,27 +93,37 @@ fn compare(
 /// Both builds' rows, each on its own backend, compared.
 fn both<B, A>(before_backend: &B, after_backend: &A, pairs: usize, block: Duration) -> Vec<Figures>
 where
-    B: gpupool_core_before::ScratchBackend,
-    A: gpupool_core_after::ScratchBackend,
+    B: rows_before::gpupool_core::ScratchBackend,
+    A: rows_after::gpupool_core::ScratchBackend,
 {
-    before::with_rows(before_backend, |b| {
-        after::with_rows(after_backend, |a| compare(b, a, pairs, block))
+    rows_before::with_rows(before_backend, |b| {
+        rows_after::with_rows(after_backend, |a| compare(b, a, pairs, block))
     })
 }
 
 fn main() {
-    use gpupool_core_after::Backend as _;
+    use rows_after::gpupool_core::Backend as _;
     let pairs = env_usize("PAIRS", 61).max(1);
     let block = Duration::from_millis(env_usize("BLOCK_MS", 5) as u64);
     let mock = std::env::args().any(|a| a == "--mock");
     let bare = std::env::args().any(|a| a == "--bare");
     let figures = if bare {
-        both(&before::Bare::new(), &after::Bare::new(), pairs, block)
+        both(
+            &rows_before::Bare::new(),
+            &rows_after::Bare::new(),
+            pairs,
+            block,
+        )
     } else if mock {
-        both(&before::Mock::new(1), &after::Mock::new(1), pairs, block)
+        both(
+            &rows_before::Mock::new(1),
+            &rows_after::Mock::new(1),
+            pairs,
+            block,
+        )
     } else {
-        let before_gpu = before::Gpu::new();
-        let after_gpu = after::Gpu::new();
+        let before_gpu = rows_before::Gpu::new();
+        let after_gpu = rows_after::Gpu::new();
         match after_gpu.device_count() {
             Ok(n) if n > 0 => {}
             _ => {

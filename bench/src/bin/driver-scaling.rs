@@ -8,7 +8,7 @@
 //! of ns per call, median of `REPEATS` runs. Prints a table and "OK".
 //! Without a driver or a GPU it says "skipped" and exits 0.
 //!
-//! `cargo run --release -p gpupool-cuda --example 05-driver-scaling`
+//! `cargo run --release -p gpupool-bench --bin driver-scaling`
 
 use std::ffi::c_ulonglong;
 use std::sync::Barrier;

@@ -1,23 +1,24 @@
-// A backend with no GPU and (almost) no cost: host memory from the global
-// allocator for every kind, streams and events that are numbers, every query
-// complete. What a round costs on it is gpupool's own code (the core), so two
-// builds' core costs can be compared on any machine, to the nanosecond; the
-// mock's hazard detector and CUDA's driver calls would drown a few
-// nanoseconds. Included by main.rs into each build's module (`gpupool_core`
-// is that build's core). Not a model of a GPU: nothing here is ordered.
+//! A backend with no GPU and (almost) no cost: host memory from the global
+//! allocator for every kind, streams and events that are numbers, every query
+//! complete. What a round costs on it is gpupool's own code (the core), so two
+//! builds' core costs can be compared on any machine, to the nanosecond; the
+//! mock's hazard detector and CUDA's driver calls would drown a few
+//! nanoseconds. Compiled against each build's core (`gpupool_core` is that
+//! build's). Not a model of a GPU: nothing here is ordered.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-// `MemoryKind` and `StreamOptions` come from the including module (rows.rs).
 use gpupool_core::{
     Backend, BackendId, Completion, DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend,
-    StreamBackend, StreamHandle,
+    MemoryKind, StreamBackend, StreamHandle, StreamOptions,
 };
 
+/// The bare backend's one error: a bad layout, or the global allocator out of
+/// memory.
 #[derive(Debug)]
-pub(crate) struct BareError;
+pub struct BareError;
 
 impl std::fmt::Display for BareError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -27,13 +28,17 @@ impl std::fmt::Display for BareError {
 
 impl std::error::Error for BareError {}
 
-pub(crate) struct Bare {
+/// The bare backend (see the module's docs): one device, every call
+/// succeeds at once.
+pub struct Bare {
     id: BackendId,
     next_handle: AtomicUsize,
 }
 
 impl Bare {
-    pub(crate) fn new() -> Self {
+    /// A backend with an id of its own.
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Self {
         Bare {
             id: BackendId::unique(),
             next_handle: AtomicUsize::new(16),

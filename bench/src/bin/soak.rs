@@ -2,7 +2,7 @@
 //! result checked, GPU memory sampled throughout and required to stay flat.
 //!
 //! ```sh
-//! GPUPOOL_SOAK_SECONDS=300 cargo run --release -p gpupool-cuda --example 04-soak
+//! GPUPOOL_SOAK_SECONDS=300 cargo run --release -p gpupool-bench --bin soak
 //! ```
 //!
 //! Each worker thread, every iteration: leases a stream from the process-wide

@@ -17,7 +17,7 @@
 //! Criterion reports time per round of 16 allocations (and the throughput in
 //! allocations per second).
 //!
-//! Run: `cargo bench -p gpupool-tests --bench scratchpad`
+//! Run: `cargo bench -p gpupool-bench --bench scratchpad`
 
 use std::alloc::Layout;
 use std::hint::black_box;

@@ -21,7 +21,7 @@
 //! thread counts alternate within each repeat. Without a driver or a GPU it
 //! says "skipped" and exits 0.
 //!
-//! `cargo run --release -p gpupool-cuda --example 07-scratch-thread-profile`
+//! `cargo run --release -p gpupool-bench --bin scratch-thread-profile`
 
 use std::hint::black_box;
 use std::ptr::NonNull;

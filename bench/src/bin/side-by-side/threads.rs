@@ -12,8 +12,8 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use gpupool_bench::baselines::DaliScratchpad;
 use gpupool_core::{AccessOrder, DeviceId, MemoryKind, ScratchSizes, Scratchpad, StreamOptions};
-use gpupool_tests::baselines::DaliScratchpad;
 
 use crate::measure::Settings;
 use crate::report::kind_name;

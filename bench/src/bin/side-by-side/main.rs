@@ -1,14 +1,14 @@
 //! gpupool against its baselines, side by side, in one run: event get+put,
 //! stream lease+return and scratch rounds, each measured in the same process
-//! as the baselines it is compared with (`gpupool_tests::baselines`).
+//! as the baselines it is compared with (`gpupool_bench::baselines`).
 //!
 //! ```sh
 //! # the mock backend (the pools' own overhead: the mock's calls cost little)
-//! cargo run --release -p gpupool-tests --example side-by-side
+//! cargo run --release -p gpupool-bench --bin side-by-side
 //! # a real GPU (the CUDA backend's figures)
-//! cargo run --release -p gpupool-tests --features cuda --example side-by-side -- --cuda
+//! cargo run --release -p gpupool-bench --features cuda --bin side-by-side -- --cuda
 //! # either, with a plot of the throughput ratios
-//! cargo run --release -p gpupool-tests --example side-by-side -- --svg ratios.svg
+//! cargo run --release -p gpupool-bench --bin side-by-side -- --svg ratios.svg
 //! ```
 //!
 //! What it measures:

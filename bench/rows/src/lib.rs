@@ -1,11 +1,23 @@
-// gpupool's own one-thread rows: the stream and event pools and the scratch
-// rounds of each kind, each a closure that runs one operation (a lease and its
-// return, a round of 16 allocations). Shared by this example's `main.rs` and by
-// `scripts/same-process-rows/main.rs`, which compiles this file twice, against
-// two builds of gpupool (`gpupool_core` is whatever the including module names
-// so), to time both builds in one process, on CUDA or on the mock. So: plain
-// `//` comments (an included file has no inner doc comments), and only API that
-// every build since the soundness issue has.
+//! gpupool's own one-thread rows: the stream and event pools and the scratch
+//! rounds of each kind, each a closure that runs one operation (a lease and
+//! its return, a round of 16 allocations), and the helpers that time them.
+//!
+//! Used by gpupool-bench's `one-thread-rows` binary, and by
+//! `scripts/same-process-rows.sh`, which compiles two copies of this crate
+//! (its source from the working tree), one against a build of gpupool from
+//! before a change and one against the working tree (or a later revision),
+//! to time both builds in one process (`bench/same-process-rows/main.rs`),
+//! on CUDA, on the mock or on the [`Bare`] backend. So: only API that every
+//! build since the soundness issue has, and the backends each build's rows
+//! run on are re-exported here ([`Gpu`], [`Mock`], [`Bare`], and the build's
+//! [`gpupool_core`]).
+
+mod bare;
+
+pub use bare::{Bare, BareError};
+pub use gpupool_core;
+pub use gpupool_cuda::CudaBackend as Gpu;
+pub use gpupool_mock::MockBackend as Mock;
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -15,21 +27,21 @@ use gpupool_core::{
     StreamPool, StreamPoolConfig,
 };
 
-// The side-by-side benchmark's round: 16 allocations of these sizes.
+/// The side-by-side benchmark's round: 16 allocations of these sizes.
 const SIZES: [usize; 16] = [
     1, 24, 100, 512, 4096, 65536, 17, 3000, 8192, 40000, 64, 256, 1024, 12345, 50000, 2,
 ];
 const ALIGN: usize = 8;
 const D: gpupool_core::DeviceId = gpupool_core::DeviceId(0);
 
-// A row: its name, and one operation.
-pub(crate) type Row<'a> = (String, Box<dyn FnMut() + 'a>);
+/// A row: its name, and one operation.
+pub type Row<'a> = (String, Box<dyn FnMut() + 'a>);
 
-// Makes the rows on device 0 of `gpu` (CUDA: there must be a driver and a GPU),
-// hands them to `f`, then checks that no lease is left out and destroys the
-// stream the scratch rows used. The rows are in a fixed order; the first is a
-// control that touches neither the driver nor gpupool.
-pub(crate) fn with_rows<B: ScratchBackend, R>(gpu: &B, f: impl FnOnce(&mut [Row<'_>]) -> R) -> R {
+/// Makes the rows on device 0 of `gpu` (CUDA: there must be a driver and a
+/// GPU), hands them to `f`, then checks that no lease is left out and destroys
+/// the stream the scratch rows used. The rows are in a fixed order; the first
+/// is a control that touches neither the driver nor gpupool.
+pub fn with_rows<B: ScratchBackend, R>(gpu: &B, f: impl FnOnce(&mut [Row<'_>]) -> R) -> R {
     let stream = gpu
         .create_stream(D, StreamOptions::default())
         .expect("a stream");
@@ -134,8 +146,8 @@ pub(crate) fn with_rows<B: ScratchBackend, R>(gpu: &B, f: impl FnOnce(&mut [Row<
     result
 }
 
-// Runs `f` `n` times; the time taken.
-pub(crate) fn time(f: &mut dyn FnMut(), n: usize) -> Duration {
+/// Runs `f` `n` times; the time taken.
+pub fn time(f: &mut dyn FnMut(), n: usize) -> Duration {
     let t = Instant::now();
     for _ in 0..n {
         f();
@@ -143,8 +155,8 @@ pub(crate) fn time(f: &mut dyn FnMut(), n: usize) -> Duration {
     t.elapsed()
 }
 
-// How many runs of `f` take about `target`.
-pub(crate) fn calibrate(f: &mut dyn FnMut(), target: Duration) -> usize {
+/// How many runs of `f` take about `target`.
+pub fn calibrate(f: &mut dyn FnMut(), target: Duration) -> usize {
     let mut n = 16usize;
     loop {
         let t = time(f, n);

@@ -1,26 +1,26 @@
 //! Event get+put and stream lease+return on the mock backend, gpupool's pools
-//! against the baselines of `gpupool_tests::baselines`: the DALI-style pools
+//! against the baselines of `gpupool_bench::baselines`: the DALI-style pools
 //! (a spinlock over linked lists with node recycling; the stream pool queries
 //! on return), a `std::sync::Mutex<Vec<_>>` pool, and no pool (create and
 //! destroy each time), on one thread and on two threads at once. The mock's
 //! calls cost little, so this shows the pools' own overhead.
 //!
-//! Run: `cargo bench -p gpupool-tests --bench pools` (criterion's HTML report,
+//! Run: `cargo bench -p gpupool-bench --bench pools` (criterion's HTML report,
 //! with plots, lands in `target/criterion/report/index.html`). For every
 //! thread count, 4 threads per core and the tail latencies, in one table, run
-//! the `side-by-side` example instead.
+//! the `side-by-side` benchmark (`--bin side-by-side`) instead.
 
 use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use gpupool_core::{DeviceId, EventFlags, EventPool, StreamPool, StreamPoolConfig};
-use gpupool_mock::MockBackend;
-use gpupool_tests::baselines::{
+use gpupool_bench::baselines::{
     event_create_destroy, stream_create_destroy, DaliEventPool, DaliStreamPool, MutexVecEventPool,
     MutexVecStreamPool,
 };
+use gpupool_core::{DeviceId, EventFlags, EventPool, StreamPool, StreamPoolConfig};
+use gpupool_mock::MockBackend;
 
 const D: DeviceId = DeviceId(0);
 

@@ -5,13 +5,13 @@ use std::hint::black_box;
 use std::sync::{mpsc, Barrier};
 use std::time::{Duration, Instant};
 
+use gpupool_bench::baselines::{
+    bumpalo_round, event_create_destroy, raw_round, stream_create_destroy, DaliEventPool,
+    DaliScratchpad, DaliStreamPool, MutexVecEventPool, MutexVecStreamPool,
+};
 use gpupool_core::{
     AccessOrder, DeviceId, EventFlags, EventPool, MemoryKind, ScratchSizes, Scratchpad,
     StreamOptions, StreamPool, StreamPoolConfig,
-};
-use gpupool_tests::baselines::{
-    bumpalo_round, event_create_destroy, raw_round, stream_create_destroy, DaliEventPool,
-    DaliScratchpad, DaliStreamPool, MutexVecEventPool, MutexVecStreamPool,
 };
 
 use crate::report::kind_name;
