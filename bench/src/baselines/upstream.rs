@@ -86,7 +86,7 @@ pub(super) unsafe fn upstream_release<B: MemoryBackend>(
 /// space, left empty.
 ///
 /// # Safety
-/// As for [`DaliScratchpad::new`]: `order` is host order or a stream of
+/// As for [`DaliScratchpad::new`](super::DaliScratchpad::new): `order` is host order or a stream of
 /// `device` made by `backend` (or a backend with its
 /// [`id`](gpupool_core::Backend::id)), or one of `device`'s special streams.
 pub unsafe fn raw_round<B: MemoryBackend>(
