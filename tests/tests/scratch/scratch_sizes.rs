@@ -168,7 +168,7 @@ fn a_failed_learned_block_is_a_typed_error_and_changes_nothing() {
 fn learned_rounds_with_a_lagging_gpu_report_no_hazard() {
     with_sizes(|gpu, s, sizes| {
         let mut rng = Rng::new(7);
-        let rounds = if cfg!(miri) { 30 } else { 3_000 };
+        let rounds = if cfg!(miri) { 12 } else { 3_000 };
         for i in 0..rounds {
             let mut pad = learning(gpu, &s, sizes);
             for _ in 0..rng.below(3) + 1 {
