@@ -13,7 +13,7 @@ use gpupool_tests::{mock, Rng};
 /// Streams straight from the mock (see `MockStream`).
 use gpupool_tests::MockStream as Stream;
 
-const ROUNDS: usize = if cfg!(miri) { 50 } else { 10_000 };
+const ROUNDS: usize = if cfg!(miri) { 20 } else { 10_000 };
 
 fn round(
     gpu: &MockBackend,
