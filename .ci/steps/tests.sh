@@ -1,10 +1,8 @@
-# The README's test command, the measurement crate's own tests, the loom
-# models.
+# Beside the README's test command (run by .ci/run itself): the measurement
+# crate's own tests and the loom models.
 
 tests() {
-  section "tests (the README's test command)"
-  cargo test
-  # The baselines' own tests (the measurement crate is not a default member).
+  section "the measurement crate's tests (not a default member: the baselines)"
   cargo test -p gpupool-bench --lib
 
   section "loom models"
