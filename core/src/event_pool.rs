@@ -24,10 +24,10 @@ pub use crate::owned::OwnedEvent;
 use crate::pool::{shared_pool_methods, Pool, PoolKind, Slot};
 use crate::stats::Counters;
 use crate::sync::epoch::{Collector, Guard};
-#[cfg(feature = "std")]
-use crate::sync::AtomicU32;
 #[cfg(all(feature = "std", any(loom, target_has_atomic = "64")))]
 use crate::sync::AtomicU64;
+#[cfg(feature = "std")]
+use crate::sync::AtomicUsize;
 
 mod lease;
 pub(crate) use lease::LastRecord;
@@ -217,7 +217,7 @@ impl<B: EventBackend> EventPool<B> {
             event: unsafe { EventHandle::from_raw(h) },
             device,
             in_place: Some(cell_slot),
-            records: AtomicU32::new(0),
+            records: AtomicUsize::new(0),
             #[cfg(any(loom, target_has_atomic = "64"))]
             last_capture: AtomicU64::new(0),
         })

@@ -14,7 +14,7 @@ use crate::stats::Counters;
 use crate::sync::Arc;
 #[cfg(any(loom, target_has_atomic = "64"))]
 use crate::sync::AtomicU64;
-use crate::sync::{AtomicU32, Ordering};
+use crate::sync::{AtomicUsize, Ordering};
 use crate::thread_cache::InPlace;
 
 /// An exclusive lease of a pooled event; returns it to its pool when dropped.
@@ -31,8 +31,12 @@ pub struct EventLease<'p, B: EventBackend> {
     /// rest of the lease: it is destroyed when the lease ends instead of
     /// going back to the pool, and the host cannot wait on it), and below it
     /// how many records are under way now (a wait that may have joined a
-    /// capture through one is told before the record can be seen).
-    pub(super) records: AtomicU32,
+    /// capture through one is told before the record can be seen). A word,
+    /// not a `u32`: `get` builds the lease and its caller moves it out of
+    /// the `Result` in 8-byte pieces; a 4-byte counter beside the 4-byte
+    /// device was one such piece written by two 4-byte stores, which the CPU
+    /// cannot forward to the load (a stall of a quarter of a get+put).
+    pub(super) records: AtomicUsize,
     /// The capture the latest record was made in ([`LastRecord`]'s
     /// encoding: 0 outside any capture or none yet, `id + 1` in capture `id`,
     /// `u64::MAX` in a capture gpupool could not name). Kept where the
@@ -56,7 +60,7 @@ pub(crate) enum LastRecord {
 }
 
 /// [`EventLease::records`]' bit: a record was made in a capture.
-const CAPTURED: u32 = 1 << 31;
+const CAPTURED: usize = 1 << 31;
 
 impl<B: EventBackend> fmt::Debug for EventLease<'_, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -72,7 +76,7 @@ impl<'p, B: EventBackend> EventLease<'p, B> {
             event,
             device,
             in_place: None,
-            records: AtomicU32::new(0),
+            records: AtomicUsize::new(0),
             #[cfg(any(loom, target_has_atomic = "64"))]
             last_capture: AtomicU64::new(0),
         }
