@@ -4,7 +4,7 @@
 //!
 //! | kind | allocate (host order) | allocate in stream order | free (host order) | free in stream order |
 //! |---|---|---|---|---|
-//! | host | `std::alloc` | the same | `std::alloc::dealloc` | synchronize the stream, then dealloc |
+//! | host | the thread's shelf (same size and alignment), else `std::alloc` | the same | onto the thread's shelf, else `std::alloc::dealloc` | synchronize the stream, then as in host order |
 //! | pinned | pinned pool | the same | back to the pool's free list | free at once if the stream is idle (one query), else an event on the stream and the block parked until it completes |
 //! | device | device pool, then synchronize a private stream | the [device cache](crate::device_cache) (same stream, same size), else `cuMemAllocFromPoolAsync` on the stream | `cuMemFreeAsync` on a private stream | kept by the device cache, else `cuMemFreeAsync` on the stream |
 //! | managed | managed pool | the same | back to the pool's free list | free at once if the stream is idle (one query), else an event on the stream and the block parked until it completes |
@@ -92,10 +92,13 @@
 //!
 //! ## Host memory
 //!
-//! `std::alloc` with the size and alignment given. A stream-ordered free
-//! synchronizes the stream first: nothing in gpupool frees host memory that
-//! way, and on systems with heterogeneous memory management a kernel can read
-//! pageable memory, so an earlier free could not be proven safe.
+//! `std::alloc` with the size and alignment given, with each thread's
+//! shelf of freed blocks in front (at most 8 blocks and 8 MiB
+//! per thread): a scratchpad made anew for each request gets its blocks back
+//! without the C library's lock. A stream-ordered free synchronizes the
+//! stream first: nothing in gpupool frees host memory that way, and on
+//! systems with heterogeneous memory management a kernel can read pageable
+//! memory, so an earlier free could not be proven safe.
 //!
 //! ## Alignment
 //!
@@ -159,6 +162,7 @@
 
 mod capture;
 mod device;
+mod host_shelf;
 mod kinds;
 mod overalign;
 mod state;

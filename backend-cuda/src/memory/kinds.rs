@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use gpupool_core::{DeviceId, MemoryKind, StreamBackend, StreamHandle};
 
+use super::host_shelf::{with_shelf, Kept};
 use super::state::DeviceMemory;
 use super::LOCAL_BLOCKS;
 use crate::backend::CudaBackend;
@@ -85,13 +86,18 @@ impl DeviceMemory {
         }
     }
 
-    /// Host memory from `std::alloc` (layout checked).
+    /// Host memory: a block of this thread's [shelf](super::host_shelf) of
+    /// exactly this layout, else `std::alloc` (layout checked).
     pub(super) fn host_allocate(
         &self,
         size: usize,
         align: usize,
     ) -> Result<NonNull<u8>, CudaError> {
         let layout = Layout::from_size_align(size, align).map_err(|_| invalid_value())?;
+        if let Some(p) = with_shelf(|s| s.take(layout)).flatten() {
+            self.host.reuses.fetch_add(1, Ordering::Relaxed);
+            return Ok(p);
+        }
         // SAFETY: `layout` has a nonzero size (`check_layout`).
         let p = NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or_else(out_of_memory)?;
         self.host
@@ -100,7 +106,8 @@ impl DeviceMemory {
         Ok(p)
     }
 
-    /// Frees host memory.
+    /// Frees host memory: onto this thread's shelf if it has room, else
+    /// back to `std::alloc`.
     ///
     /// # Safety
     /// `ptr` came from [`host_allocate`](Self::host_allocate) with `size` and
@@ -113,8 +120,17 @@ impl DeviceMemory {
     ) -> Result<(), CudaError> {
         let layout = Layout::from_size_align(size, align).map_err(|_| invalid_value())?;
         // SAFETY: the caller's contract: allocated by `std::alloc::alloc`
-        // with this layout, not freed yet, unused.
-        unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+        // with this layout (`host_allocate`: fresh, or a shelf's block of
+        // this layout), not freed yet, unused.
+        let kept = with_shelf(|s| unsafe { s.keep(layout, ptr) });
+        if kept == Some(Kept::Kept) {
+            return Ok(());
+        }
+        if kept.is_none() {
+            // The thread's shelf is gone (it is exiting).
+            // SAFETY: as above; the shelf did not take it.
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+        }
         self.host.upstream_frees.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryKind};
 
+use super::host_shelf::with_shelf;
 use super::state::state;
 use crate::backend::CudaBackend;
 use crate::error::CudaError;
@@ -140,9 +141,12 @@ impl CudaBackend {
     /// touched). First, the blocks kept for graphs that are gone
     /// ([`MemoryStats::kept_for_graphs`]) go back where they came from (when
     /// there are any, after **synchronizing the device's primary context**:
-    /// work issued before a capture may still use them). Returns the bytes
-    /// freed (pinned, managed, device cache, and the host and device blocks of
-    /// gone graphs).
+    /// work issued before a capture may still use them). The calling
+    /// thread's freed host blocks (its shelf: at most 8 blocks and 8 MiB,
+    /// whichever device they were asked for) go back to `std::alloc` too;
+    /// another thread's go when it exits. Returns the bytes freed (pinned,
+    /// managed, device cache, the calling thread's host shelf, and the host
+    /// and device blocks of gone graphs).
     ///
     /// Without it, the memory is kept until the process exits. Later
     /// allocations take new blocks from the driver again.
@@ -167,6 +171,12 @@ impl CudaBackend {
             Err(e) => {
                 first_error.get_or_insert(e);
             }
+        }
+        if let Some((blocks, bytes)) = with_shelf(|s| s.clear()) {
+            freed += bytes;
+            mem.host
+                .upstream_frees
+                .fetch_add(blocks as u64, Ordering::Relaxed);
         }
         for kind in [MemoryKind::Pinned, MemoryKind::Managed] {
             let Some((pool, threads, _)) = mem.host_visible(kind) else {
