@@ -154,7 +154,69 @@ pub(crate) struct MonotonicResource {
     spent: Cell<usize>,
     /// Every block held, oldest first; the last one is the current block (the
     /// cursor's).
-    blocks: RefCell<Vec<Block>>,
+    blocks: RefCell<Blocks>,
+}
+
+/// A resource's blocks, oldest first: the first inline, the rest in a `Vec`.
+/// A scratchpad made for one request mostly holds one block of a kind; a
+/// `Vec` alone would cost each such round a heap allocation and its free
+/// (with the C library's lock, once the process has threads).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Blocks {
+    /// The oldest block; `None` only while `rest` is empty too.
+    first: Option<Block>,
+    rest: Vec<Block>,
+}
+
+impl Blocks {
+    #[inline]
+    const fn new() -> Self {
+        Blocks {
+            first: None,
+            rest: Vec::new(),
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, block: Block) {
+        match self.first {
+            None => self.first = Some(block),
+            Some(_) => self.rest.push(block),
+        }
+    }
+
+    #[inline]
+    fn last(&self) -> Option<&Block> {
+        self.rest.last().or(self.first.as_ref())
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    #[inline]
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    fn to_vec(&self) -> Vec<Block> {
+        self.first.iter().chain(&self.rest).copied().collect()
+    }
+}
+
+/// Newest first (the order blocks are released in).
+impl IntoIterator for Blocks {
+    type Item = Block;
+    type IntoIter = core::iter::Chain<
+        core::iter::Rev<alloc::vec::IntoIter<Block>>,
+        core::option::IntoIter<Block>,
+    >;
+
+    #[inline]
+    fn into_iter(self) -> Self::IntoIter {
+        self.rest.into_iter().rev().chain(self.first)
+    }
 }
 
 impl MonotonicResource {
@@ -172,7 +234,7 @@ impl MonotonicResource {
             next_block: Cell::new(first_block),
             reserved: Cell::new(0),
             spent: Cell::new(0),
-            blocks: RefCell::new(Vec::new()),
+            blocks: RefCell::new(Blocks::new()),
         }
     }
 
@@ -288,7 +350,7 @@ impl MonotonicResource {
 
     /// The blocks held, oldest first (a copy).
     pub(crate) fn blocks(&self) -> Vec<Block> {
-        self.blocks.borrow().clone()
+        self.blocks.borrow().to_vec()
     }
 
     /// Bytes held from upstream.
@@ -301,17 +363,15 @@ impl MonotonicResource {
         self.cursor.requested.get()
     }
 
-    /// Forgets the blocks (the caller releases or keeps them) and returns them,
-    /// newest first; the next block size restarts at `next`.
-    pub(crate) fn take_blocks(&self, next: usize) -> Vec<Block> {
+    /// Forgets the blocks (the caller releases or keeps them) and returns them
+    /// (they iterate newest first); the next block size restarts at `next`.
+    pub(crate) fn take_blocks(&self, next: usize) -> Blocks {
         self.cursor.set(None, 0, false);
         self.cursor.requested.set(0);
         self.reserved.set(0);
         self.spent.set(0);
         self.next_block.set(next.max(self.first_block));
-        let mut blocks = self.blocks.take();
-        blocks.reverse();
-        blocks
+        self.blocks.take()
     }
 
     /// Takes `block` back (one `take_blocks` handed out and that could not be

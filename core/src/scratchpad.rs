@@ -343,6 +343,9 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// assert!(sizes.get()[MemoryKind::Host.index()] >= 100_000);
     /// # Ok::<(), gpupool_core::Error<gpupool_mock::MockError>>(())
     /// ```
+    // Inline: the scratchpad is moved in and out by value (hundreds of
+    // bytes), which a call would copy twice.
+    #[inline]
     pub fn learn_sizes(mut self, sizes: &'b ScratchSizes) -> Self {
         let learned = sizes.get();
         for (st, size) in self.kinds.iter_mut().zip(learned) {
