@@ -51,11 +51,24 @@ fi
 # The rows crate, twice: the working tree's source, each copy with a manifest
 # naming one build's crates (the dependencies of bench/rows/Cargo.toml).
 # $1: before or after; $2: the tree holding that build's crates.
+# The CUDA version feature of the build in $1, where its gpupool-cuda has
+# one (builds before 458e1d8 pin cudarc's version themselves).
+cuda_features() {
+  if grep -q '^cuda-12080 = ' "$1/backend-cuda/Cargo.toml"; then
+    printf ', features = ["cuda-12080"]'
+  fi
+}
 rows_copy() {
   local dir=$work/rows-$1
   rm -rf "$dir"
   mkdir -p "$dir"
-  cp -R "$root/bench/rows/src" "$dir/src"
+  if grep -q 'BackendId' "$2/core/src/lib.rs"; then
+    cp -R "$root/bench/rows/src" "$dir/src"
+  else
+    # Before the soundness change: the same rows in that API.
+    mkdir -p "$dir/src"
+    cp "$root/bench/rows/legacy/lib.rs" "$dir/src/lib.rs"
+  fi
   cat >"$dir/Cargo.toml" <<TOML
 # Written by scripts/same-process-rows.sh: bench/rows/ of the working tree,
 # against the gpupool in $2.
@@ -68,7 +81,7 @@ publish = false
 [dependencies]
 gpupool-core = { path = "$2/core", features = ["std"] }
 gpupool-mock = { path = "$2/backend-mock" }
-gpupool-cuda = { path = "$2/backend-cuda", features = ["cuda-12080"] }
+gpupool-cuda = { path = "$2/backend-cuda"$(cuda_features "$2") }
 TOML
 }
 rows_copy before "$work/before"

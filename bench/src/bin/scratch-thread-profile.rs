@@ -12,7 +12,9 @@
 //! - `backend pair`: the CUDA backend's stream-ordered device allocation and
 //!   free of the learned round's size (the per-thread block cache);
 //! - `learned round`: the side-by-side benchmark's learned device round (a new
-//!   scratchpad with learned sizes, 16 allocations, drop).
+//!   scratchpad with learned sizes, 16 allocations, drop);
+//! - `learned pinned round`: the same round in pinned memory, released in the
+//!   order of the thread's stream.
 //!
 //! A machine whose threads share cores (hyperthreads) slows the controls as
 //! much as gpupool's code: the controls' ratios are the floor for code that
@@ -55,9 +57,10 @@ enum Work {
     PadNewDrop,
     BackendPair,
     LearnedRound,
+    LearnedPinnedRound,
 }
 
-const WORK: [Work; 7] = [
+const WORK: [Work; 8] = [
     Work::AluChain,
     Work::AluWide,
     Work::Malloc,
@@ -65,6 +68,7 @@ const WORK: [Work; 7] = [
     Work::PadNewDrop,
     Work::BackendPair,
     Work::LearnedRound,
+    Work::LearnedPinnedRound,
 ];
 
 impl Work {
@@ -77,6 +81,7 @@ impl Work {
             Work::PadNewDrop => "pad new+drop",
             Work::BackendPair => "backend device alloc+free",
             Work::LearnedRound => "learned device round",
+            Work::LearnedPinnedRound => "learned pinned round",
         }
     }
 }
@@ -146,12 +151,17 @@ impl Thread<'_> {
                             .expect("a stream-ordered free");
                     }
                 }
-                Work::LearnedRound => {
+                Work::LearnedRound | Work::LearnedPinnedRound => {
+                    let kind = if work == Work::LearnedRound {
+                        MemoryKind::Device
+                    } else {
+                        MemoryKind::Pinned
+                    };
                     let pad = Scratchpad::new(self.gpu, self.order)
                         .expect("a scratchpad")
                         .learn_sizes(&self.sizes);
                     for &size in &SIZES {
-                        black_box(pad.alloc(MemoryKind::Device, size, ALIGN).expect("scratch"));
+                        black_box(pad.alloc(kind, size, ALIGN).expect("scratch"));
                     }
                 }
             }
@@ -227,7 +237,8 @@ fn main() {
             .join(" | ")
     );
     println!("|---|{}", "---|".repeat(THREADS.len()));
-    for work in WORK {
+    let blocked = [(Work::LearnedRound, true), (Work::LearnedPinnedRound, true)];
+    for (work, in_blocks) in WORK.iter().map(|&w| (w, false)).chain(blocked) {
         // Calibrate at one thread.
         let mut n = 1024usize;
         loop {
@@ -240,11 +251,22 @@ fn main() {
         }
         let mut med = vec![Vec::new(); THREADS.len()];
         let mut slow = vec![Vec::new(); THREADS.len()];
-        for _ in 0..REPEATS {
-            for (i, &threads) in THREADS.iter().enumerate() {
-                let per = run(&gpu, &streams[..threads], work, n);
-                slow[i].push(per.iter().copied().fold(0.0, f64::max));
-                med[i].push(median(per));
+        let mut measure = |i: usize| {
+            let per = run(&gpu, &streams[..THREADS[i]], work, n);
+            slow[i].push(per.iter().copied().fold(0.0, f64::max));
+            med[i].push(median(per));
+        };
+        if in_blocks {
+            for i in 0..THREADS.len() {
+                for _ in 0..REPEATS {
+                    measure(i);
+                }
+            }
+        } else {
+            for _ in 0..REPEATS {
+                for i in 0..THREADS.len() {
+                    measure(i);
+                }
             }
         }
         let one = median(med[0].clone());
@@ -254,7 +276,8 @@ fn main() {
                 format!("{m:.0} ({:.2}×) [{:.0}]", m / one, median(slow[i].clone()))
             })
             .collect();
-        println!("| {} | {} |", work.name(), cells.join(" | "));
+        let order = if in_blocks { ", counts in blocks" } else { "" };
+        println!("| {}{order} | {} |", work.name(), cells.join(" | "));
     }
     for s in streams {
         // SAFETY: every thread that used the stream has ended; every block
