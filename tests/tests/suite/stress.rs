@@ -23,11 +23,12 @@ const THREADS: usize = if cfg!(feature = "cuda") { 16 } else { 8 };
 /// per thread keeps the run well under a minute even then. Set
 /// `GPUPOOL_STRESS_ITERATIONS` to run more.
 fn iterations() -> usize {
-    // Under Miri, 8 threads of 100 leases each: every path of a lease's life
-    // (ready, busy, destroyed, created) many times over, in one of Miri's
-    // interleavings; the longest single run of CI's Miri queue.
+    // Under Miri, 8 threads of 50 leases each: every path of a lease's life
+    // (ready, busy, destroyed, created) dozens of times, in one of Miri's
+    // interleavings; still the longest single run of CI's Miri queue (about
+    // three minutes; six at 100 leases a thread).
     if cfg!(miri) {
-        return 100;
+        return 50;
     }
     let default = if cfg!(feature = "cuda") {
         20_000
