@@ -92,13 +92,12 @@
 //!
 //! ## Host memory
 //!
-//! `std::alloc` with the size and alignment given, with each thread's
-//! shelf of freed blocks in front (at most 8 blocks and 8 MiB
-//! per thread): a scratchpad made anew for each request gets its blocks back
-//! without the C library's lock. A stream-ordered free synchronizes the
-//! stream first: nothing in gpupool frees host memory that way, and on
-//! systems with heterogeneous memory management a kernel can read pageable
-//! memory, so an earlier free could not be proven safe.
+//! `std::alloc` with the size and alignment given, each thread's shelf of
+//! freed blocks (at most 8 blocks, 8 MiB) in front: a scratchpad made anew for
+//! each request gets its blocks back without the C library's lock. A
+//! stream-ordered free synchronizes the stream first: nothing in gpupool frees
+//! host memory that way, and with heterogeneous memory management a kernel
+//! can read pageable memory, so an earlier free could not be proven safe.
 //!
 //! ## Alignment
 //!
@@ -362,10 +361,9 @@ impl MemoryBackend for CudaBackend {
 
     /// Device memory: kept by the device cache for `stream` (a created
     /// stream not capturing a graph, within the cache's bound), else
-    /// `cuMemFreeAsync` on `stream`. Pinned and managed: the
-    /// block is parked behind an event recorded on `stream` and reused only
-    /// once the event has completed. Host: `stream` is synchronized, then the
-    /// memory freed.
+    /// `cuMemFreeAsync` on `stream`. Pinned and managed: the block is parked
+    /// behind an event recorded on `stream` and reused only once the event
+    /// has completed. Host: `stream` is synchronized, then the block freed.
     ///
     /// On a stream capturing a graph: a device block allocated in that
     /// capture is freed by a free node of the graph; one allocated outside
