@@ -33,14 +33,6 @@
 # MIRIFLAGS do not change what is built (they reach the interpreter), so every
 # job shares one target directory; cargo holds its lock only while it builds,
 # so two jobs run at once.
-#
-# Miri's cargo has a home of its own ($MIRI_CARGO_HOME: the crates and the
-# index linked from the usual one, which Miri's build fills first), so that
-# its lock on the package cache is not the one the other steps' cargo holds:
-# in the CI log of 2026-12-04 a worker's first job waited about seven minutes
-# on that lock ("Blocking waiting for file lock on package cache") while the
-# other steps built and ran. The jobs run offline: the build downloaded all
-# they need.
 
 MIRI_STRICT="-Zmiri-tree-borrows -Zmiri-strict-provenance"
 MIRI_PERMISSIVE="-Zmiri-tree-borrows -Zmiri-permissive-provenance -Zmiri-ignore-leaks -Zmiri-disable-isolation"
@@ -58,35 +50,11 @@ STACK_PINNING=(--skip stack::tests::stack_is_lifo_and_drains_top_first
 # twice, never not at all.
 STRESS=stress::many_threads_never_alias_and_leak_nothing
 
-MIRI_CARGO_HOME=$PWD/$MIRI_TARGET/cargo-home
-
-# `cargo miri test` with flags $1 and the arguments after it, in Miri's
-# cargo home (every Miri build uses it: the path of the crates' sources is
-# part of what cargo compares to decide what to rebuild).
+# `cargo miri test` with flags $1 and the arguments after it.
 miri_test() {
   local flags=$1
   shift
-  CARGO_HOME="$MIRI_CARGO_HOME" MIRIFLAGS="$flags" \
-    cargo +nightly miri test --target-dir "$MIRI_TARGET" "$@"
-}
-
-# `miri_test` offline, for the jobs (see the top of this file).
-miri_job_test() {
-  local flags=$1
-  shift
-  miri_test "$flags" --offline "$@"
-}
-
-# The jobs' cargo home: the usual one's crates, index and configuration,
-# linked.
-miri_cargo_home() {
-  local home=${CARGO_HOME:-$HOME/.cargo} entry
-  mkdir -p "$MIRI_CARGO_HOME" "$home/registry" "$home/git"
-  for entry in registry git config.toml config; do
-    if [[ -e $home/$entry ]]; then
-      ln -sfn "$(cd "$home" && pwd)/$entry" "$MIRI_CARGO_HOME/$entry"
-    fi
-  done
+  MIRIFLAGS="$flags" cargo +nightly miri test --target-dir "$MIRI_TARGET" "$@"
 }
 
 # Adds a job: its flags, then `cargo miri test`'s arguments (`--` and the
@@ -130,7 +98,6 @@ miri_build() {
   section "Miri: build, and the queue of jobs"
   rm -rf "$MIRI_QUEUE"
   mkdir -p "$MIRI_QUEUE"
-  miri_cargo_home
   miri_test "$MIRI_PERMISSIVE" --no-run -p gpupool-core -p gpupool-mock -p gpupool-tests --lib --tests
 
   # The acceptance suite's test binaries (tests/tests/<name>/main.rs), found
@@ -188,7 +155,7 @@ miri_worker() {
   while job=$(miri_take "$1"); do
     mapfile -t args <"$job"
     echo "-- Miri worker $1 [$((SECONDS / 60))m$((SECONDS % 60))s]: ${args[*]:1}"
-    miri_job_test "${args[@]}" || {
+    miri_test "${args[@]}" || {
       echo "Miri job failed: ${args[*]}"
       return 1
     }
