@@ -48,9 +48,6 @@ if [[ -n $after_rev ]]; then
   mkdir -p "$after"
   git archive "$after_rev" | tar -x -m -C "$after"
 fi
-# The rows crate, twice: the working tree's source, each copy with a manifest
-# naming one build's crates (the dependencies of bench/rows/Cargo.toml).
-# $1: before or after; $2: the tree holding that build's crates.
 # The CUDA version feature of the build in $1, where its gpupool-cuda has
 # one (builds before 458e1d8 pin cudarc's version themselves).
 cuda_features() {
@@ -58,6 +55,10 @@ cuda_features() {
     printf ', features = ["cuda-12080"]'
   fi
 }
+# The rows crate, twice: the working tree's source (the legacy rows for a
+# build before the soundness change), each copy with a manifest naming one
+# build's crates (the dependencies of bench/rows/Cargo.toml).
+# $1: before or after; $2: the tree holding that build's crates.
 rows_copy() {
   local dir=$work/rows-$1
   rm -rf "$dir"

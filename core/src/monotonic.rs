@@ -161,7 +161,7 @@ pub(crate) struct MonotonicResource {
 /// A scratchpad made for one request mostly holds one block of a kind; a
 /// `Vec` alone would cost each such round a heap allocation and its free
 /// (with the C library's lock, once the process has threads).
-#[derive(Clone, Debug, Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Blocks {
     /// The oldest block; `None` only while `rest` is empty too.
     first: Option<Block>,

@@ -35,7 +35,7 @@ pub(crate) const SHELF_BLOCKS: usize = 8;
 pub(crate) const SHELF_BYTES: usize = 8 << 20;
 
 /// One thread's freed host blocks.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct HostShelf {
     /// Freed blocks, oldest first: each with the layout it was allocated with.
     blocks: Vec<(Layout, NonNull<u8>)>,
@@ -67,11 +67,6 @@ impl HostShelf {
     /// and nothing uses it any more (the contract of `dealloc`).
     pub(crate) unsafe fn keep(&mut self, layout: Layout, ptr: NonNull<u8>) -> Kept {
         if self.blocks.len() < SHELF_BLOCKS && self.bytes + layout.size() <= SHELF_BYTES {
-            // The vector's first growth allocates (once per thread); its
-            // capacity then holds every block the bounds allow.
-            if self.blocks.capacity() == 0 {
-                self.blocks.reserve_exact(SHELF_BLOCKS);
-            }
             self.blocks.push((layout, ptr));
             self.bytes += layout.size();
             return Kept::Kept;

@@ -95,6 +95,7 @@ impl DeviceMemory {
     ) -> Result<NonNull<u8>, CudaError> {
         let layout = Layout::from_size_align(size, align).map_err(|_| invalid_value())?;
         if let Some(p) = with_shelf(|s| s.take(layout)).flatten() {
+            // Relaxed: an independent tally, read only for statistics.
             self.host.reuses.fetch_add(1, Ordering::Relaxed);
             return Ok(p);
         }

@@ -174,6 +174,7 @@ impl CudaBackend {
         }
         if let Some((blocks, bytes)) = with_shelf(|s| s.clear()) {
             freed += bytes;
+            // Relaxed: an independent tally, read only for statistics.
             mem.host
                 .upstream_frees
                 .fetch_add(blocks as u64, Ordering::Relaxed);

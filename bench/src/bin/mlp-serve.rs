@@ -256,8 +256,8 @@ struct Pooled {
 impl Design for Pooled {
     const NAME: &'static str = "gpupool";
 
-    fn for_thread(shared: &Shared) -> Result<Self, Failure> {
-        shared.tracked.bind_to_thread()?;
+    fn for_thread(_: &Shared) -> Result<Self, Failure> {
+        // `cell` made the primary context current on this thread.
         Ok(Pooled {
             handle: blas::create_handle()?,
         })
