@@ -224,20 +224,30 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
             config.managed_release.as_ref(),
         );
         if Watch::needs_asking_for(device_order, config) {
-            Self::begin_first_round_asking(&watch, backend, stream_orders(device_order, config))?;
+            return Self::begin_first_round_asking(
+                watch,
+                backend,
+                stream_orders(device_order, config),
+            );
         }
         Ok(watch)
     }
 
     /// [`first_round`](Self::first_round) where a stream may be capturing.
+    /// Takes the watch by value and hands it back: a watch whose address
+    /// escaped here would be kept in memory on the common path too, and its
+    /// move into the scratchpad read it back in pieces that straddle the
+    /// stores that wrote it (a failed store-to-load forward, a fifth of a
+    /// scratchpad's construction).
     #[cold]
     #[inline(never)]
     fn begin_first_round_asking(
-        watch: &Watch<'b>,
+        watch: Watch<'b>,
         backend: &B,
         orders: [AccessOrder<'b>; 3],
-    ) -> Result<(), Error<B::Error>> {
-        watch.begin_round(backend, orders)
+    ) -> Result<Watch<'b>, Error<B::Error>> {
+        watch.begin_round(backend, orders)?;
+        Ok(watch)
     }
 
     /// The checks every order of a scratchpad passes.

@@ -32,6 +32,8 @@ const SIZES: [usize; 16] = [
     1, 24, 100, 512, 4096, 65536, 17, 3000, 8192, 40000, 64, 256, 1024, 12345, 50000, 2,
 ];
 const ALIGN: usize = 8;
+/// The block of the backend rows: about what a learned round takes.
+const BACKEND_BLOCK: usize = 1 << 18;
 const D: gpupool_core::DeviceId = gpupool_core::DeviceId(0);
 
 /// A row: its name, and one operation.
@@ -130,6 +132,35 @@ pub fn with_rows<B: ScratchBackend, R>(gpu: &B, f: impl FnOnce(&mut [Row<'_>]) -
                     black_box(pad.alloc(kind, n, ALIGN).expect("scratch"));
                 }
                 pad.reset().expect("a reset");
+            }),
+        ));
+    }
+
+    rows.push((
+        "scratch: new and drop, nothing allocated".into(),
+        Box::new(move || {
+            black_box(&Scratchpad::new(gpu, order).expect("a scratchpad"));
+        }),
+    ));
+    // The backend's own share of a round: one block taken from it and given
+    // back in the stream's order (about the size of a learned round's
+    // block).
+    for (kind, name) in [
+        (MemoryKind::Pinned, "pinned"),
+        (MemoryKind::Device, "device"),
+    ] {
+        rows.push((
+            format!("backend {name}: block in and out, stream order"),
+            Box::new(move || {
+                // SAFETY: `stream` is a live stream of device 0 of `gpu`;
+                // the block is freed once, in its order, and never used.
+                unsafe {
+                    let p = gpu
+                        .allocate_async(kind, D, BACKEND_BLOCK, 256, stream)
+                        .expect("a block");
+                    gpu.deallocate_async(kind, D, black_box(p), BACKEND_BLOCK, 256, stream)
+                        .expect("freed");
+                }
             }),
         ));
     }
