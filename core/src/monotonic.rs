@@ -239,7 +239,11 @@ impl MonotonicResource {
     }
 
     /// Makes the first block at least `size` bytes. Only while no block is
-    /// held (the caller's construction).
+    /// held (the caller's construction). Inline, so that a scratchpad's
+    /// address does not escape between its construction and
+    /// [`learn_sizes`](crate::Scratchpad::learn_sizes)'s return: it is then
+    /// built where the caller keeps it, not built and copied.
+    #[inline]
     pub(crate) fn raise_first_block(&mut self, size: usize) {
         debug_assert!(self.blocks.get_mut().is_empty());
         let size = size.min(isize::MAX as usize);

@@ -140,6 +140,11 @@ pub struct Scratchpad<'b, B: ScratchBackend> {
     kinds: [KindState; 4],
     /// Bit `i` set: kind `i` holds at least one block. What `reset` visits.
     held: Cell<u8>,
+    /// Bit `i` set: kind `i` has held a block at some time (a superset of
+    /// `held`, never cleared before the release): only such a kind can
+    /// have a fence, a round to learn or blocks, so the release visits only
+    /// these.
+    touched: Cell<u8>,
     /// Bit `i` set: a block of kind `i` kept by `reset` is fenced (host-visible
     /// memory released in stream order). Fixed at construction.
     fenced: u8,
@@ -319,6 +324,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                 KindState::new(config.initial_sizes[3]),
             ],
             held: Cell::new(0),
+            touched: Cell::new(0),
             device: Cell::new(device),
             upstream_allocations: Cell::new(0),
             upstream_releases: Cell::new(0),
@@ -429,12 +435,12 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     fn note_held(&self, kind: MemoryKind) {
         let bit = 1u8 << kind.index();
         let held = self.held.get();
-        self.held
-            .set(if self.kinds[kind.index()].res.block_count() > 0 {
-                held | bit
-            } else {
-                held & !bit
-            });
+        if self.kinds[kind.index()].res.block_count() > 0 {
+            self.held.set(held | bit);
+            self.touched.set(self.touched.get() | bit);
+        } else {
+            self.held.set(held & !bit);
+        }
     }
 
     /// `bytes` of `kind` memory aligned to `align`: a raw pointer, or `None`

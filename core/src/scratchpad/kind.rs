@@ -36,6 +36,7 @@ impl KindState {
 impl KindState {
     /// Records the bytes this round handed out; returns the block size that
     /// holds the largest round so far.
+    #[inline]
     pub(super) fn note_round(&self) -> usize {
         let peak = self.peak_used.get().max(self.res.used());
         self.peak_used.set(peak);

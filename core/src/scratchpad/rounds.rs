@@ -132,7 +132,12 @@ impl<B: ScratchBackend> Scratchpad<'_, B> {
         if let (false, Some(device)) = (self.watch.quiet(), device) {
             self.retire_last_round(device, sink);
         }
-        for kind in MemoryKind::ALL {
+        // Only the kinds that ever held a block (a scratchpad made and
+        // dropped unused visits none).
+        let mut visit = self.touched.get();
+        while visit != 0 {
+            let kind = MemoryKind::ALL[visit.trailing_zeros() as usize];
+            visit &= visit - 1;
             let st = &self.kinds[kind.index()];
             if let Some(sizes) = self.sizes {
                 // A kind never used learns 0, which `learn` ignores.
@@ -164,6 +169,7 @@ impl<B: ScratchBackend> Scratchpad<'_, B> {
             }
         }
         self.held.set(0);
+        self.touched.set(0);
     }
 
     /// The part of `release_all` for a last round that may have been in a

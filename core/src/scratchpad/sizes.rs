@@ -66,6 +66,7 @@ impl ScratchSizes {
 
     /// The learned first block size per kind (indexed by
     /// [`MemoryKind::index`]; 0: none yet).
+    #[inline]
     pub fn get(&self) -> [usize; 4] {
         // Relaxed: each size is an independent hint; no other memory is
         // published through it.
@@ -80,6 +81,7 @@ impl ScratchSizes {
         }
     }
 
+    #[inline]
     pub(super) fn learn(&self, kind: MemoryKind, bytes: usize) {
         let size = &self.sizes[kind.index()];
         // Relaxed: as in `get`. A load first: once learned, the size rarely
