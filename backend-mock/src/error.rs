@@ -249,6 +249,17 @@ pub struct BlockLayout {
     pub align: usize,
 }
 
+impl BlockLayout {
+    pub(crate) const fn new(kind: MemoryKind, device: DeviceId, size: usize, align: usize) -> Self {
+        BlockLayout {
+            kind,
+            device,
+            size,
+            align,
+        }
+    }
+}
+
 impl fmt::Display for BlockLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

@@ -277,48 +277,37 @@ impl DeviceMemory {
                         Some(_) => unsafe { Self::capture_of(drv, s, device) }?,
                         None => None,
                     };
-                    match (graph_allocation, capture) {
+                    let keep_for = match (graph_allocation, capture) {
                         // Outside any capture, a block of gpupool's: freed.
-                        (None, None) => {}
+                        (None, None) => None,
                         // Inside a capture the driver frees only the graph's
                         // own allocations (a free node).
-                        (Some(made), Some(now)) if made == now && now != 0 => {}
-                        (None, Some(now)) => {
-                            // A block allocated outside the capture: the
-                            // graph's replays may use it whenever they run.
-                            // SAFETY: `s` is usable (the caller's contract)
-                            // and in capture `now`; `device`'s context is
-                            // current; the block is not used by gpupool again.
-                            unsafe {
-                                self.keep_for_graphs(
-                                    device,
-                                    MemoryKind::Device,
-                                    addr,
-                                    size,
-                                    GiveBack::DeviceBlock,
-                                    Some((s, now)),
-                                );
-                            }
-                            return Ok(false);
+                        (Some(made), Some(now)) if made == now && now != 0 => None,
+                        // A block allocated outside the capture: the graph's
+                        // replays may use it whenever they run. Kept for
+                        // that capture.
+                        (None, Some(now)) => Some(Some((s, now))),
+                        // A graph's allocation freed outside its own
+                        // capture: it belongs to the graph's launches, which
+                        // gpupool cannot see. Kept.
+                        (Some(_), _) => Some(None),
+                    };
+                    if let Some(capture) = keep_for {
+                        // SAFETY: a capture named here is the one `s` (usable:
+                        // the caller's contract) was seen in just now;
+                        // `device`'s context is current; the block is not used
+                        // by gpupool again.
+                        unsafe {
+                            self.keep_for_graphs(
+                                device,
+                                MemoryKind::Device,
+                                addr,
+                                size,
+                                GiveBack::DeviceBlock,
+                                capture,
+                            );
                         }
-                        (Some(_), _) => {
-                            // A graph's allocation freed outside its own
-                            // capture: it belongs to the graph's launches,
-                            // which gpupool cannot see. Kept.
-                            // SAFETY: no stream; the block is not used by
-                            // gpupool again.
-                            unsafe {
-                                self.keep_for_graphs(
-                                    device,
-                                    MemoryKind::Device,
-                                    addr,
-                                    size,
-                                    GiveBack::DeviceBlock,
-                                    None,
-                                );
-                            }
-                            return Ok(false);
-                        }
+                        return Ok(false);
                     }
                     // SAFETY: the caller's contract; `s` is a live stream of
                     // `device` or a special stream of the context just made

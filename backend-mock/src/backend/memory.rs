@@ -44,12 +44,7 @@ impl MemoryBackend for MockBackend {
         size: usize,
         align: usize,
     ) -> Result<(), MockError> {
-        let given = BlockLayout {
-            kind,
-            device,
-            size,
-            align,
-        };
+        let given = BlockLayout::new(kind, device, size, align);
         self.call(CallKind::Deallocate, |st| st.deallocate(given, ptr))
     }
 
@@ -85,12 +80,7 @@ impl MemoryBackend for MockBackend {
         align: usize,
         stream: StreamHandle,
     ) -> Result<(), MockError> {
-        let given = BlockLayout {
-            kind,
-            device,
-            size,
-            align,
-        };
+        let given = BlockLayout::new(kind, device, size, align);
         self.free_in_order(given, ptr, stream, false)
     }
 
@@ -109,12 +99,7 @@ impl MemoryBackend for MockBackend {
         stream: StreamHandle,
         capture: u64,
     ) -> Result<(), MockError> {
-        let given = BlockLayout {
-            kind,
-            device,
-            size,
-            align,
-        };
+        let given = BlockLayout::new(kind, device, size, align);
         self.call_on(CallKind::KeepForGraph, &[stream.as_raw()], |st| {
             st.keep_for_graph(given, ptr, stream, capture)
         })
@@ -133,12 +118,7 @@ impl MemoryBackend for MockBackend {
         size: usize,
         align: usize,
     ) -> Result<(), MockError> {
-        let given = BlockLayout {
-            kind,
-            device,
-            size,
-            align,
-        };
+        let given = BlockLayout::new(kind, device, size, align);
         self.call(CallKind::KeepForGraph, |st| {
             st.keep_for_ended_captures(given, ptr)
         })
