@@ -15,9 +15,10 @@
 mod common;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
-use common::device_count;
-use gpupool_core::{Backend, DeviceId, StreamPool};
+use common::{device_count, gpu_and_streams};
+use gpupool_core::{Backend, DeviceId, StreamLease, StreamPool};
 use gpupool_cuda::cudarc::driver::{result, sys, CudaContext};
 use gpupool_cuda::{with_cudarc_stream, CudaBackend};
 
@@ -50,94 +51,95 @@ fn previous_devices() -> Vec<u32> {
     (0..device_count().min(2)).collect()
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn a_closure_that_drops_the_last_arc_of_the_previous_primary_context_leaves_it_current_and_alive() {
+/// For each of [`previous_devices`], on a fresh thread: `f` with the
+/// backend, a lease of device 0 from a pool of the test's, the
+/// application's own handle to device `d`'s primary context (made current by
+/// cudarc) and `d`; then checks that the pool parked no error.
+fn on_a_fresh_thread_per_previous_device(
+    f: impl Fn(CudaBackend, &StreamLease<'_, CudaBackend>, Arc<CudaContext>, u32) + Sync,
+) {
     let gpu = CudaBackend::new();
     let pool = StreamPool::new(gpu);
     for d in previous_devices() {
         on_a_fresh_thread(|| {
             let lease = pool.get(0).unwrap();
-            // The application's own handle to device `d`'s primary context,
-            // made current by cudarc.
             let app = CudaContext::new(d as usize).unwrap();
-            let prev = app.cu_ctx();
-            assert_eq!(current(), Some(prev));
-
-            let synced = with_cudarc_stream(&lease, move |s| {
-                // The application's last `Arc`: cudarc releases its retain.
-                drop(app);
-                s.synchronize()
-            });
-            synced
-                .expect("the previous context made current again")
-                .expect("synchronize");
-
-            assert_eq!(current(), Some(prev), "device {d}: the previous context");
-            assert!(primary_active(d), "device {d}: alive, gpupool retains it");
-            assert_eq!(
-                gpu.context(DeviceId(d)).unwrap().cu_ctx(),
-                prev,
-                "device {d}: the table's context is that one"
-            );
-            assert_eq!(gpu.current_device().unwrap(), DeviceId(d));
-            // The driver takes calls in it.
-            result::ctx::synchronize().expect("cuCtxSynchronize in the previous context");
-            assert_eq!(current(), Some(prev));
+            f(gpu, &lease, app, d);
         });
     }
     assert!(pool.take_error().is_none());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_closure_that_drops_the_last_arc_of_the_previous_primary_context_leaves_it_current_and_alive() {
+    on_a_fresh_thread_per_previous_device(|gpu, lease, app, d| {
+        let prev = app.cu_ctx();
+        assert_eq!(current(), Some(prev));
+
+        let synced = with_cudarc_stream(lease, move |s| {
+            // The application's last `Arc`: cudarc releases its retain.
+            drop(app);
+            s.synchronize()
+        });
+        synced
+            .expect("the previous context made current again")
+            .expect("synchronize");
+
+        assert_eq!(current(), Some(prev), "device {d}: the previous context");
+        assert!(primary_active(d), "device {d}: alive, gpupool retains it");
+        assert_eq!(
+            gpu.context(DeviceId(d)).unwrap().cu_ctx(),
+            prev,
+            "device {d}: the table's context is that one"
+        );
+        assert_eq!(gpu.current_device().unwrap(), DeviceId(d));
+        // The driver takes calls in it.
+        result::ctx::synchronize().expect("cuCtxSynchronize in the previous context");
+        assert_eq!(current(), Some(prev));
+    });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_panic_in_the_closure_leaves_the_previous_context_current() {
-    let gpu = CudaBackend::new();
-    let pool = StreamPool::new(gpu);
-    for d in previous_devices() {
-        on_a_fresh_thread(|| {
-            let lease = pool.get(0).unwrap();
-            let app = CudaContext::new(d as usize).unwrap();
-            let prev = app.cu_ctx();
+    on_a_fresh_thread_per_previous_device(|gpu, lease, app, d| {
+        let prev = app.cu_ctx();
 
-            // A panic after cudarc made the stream's context current.
-            let caught = catch_unwind(AssertUnwindSafe(|| {
-                with_cudarc_stream(&lease, |s| {
-                    s.synchronize().unwrap();
-                    panic!("inside the closure")
-                })
-            }));
-            assert!(caught.is_err());
-            assert_eq!(current(), Some(prev), "device {d}: the previous context");
-            assert_eq!(gpu.current_device().unwrap(), DeviceId(d));
+        // A panic after cudarc made the stream's context current.
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            with_cudarc_stream(lease, |s| {
+                s.synchronize().unwrap();
+                panic!("inside the closure")
+            })
+        }));
+        assert!(caught.is_err());
+        assert_eq!(current(), Some(prev), "device {d}: the previous context");
+        assert_eq!(gpu.current_device().unwrap(), DeviceId(d));
 
-            // A panic after dropping the application's last `Arc` of it.
-            let caught = catch_unwind(AssertUnwindSafe(|| {
-                with_cudarc_stream(&lease, move |_| {
-                    drop(app);
-                    panic!("after the last Arc")
-                })
-            }));
-            assert!(caught.is_err());
-            assert_eq!(current(), Some(prev), "device {d}: the previous context");
-            assert!(primary_active(d), "device {d}: alive, gpupool retains it");
-            assert_eq!(gpu.current_device().unwrap(), DeviceId(d));
+        // A panic after dropping the application's last `Arc` of it.
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            with_cudarc_stream(lease, move |_| {
+                drop(app);
+                panic!("after the last Arc")
+            })
+        }));
+        assert!(caught.is_err());
+        assert_eq!(current(), Some(prev), "device {d}: the previous context");
+        assert!(primary_active(d), "device {d}: alive, gpupool retains it");
+        assert_eq!(gpu.current_device().unwrap(), DeviceId(d));
 
-            // The lease's stream still works.
-            let synced = with_cudarc_stream(&lease, |s| s.synchronize());
-            assert_eq!(synced, Ok(Ok(())));
-            assert_eq!(current(), Some(prev));
-        });
-    }
-    assert!(pool.take_error().is_none());
+        // The lease's stream still works.
+        let synced = with_cudarc_stream(lease, |s| s.synchronize());
+        assert_eq!(synced, Ok(Ok(())));
+        assert_eq!(current(), Some(prev));
+    });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_thread_without_a_context_keeps_the_primary_one_after_the_closure() {
-    device_count();
-    let gpu = CudaBackend::new();
-    let pool = StreamPool::new(gpu);
+    let (gpu, pool) = gpu_and_streams();
     let lease = pool.get(0).unwrap();
     on_a_fresh_thread(|| {
         assert_eq!(current(), None, "a fresh thread");
@@ -158,17 +160,13 @@ fn a_thread_without_a_context_keeps_the_primary_one_after_the_closure() {
 #[cfg(cuda_non_primary_context)]
 mod non_primary {
     use super::*;
-    use gpupool_core::EventPool;
 
     const D0: DeviceId = DeviceId(0);
 
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn a_non_primary_context_is_not_made_current_again() {
-        device_count();
-        let gpu = CudaBackend::new();
-        let pool = StreamPool::new(gpu);
-        let events = EventPool::new(gpu);
+        let (gpu, pool, events) = common::gpu_and_pools();
         on_a_fresh_thread(|| {
             let lease = pool.get(0).unwrap();
             let primary = gpu.context(D0).unwrap().cu_ctx();
@@ -222,10 +220,7 @@ mod non_primary {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn a_context_destroyed_on_another_thread_is_never_handed_to_the_driver() {
-        device_count();
-        let gpu = CudaBackend::new();
-        let pool = StreamPool::new(gpu);
-        let events = EventPool::new(gpu);
+        let (gpu, pool, events) = common::gpu_and_pools();
         on_a_fresh_thread(|| {
             let primary = gpu.context(D0).unwrap().cu_ctx();
             let n = CudaContext::new_non_primary(0, 0).unwrap();

@@ -9,10 +9,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{device_count, has_devices, make_current, wait_gate, Kernels, GATE_TIMEOUT};
+use common::{
+    gpu_and_pools, gpu_and_streams, has_devices, make_current, pools, wait_gate, Kernels,
+    GATE_TIMEOUT,
+};
 use gpupool_core::{
     AccessOrder, Backend, Completion, DeviceId, EventBackend, EventFlags, EventLease, EventPool,
-    StreamBackend, StreamPool,
+    StreamBackend, StreamLease, StreamPool,
 };
 use gpupool_cuda::cudarc::driver::{result, sys, DriverError};
 use gpupool_cuda::testing::{spin, Gate};
@@ -24,13 +27,28 @@ const D1: DeviceId = DeviceId(1);
 /// Elements in the test vectors.
 const N: usize = 1 << 20;
 
+/// Sleeps 20 ms, then checks that the stream `lease` holds (of `device`)
+/// still has work pending: `what` (the assertion's message) waits for work
+/// held behind a gate.
+fn pending_after_20_ms(
+    gpu: &CudaBackend,
+    lease: &StreamLease<'_, CudaBackend>,
+    device: DeviceId,
+    what: &str,
+) {
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        // SAFETY: the lease holds this live stream of `device`.
+        unsafe { gpu.query_stream(lease.handle(), device) }.unwrap(),
+        Completion::Pending,
+        "{what}"
+    );
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn wait_orders_a_kernel_after_a_kernel_on_another_pooled_stream() {
-    device_count();
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let events = EventPool::new(gpu);
+    let (gpu, streams, events) = gpu_and_pools();
     let kernels = Kernels::load(D0);
     let producer = streams.get(0).unwrap();
     let consumer = streams.get(0).unwrap();
@@ -55,12 +73,11 @@ fn wait_orders_a_kernel_after_a_kernel_on_another_pooled_stream() {
         // Unordered, it would read the zeros and write 1 everywhere.
         consumer.order().wait(&producer.order(), &events).unwrap();
         kernels.twice_plus_one(&c, &mut y, &x);
-        std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(
-            // SAFETY: the lease `consumer` holds this live stream of device 0.
-            unsafe { gpu.query_stream(consumer.handle(), D0) }.unwrap(),
-            Completion::Pending,
-            "the consumer waits for the gated producer"
+        pending_after_20_ms(
+            &gpu,
+            &consumer,
+            D0,
+            "the consumer waits for the gated producer",
         );
         gate.open();
         let y_host = c.clone_dtoh(&y).unwrap();
@@ -97,9 +114,7 @@ fn elapsed(
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn pooled_events_have_timing_disabled_unless_asked() {
-    device_count();
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
+    let (gpu, streams) = gpu_and_streams();
     let s = streams.get(0).unwrap();
 
     let events = EventPool::new(gpu);
@@ -148,10 +163,7 @@ fn pooled_events_have_timing_disabled_unless_asked() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_default_streams_work_from_a_thread_without_a_context() {
-    device_count();
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let events = EventPool::new(gpu);
+    let (gpu, streams, events) = gpu_and_pools();
     std::thread::scope(|scope| {
         scope.spawn(|| {
             for default in [
@@ -231,22 +243,14 @@ fn wait_orders_streams_of_two_devices() {
     if !has_devices(2, "wait_orders_streams_of_two_devices") {
         return;
     }
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let events = EventPool::new(gpu);
+    let (gpu, streams, events) = pools();
     for (from, to) in [(D0, D1), (D1, D0)] {
         let producer = streams.get(from).unwrap();
         let consumer = streams.get(to).unwrap();
         let gate = Gate::hold(producer.order(), GATE_TIMEOUT).unwrap();
         consumer.order().wait(&producer.order(), &events).unwrap();
         spin(consumer.order(), Duration::ZERO).unwrap();
-        std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(
-            // SAFETY: the lease `consumer` holds this live stream of `to`.
-            unsafe { gpu.query_stream(consumer.handle(), to) }.unwrap(),
-            Completion::Pending,
-            "{to:?} waits for {from:?}"
-        );
+        pending_after_20_ms(&gpu, &consumer, to, &format!("{to:?} waits for {from:?}"));
         gate.open();
         // SAFETY: as above.
         unsafe { gpu.synchronize_stream(consumer.handle(), to) }.unwrap();
@@ -265,9 +269,7 @@ fn wait_on_the_default_stream_of_a_device_that_is_not_current() {
     ) {
         return;
     }
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let events = EventPool::new(gpu);
+    let (gpu, streams, events) = pools();
     make_current(D0);
     for default1 in [AccessOrder::null_stream(D1), AccessOrder::legacy_stream(D1)] {
         // Device 1's default stream, seen from a thread whose device is 0.

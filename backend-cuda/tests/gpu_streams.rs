@@ -11,10 +11,10 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{device_count, wait_gate, wait_idle, GATE_TIMEOUT};
+use common::{device_count, gpu_and_streams, wait_gate, wait_idle, GATE_TIMEOUT};
 use gpupool_core::{
     AccessOrder, Backend, Completion, DeviceId, DeviceSelector, Error, EventBackend, EventPool,
-    StreamBackend, StreamLease, StreamOptions, StreamPool, StreamPoolConfig,
+    StreamBackend, StreamHandle, StreamLease, StreamOptions, StreamPool, StreamPoolConfig,
 };
 use gpupool_cuda::cudarc::driver::{result, sys};
 use gpupool_cuda::testing::{spin, Gate};
@@ -25,9 +25,7 @@ const D0: DeviceId = DeviceId(0);
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_returned_stream_is_reused_on_device_0() {
-    device_count();
-    let gpu = CudaBackend::new();
-    let pool = StreamPool::new(gpu);
+    let (gpu, pool) = gpu_and_streams();
     let a = pool.get(0).unwrap();
     let s = a.handle();
     assert_eq!(a.device(), D0);
@@ -58,19 +56,30 @@ fn a_returned_stream_is_reused_on_device_0() {
     assert!(pool.take_error().is_none());
 }
 
+/// Leases a stream of device 0, queues `work` on its order, checks that the
+/// stream has work pending and returns the lease (the stream goes to the
+/// busy list); returns the stream's handle and what `work` returned.
+fn return_busy<T>(
+    gpu: &CudaBackend,
+    pool: &StreamPool<CudaBackend>,
+    work: impl FnOnce(AccessOrder<'_>) -> T,
+) -> (StreamHandle, T) {
+    let a = pool.get(0).unwrap();
+    let s = a.handle();
+    let out = work(a.order());
+    // SAFETY: the lease `a` holds this live stream of device 0.
+    let state = unsafe { gpu.query_stream(s, D0) }.unwrap();
+    assert_eq!(state, Completion::Pending);
+    drop(a);
+    (s, out)
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_busy_stream_is_reused_only_after_its_work_is_done() {
-    device_count();
-    let gpu = CudaBackend::new();
-    let pool = StreamPool::new(gpu);
-    let a = pool.get(0).unwrap();
-    let busy = a.handle();
-    let gate = Gate::hold(a.order(), GATE_TIMEOUT).unwrap();
-    // SAFETY: the lease `a` holds this live stream of device 0.
-    let state = unsafe { gpu.query_stream(busy, D0) }.unwrap();
-    assert_eq!(state, Completion::Pending);
-    drop(a); // pending: to the busy list
+    let (gpu, pool) = gpu_and_streams();
+    // Pending: to the busy list.
+    let (busy, gate) = return_busy(&gpu, &pool, |a| Gate::hold(a, GATE_TIMEOUT).unwrap());
 
     let b = pool.get(0).unwrap();
     assert_ne!(b.handle(), busy, "a pending stream is not leased");
@@ -95,16 +104,11 @@ fn a_busy_stream_is_reused_only_after_its_work_is_done() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_spin_kernel_keeps_its_stream_busy_for_about_its_duration() {
-    device_count();
-    let gpu = CudaBackend::new();
-    let pool = StreamPool::new(gpu);
-    let a = pool.get(0).unwrap();
-    let s = a.handle();
-    spin(a.order(), Duration::from_millis(50)).unwrap();
-    // SAFETY: the lease `a` holds this live stream of device 0.
-    let state = unsafe { gpu.query_stream(s, D0) }.unwrap();
-    assert_eq!(state, Completion::Pending);
-    drop(a); // to the busy list
+    let (gpu, pool) = gpu_and_streams();
+    // To the busy list.
+    let (s, ()) = return_busy(&gpu, &pool, |a| {
+        spin(a, Duration::from_millis(50)).unwrap();
+    });
 
     let b = pool.get(0).unwrap();
     assert_ne!(b.handle(), s);
@@ -222,8 +226,7 @@ fn a_thread_without_a_current_context_can_use_the_pools() {
 #[ignore = "needs a CUDA GPU"]
 fn the_process_wide_pools_serve_device_0() {
     device_count();
-    let streams = gpupool_cuda::streams();
-    let events = gpupool_cuda::events();
+    let (streams, events) = (gpupool_cuda::streams(), gpupool_cuda::events());
     let s = streams.get(0).unwrap();
     let e = events.get(0).unwrap();
     let gpu = CudaBackend::new();

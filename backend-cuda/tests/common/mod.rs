@@ -10,7 +10,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpupool_core::{AccessOrder, Backend, Completion, DeviceId, StreamBackend, StreamHandle};
+use gpupool_core::{
+    AccessOrder, Backend, Completion, DeviceId, EventPool, StreamBackend, StreamHandle, StreamPool,
+};
 use gpupool_cuda::cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use gpupool_cuda::cudarc::nvrtc::Ptx;
 use gpupool_cuda::testing::Gate;
@@ -37,6 +39,36 @@ pub fn has_devices(n: u32, test: &str) -> bool {
         eprintln!("{test}: skipped: needs {n} GPUs, the driver reports {count}");
     }
     count >= n
+}
+
+/// Checks that there is a GPU ([`device_count`]), then a backend and a
+/// stream pool over it.
+pub fn gpu_and_streams() -> (CudaBackend, StreamPool<CudaBackend>) {
+    device_count();
+    let gpu = CudaBackend::new();
+    (gpu, StreamPool::new(gpu))
+}
+
+/// [`gpu_and_streams`] and an event pool over the backend as well.
+pub fn gpu_and_pools() -> (CudaBackend, StreamPool<CudaBackend>, EventPool<CudaBackend>) {
+    let (gpu, streams) = gpu_and_streams();
+    (gpu, streams, EventPool::new(gpu))
+}
+
+/// A backend with a stream pool and an event pool over it (no device check:
+/// for the tests that checked the device count themselves).
+pub fn pools() -> (CudaBackend, StreamPool<CudaBackend>, EventPool<CudaBackend>) {
+    let gpu = CudaBackend::new();
+    (gpu, StreamPool::new(gpu), EventPool::new(gpu))
+}
+
+/// Checks that there is a GPU ([`device_count`]), makes device 0's primary
+/// context current, then a backend and a stream pool over it.
+pub fn device0_streams() -> (CudaBackend, StreamPool<CudaBackend>) {
+    device_count();
+    make_current(DeviceId(0));
+    let gpu = CudaBackend::new();
+    (gpu, StreamPool::new(gpu))
 }
 
 /// Makes `device`'s primary context current on the calling thread.
