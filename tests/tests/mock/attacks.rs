@@ -10,6 +10,7 @@
 
 use std::mem::MaybeUninit;
 
+use super::common::{complete_and_assert_clean, leases};
 use gpupool_core::{
     lost_errors, AccessOrder, BackendOp, CaptureMode, CaptureStatus, DeviceId, Error, EventPool,
     MemoryKind, Scratchpad, ScratchpadConfig, StreamPool,
@@ -56,8 +57,7 @@ fn another_scratchpad_reads_a_graph_allocation_inside_the_capture() {
 #[test]
 fn another_scratchpad_reads_a_graph_allocation_after_the_capture() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let side = streams.get(0).unwrap();
+    let [origin, side] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let a = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = a.device::<u32>(16).unwrap();
@@ -90,9 +90,7 @@ fn another_scratchpad_reads_a_graph_allocation_after_the_capture() {
 #[test]
 fn a_pinned_block_of_one_capture_is_given_to_another_captures_graph() {
     let (gpu, streams, _events) = mock_pools(1);
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
-    let later = streams.get(0).unwrap();
+    let [a, b, later] = leases(&streams);
     a.begin_capture(CaptureMode::Relaxed).unwrap();
     b.begin_capture(CaptureMode::Relaxed).unwrap();
     let config = ScratchpadConfig {
@@ -149,8 +147,7 @@ fn a_null_stream_scratchpad_while_the_per_thread_stream_captures() {
     let _ = gpu.launch_map(&AccessOrder::null_stream(D0), &y, &y, |v| v + 1);
     drop(scratch);
     drop(graph);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 // ---------------------------------------------------------------------------
@@ -237,8 +234,7 @@ fn a_wait_racing_begin_capture_joins_unseen() {
     let (gpu, streams, events) = mock_pools(1);
     let mut hit = None;
     for round in 0..RACE_ROUNDS {
-        let origin = streams.get(0).unwrap();
-        let side = streams.get(0).unwrap();
+        let [origin, side] = leases(&streams);
         let barrier = std::sync::Barrier::new(2);
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -329,8 +325,7 @@ fn a_wait_event_racing_a_captured_record_joins_unseen() {
 #[ignore = "slow: 2^32 note_capture calls (about 12 s optimised)"]
 fn a_saturated_capture_note_hides_a_capture() {
     let (gpu, streams, _events) = mock_pools(1);
-    let s = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [s, replay] = leases(&streams);
     for _ in 0..u32::MAX {
         s.note_capture();
     }
@@ -405,8 +400,7 @@ fn end_capture_hook(_: &dyn core::fmt::Display) {
 #[test]
 fn keep_for_graph_after_the_capture_ended_in_the_middle_of_a_reset() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     // Under Miri a sixteenth of the sizes and of the first block: the same
     // three blocks, minutes faster.
@@ -623,8 +617,7 @@ fn begin_or_end_capture_on_a_joined_side_lease() {
     drop(origin);
     // The pool is usable, and the side stream comes back once its capture
     // has ended.
-    let again = streams.get(0).unwrap();
-    let other = streams.get(0).unwrap();
+    let [again, other] = leases(&streams);
     drop((again, other));
     assert!(streams.take_error().is_none());
 }
@@ -635,8 +628,7 @@ fn begin_or_end_capture_on_a_joined_side_lease() {
 #[test]
 fn a_capture_ended_through_the_harness_then_another_begun() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.device::<u32>(16).unwrap(); // graph 1's allocation
@@ -660,8 +652,7 @@ fn a_capture_ended_through_the_harness_then_another_begun() {
     gpu.complete_everything();
     drop(scratch);
     drop((g1, g2));
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
     assert_eq!(gpu.live_blocks(), 0);
 }
 
@@ -703,8 +694,7 @@ fn an_origin_lease_dropped_inside_its_capture() {
 #[test]
 fn forgetting_things_inside_a_capture() {
     let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.to_device(&[1u32; 8]).unwrap();
@@ -727,8 +717,7 @@ fn forgetting_things_inside_a_capture() {
     }
     gpu.complete_everything();
     drop(graph);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// Special streams of a device that does not exist, everywhere an order is
@@ -783,8 +772,7 @@ fn special_streams_of_a_missing_device() {
 #[test]
 fn a_side_scratchpad_used_on_another_thread_inside_a_capture() {
     let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
     let side = streams.get(0).unwrap();
     side.order().wait(&origin.order(), &events).unwrap();
@@ -809,8 +797,7 @@ fn a_side_scratchpad_used_on_another_thread_inside_a_capture() {
     gpu.launch_graph(&graph, replay.handle()).unwrap();
     gpu.complete_everything();
     drop(graph);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
     assert_eq!(gpu.live_blocks(), 0);
 }
 
@@ -826,8 +813,7 @@ fn another_thread_works_outside_a_global_capture() {
     std::thread::scope(|s| {
         s.spawn(|| {
             for _ in 0..3 {
-                let a = streams.get(0).unwrap();
-                let b = streams.get(0).unwrap();
+                let [a, b] = leases(&streams);
                 a.order().wait(&b.order(), &events).unwrap();
                 let mut scratch = Scratchpad::new(&gpu, a.order()).unwrap();
                 scratch.pinned::<u8>(100).unwrap();
@@ -922,8 +908,7 @@ fn a_panic_unwinding_through_a_capture() {
 #[test]
 fn a_round_in_an_invalidated_capture() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let other = streams.get(0).unwrap();
+    let [origin, other] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.device::<u8>(64).unwrap();
@@ -998,8 +983,7 @@ fn a_pre_capture_slice_outlives_its_block_after_graph_mode_ends() {
 #[test]
 fn injected_failures_around_a_capture() {
     let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     gpu.fail_nth(BackendOp::BeginCapture, 1);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     assert_eq!(gpu.armed_faults(), 1, "not injectable");

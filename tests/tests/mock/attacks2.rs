@@ -13,6 +13,7 @@
 
 use std::sync::{Barrier, Mutex};
 
+use super::common::{complete_and_assert_clean, leases};
 use gpupool_core::{
     lost_errors, set_lost_error_hook, AccessOrder, BackendOp, CaptureMode, CaptureStatus, DeviceId,
     Error, EventPool, MemoryKind, Scratchpad, ScratchpadConfig, StreamHandle, StreamLease,
@@ -69,8 +70,7 @@ const GROWING: [usize; 3] = [200, 400, 900];
 
 fn a_round_begun_while_another_thread_begins_a_capture_looks_quiet() {
     let (gpu, streams, _events) = mock_pools(1);
-    let replay = streams.get(0).unwrap();
-    let noise = streams.get(0).unwrap();
+    let [replay, noise] = leases(&streams);
     let mut hit = None;
     for round in 0..RACE_ROUNDS {
         let origin = streams.get(0).unwrap();
@@ -156,8 +156,7 @@ fn a_round_begun_while_another_thread_begins_a_capture_looks_quiet() {
 fn a_rewound_device_block_goes_into_a_graph_while_older_work_uses_it() {
     for ordered in [true, false] {
         let (gpu, streams, events) = mock_pools(1);
-        let s = streams.get(0).unwrap();
-        let launch = streams.get(0).unwrap();
+        let [s, launch] = leases(&streams);
         let mut scratch = Scratchpad::new(&gpu, s.order()).unwrap();
         let x = scratch.device::<u32>(1024).unwrap();
         let x_addr = x.addr();
@@ -195,9 +194,7 @@ fn a_rewound_device_block_goes_into_a_graph_while_older_work_uses_it() {
 #[test]
 fn a_rewound_device_block_on_a_joined_side_stream() {
     let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let side = streams.get(0).unwrap();
-    let launch = streams.get(0).unwrap();
+    let [origin, side, launch] = leases(&streams);
     let mut scratch = Scratchpad::new(&gpu, side.order()).unwrap();
     let x = scratch.to_device(&[1u32; 256]).unwrap();
     gpu.launch_map(&side.order(), &x, &x, |v| v + 1).unwrap(); // still running
@@ -251,9 +248,7 @@ fn a_wait_racing_the_end_of_the_waiters_capture_joins_the_next_unseen() {
     let replay = streams.get(0).unwrap();
     let mut hit = None;
     for round in 0..RACE_ROUNDS {
-        let x_origin = streams.get(0).unwrap();
-        let y_origin = streams.get(0).unwrap();
-        let side = streams.get(0).unwrap();
+        let [x_origin, y_origin, side] = leases(&streams);
         let mut scratch = Scratchpad::new(&gpu, side.order()).unwrap(); // quiet start
         x_origin.begin_capture(CaptureMode::Relaxed).unwrap();
         y_origin.begin_capture(CaptureMode::Relaxed).unwrap();
@@ -435,8 +430,7 @@ fn a_hook_joining_a_capture_mid_reset_makes_it_query_the_capture() {
 
 fn a_capturing_stream_waiting_on_an_outside_stream_breaks_the_capture() {
     let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let outside = streams.get(0).unwrap();
+    let [origin, outside] = leases(&streams);
     gpu.enqueue_work(outside.handle()).unwrap(); // e.g. an upload
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let waited = origin.order().wait(&outside.order(), &events);
@@ -454,8 +448,7 @@ fn a_capturing_stream_waiting_on_an_outside_stream_breaks_the_capture() {
 
 fn a_wait_across_two_captures_breaks_both() {
     let (gpu, streams, events) = mock_pools(1);
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
+    let [a, b] = leases(&streams);
     a.begin_capture(CaptureMode::Relaxed).unwrap();
     b.begin_capture(CaptureMode::Relaxed).unwrap();
     let waited = a.order().wait(&b.order(), &events);
@@ -478,8 +471,7 @@ fn a_wait_across_two_captures_breaks_both() {
 fn dropping_a_pool_that_holds_a_capturing_stream() {
     let (gpu, streams, events) = mock_pools(1);
     let other = StreamPool::new(gpu.clone());
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::Global).unwrap();
     let side = other.get(0).unwrap();
     let s = side.handle();
@@ -494,8 +486,7 @@ fn dropping_a_pool_that_holds_a_capturing_stream() {
     assert!(gpu.is_live_stream(s), "not destroyed under the capture");
     let graph = origin.end_capture().unwrap();
     gpu.launch_graph(&graph, replay.handle()).unwrap();
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// A detached origin (an `OwnedStream` in its own capture) is refused by
@@ -542,8 +533,7 @@ fn a_detached_capturing_origin_is_refused_everywhere() {
 #[test]
 fn the_per_thread_stream_in_a_capture() {
     let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     gpu.enqueue_work(origin.handle()).unwrap();
     let pt = AccessOrder::per_thread_stream(D0);
@@ -587,8 +577,7 @@ fn the_per_thread_stream_in_a_capture() {
     drop(e);
     let graph = origin.end_capture().unwrap();
     gpu.launch_graph(&graph, replay.handle()).unwrap();
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// An event lease recorded in a capture, then recorded again outside: it
@@ -597,8 +586,7 @@ fn the_per_thread_stream_in_a_capture() {
 #[test]
 fn an_event_recorded_in_a_capture_and_again_outside() {
     let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let outside = streams.get(0).unwrap();
+    let [origin, outside] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let e = events.get(0).unwrap();
     let h = e.handle();
@@ -639,8 +627,7 @@ fn an_event_recorded_in_a_capture_and_again_outside() {
 #[test]
 fn graph_slices_across_scratchpads_and_the_capture_end() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let other = streams.get(0).unwrap();
+    let [origin, other] = leases(&streams);
     let a = Scratchpad::new(&gpu, origin.order()).unwrap();
     let b = Scratchpad::new(&gpu, other.order()).unwrap();
     let host = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
@@ -665,8 +652,7 @@ fn graph_slices_across_scratchpads_and_the_capture_end() {
     assert_eq!(b.to_host(&before), Ok(vec![9u32; 8]));
     drop((a, b, host));
     drop(graph);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// One round sees capture X end and capture Y begin on the same lease
@@ -677,8 +663,7 @@ fn graph_slices_across_scratchpads_and_the_capture_end() {
 #[test]
 fn one_round_across_two_captures_on_one_lease() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let x = scratch.device::<u8>(1000).unwrap();
@@ -724,8 +709,7 @@ fn one_round_across_two_captures_on_one_lease() {
     gpu.complete_everything();
     drop(gx);
     drop(scratch);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// Device order A and pinned release order B, both in one capture (B
@@ -734,9 +718,7 @@ fn one_round_across_two_captures_on_one_lease() {
 #[test]
 fn a_scratchpad_whose_orders_are_in_one_capture() {
     let (gpu, streams, events) = mock_pools(1);
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [a, b, replay] = leases(&streams);
     let config = ScratchpadConfig {
         pinned_release: Some(b.order()),
         ..ScratchpadConfig::default()
@@ -767,8 +749,7 @@ fn a_scratchpad_whose_orders_are_in_one_capture() {
     gpu.complete_everything();
     drop(graph);
     drop(scratch);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// A capture begun on the pinned release stream only (the device order
@@ -776,9 +757,7 @@ fn a_scratchpad_whose_orders_are_in_one_capture() {
 #[test]
 fn a_capture_on_the_pinned_release_stream_only() {
     let (gpu, streams, _events) = mock_pools(1);
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [a, b, replay] = leases(&streams);
     let config = ScratchpadConfig {
         pinned_release: Some(b.order()),
         ..ScratchpadConfig::default()
@@ -808,8 +787,7 @@ fn a_capture_on_the_pinned_release_stream_only() {
     gpu.complete_everything();
     drop(graph);
     drop(scratch);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// What the hook below ends and begins again: the mock, the origin lease
@@ -919,8 +897,7 @@ fn end_in_drop_hook(_: &dyn core::fmt::Display) {
 fn a_hook_that_ends_the_capture_mid_drop() {
     let _serial = hook_lock();
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let config = ScratchpadConfig {
         initial_sizes: SMALL_BLOCKS,
@@ -1018,8 +995,7 @@ fn a_panic_on_a_worker_inside_a_capture() {
 #[test]
 fn forgetting_after_the_capture_ended() {
     let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.to_device(&[1u32; 64]).unwrap();
@@ -1051,8 +1027,7 @@ fn forgetting_after_the_capture_ended() {
     }
     gpu.complete_everything();
     drop(graph);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// Two threads each capture their own graph (thread-local mode) with a
@@ -1067,8 +1042,7 @@ fn two_threads_capture_at_once() {
             for t in 0..2u32 {
                 let (gpu, streams, events) = (&gpu, &streams, &events);
                 s.spawn(move || {
-                    let origin = streams.get(0).unwrap();
-                    let replay = streams.get(0).unwrap();
+                    let [origin, replay] = leases(streams);
                     let mut main = Scratchpad::new(gpu, origin.order()).unwrap();
                     origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
                     {
@@ -1097,8 +1071,7 @@ fn two_threads_capture_at_once() {
             }
         });
     }
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// `to_contiguous_device` inside a capture stages through a pinned block
@@ -1109,8 +1082,7 @@ fn two_threads_capture_at_once() {
 #[test]
 fn staging_blocks_of_a_captured_upload_stay_with_the_graph() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::Global).unwrap();
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let (x, _) = scratch
@@ -1136,8 +1108,7 @@ fn staging_blocks_of_a_captured_upload_stay_with_the_graph() {
     drop(other);
     drop(scratch);
     drop(graph);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// A scratchpad built on a lease *inside* a capture that ends before the
@@ -1147,8 +1118,7 @@ fn staging_blocks_of_a_captured_upload_stay_with_the_graph() {
 #[test]
 fn a_round_begun_in_a_capture_that_ends_before_it_allocates() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     gpu.enqueue_work(origin.handle()).unwrap();
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
@@ -1173,8 +1143,7 @@ fn a_round_begun_in_a_capture_that_ends_before_it_allocates() {
 #[test]
 fn two_captures_in_one_round_before_any_allocation() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let p = scratch.pinned::<u8>(128).unwrap();
     p[0].write(1);
@@ -1196,8 +1165,7 @@ fn two_captures_in_one_round_before_any_allocation() {
     gpu.complete_everything();
     drop(g1);
     drop(scratch);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// `EventLease::record` racing `end_capture` on another thread: whatever
@@ -1241,8 +1209,7 @@ fn a_record_racing_end_capture() {
 #[test]
 fn graph_mode_in_an_invalidated_capture() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let other = streams.get(0).unwrap();
+    let [origin, other] = leases(&streams);
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let x = scratch.device::<u8>(100).unwrap();

@@ -8,6 +8,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::common::leases;
 use gpupool_core::{CaptureMode, Scratchpad, ScratchpadConfig};
 use gpupool_mock::CallKind;
 use gpupool_tests::assert_clean;
@@ -51,10 +52,7 @@ const TRIES: usize = 2_000_000;
 )]
 fn a_round_begun_under_a_wait_hides_2_pow_32_bumps() {
     let (gpu, streams, events) = mock_pools(1);
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
-    let c = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [a, b, c, replay] = leases(&streams);
     let config = ScratchpadConfig {
         pinned_release: Some(b.order()),
         ..ScratchpadConfig::default()

@@ -7,6 +7,7 @@
 use std::process::Command;
 use std::sync::Mutex;
 
+use super::common::{complete_and_assert_clean, leases};
 use gpupool_core::{AccessOrder, CaptureMode, DeviceId, Error, Scratchpad};
 use gpupool_mock::{CallKind, MockBackend, MockError};
 use gpupool_tests::assert_clean;
@@ -33,8 +34,7 @@ fn take_errors_takes_parked_errors_once_and_counts_drops() {
     let _ = gpupool::take_errors();
     // Two leases whose returns' queries fail: the first error is parked,
     // the second dropped.
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
+    let [a, b] = leases(streams);
     gpu.fail_stream(CallKind::QueryStream, a.handle());
     gpu.fail_stream(CallKind::QueryStream, b.handle());
     drop(a);
@@ -133,9 +133,7 @@ fn record_refuses_foreign_orders_and_wrong_devices() {
 #[test]
 fn dropping_a_recorded_event_while_others_wait_keeps_their_waits() {
     let (gpu, streams, events) = mock_pools(1);
-    let producer = streams.get(0).unwrap();
-    let consumer = streams.get(0).unwrap();
-    let idle = streams.get(0).unwrap();
+    let [producer, consumer, idle] = leases(&streams);
     gpu.enqueue_work(producer.handle()).unwrap();
     let ev = events.get(0).unwrap();
     let h = ev.handle();
@@ -152,8 +150,7 @@ fn dropping_a_recorded_event_while_others_wait_keeps_their_waits() {
     );
     AccessOrder::host().wait_event(&again).unwrap();
     assert_eq!(gpu.pending_work(producer.handle()).unwrap(), 1);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
 }
 
 /// Recorded on a capturing stream: the host is refused, a stream outside
@@ -162,8 +159,7 @@ fn dropping_a_recorded_event_while_others_wait_keeps_their_waits() {
 #[test]
 fn record_in_a_capture_then_wait_from_outside() {
     let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let side = streams.get(0).unwrap();
+    let [origin, side] = leases(&streams);
     origin.begin_capture(CaptureMode::Global).unwrap();
     gpu.enqueue_work(origin.handle()).unwrap();
     let ev = events.get(0).unwrap();
@@ -209,8 +205,7 @@ fn record_in_a_capture_then_wait_from_outside() {
 #[test]
 fn wait_event_from_a_capturing_stream_on_an_uncaptured_event() {
     let (gpu, streams, events) = mock_pools(1);
-    let outside = streams.get(0).unwrap();
-    let capturing = streams.get(0).unwrap();
+    let [outside, capturing] = leases(&streams);
     gpu.enqueue_work(outside.handle()).unwrap();
     let ev = events.get(0).unwrap();
     ev.record(&outside.order()).unwrap();
@@ -234,8 +229,7 @@ fn wait_event_from_a_capturing_stream_on_an_uncaptured_event() {
 #[test]
 fn wait_event_across_two_captures() {
     let (_gpu, streams, events) = mock_pools(1);
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
+    let [a, b] = leases(&streams);
     a.begin_capture(CaptureMode::ThreadLocal).unwrap();
     b.begin_capture(CaptureMode::ThreadLocal).unwrap();
     let w = b.order().wait(&a.order(), &events);
@@ -368,8 +362,7 @@ fn checking_mode_scratchpad_reset_loop_with_pinned_and_waits() {
         gpupool_core::StreamPool::new(gpu.clone()),
         gpupool_core::EventPool::new(gpu.clone()),
     );
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
+    let [a, b] = leases(&streams);
     let mut scratch = Scratchpad::new(&gpu, a.order()).unwrap();
     let ev = events.get(0).unwrap();
     let mut peak = 0;
@@ -558,8 +551,7 @@ fn checking_mode_hazard_inside_scratchpad_drop() {
         gpupool_core::StreamPool::new(gpu.clone()),
         gpupool_core::EventPool::new(gpu.clone()),
     );
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
+    let [a, b] = leases(&streams);
     let scratch = Scratchpad::new(&gpu, a.order()).unwrap();
     let x = scratch.to_device(&[1u32; 64]).unwrap();
     let y = scratch.device::<u32>(64).unwrap();

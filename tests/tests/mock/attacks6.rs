@@ -30,6 +30,7 @@ use std::task::{Poll, Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
+use super::common::leases;
 use super::future_kit::*;
 use gpupool_core::{
     BackendOp, CaptureMode, Completed, DeviceId, Error, EventPool, StreamBackend, StreamHandle,
@@ -738,8 +739,7 @@ fn a_first_poll_on_the_engine_thread_inside_a_wake() {
 #[test]
 fn a_gpupool_capture_begun_between_completed_and_the_first_poll() {
     let (gpu, streams, events) = machine(1);
-    let lease = streams.get(0).unwrap();
-    let other = streams.get(0).unwrap();
+    let [lease, other] = leases(&streams);
     use CaptureMode::{Global, Relaxed, ThreadLocal};
     for mode in [Global, ThreadLocal, Relaxed] {
         for spin in [DEFAULT_COMPLETION_SPIN, Duration::ZERO] {

@@ -25,6 +25,7 @@ use std::task::{Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
+use super::common::leases;
 use super::future_kit::*;
 use gpupool_core::{
     AccessOrder, BackendOp, CaptureMode, DeviceId, Error, EventBackend, EventPool, StreamBackend,
@@ -198,8 +199,7 @@ fn a_long_spin_relaxes_no_other_thread() {
 #[test]
 fn the_spin_inside_gpupool_thread_local_captures_on_the_same_thread() {
     let (gpu, streams, events) = machine(1);
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
+    let [a, b] = leases(&streams);
     let (_, w) = flag();
     for spin in [DEFAULT_COMPLETION_SPIN, Duration::from_millis(5)] {
         events.set_completion_spin(spin);

@@ -11,6 +11,7 @@
 //! can only be presented with two mock machines, each with its own id.
 #![cfg(not(feature = "cuda"))]
 
+use super::common::leases;
 use gpupool_core::{
     AccessOrder, Backend, BackendOp, DeviceId, DeviceSelector, Error, EventPool, OwnedStream,
     Scratchpad, ScratchpadConfig, StreamHandle, StreamPool,
@@ -157,9 +158,7 @@ fn a_stream_failing_its_query_in_a_scan_is_set_aside_and_get_still_serves() {
     );
     // Every later scan skips it for good.
     drop(got);
-    let a = pool.get(0).unwrap();
-    let b = pool.get(0).unwrap();
-    let c = pool.get(0).unwrap();
+    let [a, b, c] = super::common::leases(&pool);
     assert!(![a.handle(), b.handle(), c.handle()].contains(&handles[0]));
     drop((a, b, c));
     purge_leaves_no_stream(&gpu, &pool, 4);
@@ -210,8 +209,7 @@ fn an_absurd_device_count_is_refused_without_allocating_a_table() {
 #[test]
 fn a_failed_record_in_wait_destroys_the_event_and_reports() {
     let (gpu, streams, events) = mock_pools(1);
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
+    let [a, b] = leases(&streams);
     gpu.fail_nth(CallKind::RecordEvent, 1);
     let err = a.order().wait(&b.order(), &events).unwrap_err();
     assert_eq!(err.backend_op(), Some(BackendOp::RecordEvent));
@@ -299,8 +297,8 @@ fn destroying_an_owned_handle_with_another_machine_is_refused_and_it_comes_back(
 
 #[test]
 fn an_order_of_another_machine_is_refused_by_scratchpads_and_waits() {
-    let (here, streams_here, events_here) = mock_pools(1);
-    let (there, streams_there, events_there) = mock_pools(1);
+    let ((here, streams_here, events_here), (there, streams_there, events_there)) =
+        (mock_pools(1), mock_pools(1));
     let mine = streams_here.get(0).unwrap();
     let foreign = streams_there.get(0).unwrap();
     let calls = (here.total_calls(), there.total_calls());

@@ -13,6 +13,7 @@
 #![cfg(not(feature = "cuda"))]
 #![forbid(unsafe_code)]
 
+use super::common::{complete_and_assert_clean, leases};
 use gpupool_core::{
     AccessOrder, BackendOp, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad,
 };
@@ -109,15 +110,13 @@ fn only_a_lease_that_was_in_a_capture_asks_its_capture_status() {
     assert_eq!(gpu.calls(BackendOp::CaptureStatus), 0);
     assert_eq!(gpu.calls(BackendOp::QueryStream), 1);
 
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
+    let [a, b] = leases(&streams);
     a.order().wait(&b.order(), &events).unwrap();
     drop(b);
     drop(a); // waited, but on a stream that was never in a capture
     assert_eq!(gpu.calls(BackendOp::CaptureStatus), 0);
 
-    let origin = streams.get(0).unwrap();
-    let side = streams.get(0).unwrap();
+    let [origin, side] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     side.order().wait(&origin.order(), &events).unwrap(); // asks the origin
     assert_eq!(gpu.calls(BackendOp::CaptureStatus), 1);
@@ -188,8 +187,7 @@ fn a_device_scratchpad_inside_a_capture_becomes_memory_nodes() {
     gpu.launch_graph(&graph, replay.handle()).unwrap();
     gpu.launch_graph(&graph, replay.handle()).unwrap();
     assert_eq!(gpu.pending_work(replay.handle()), Ok(8));
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
     drop(graph);
     assert_eq!(gpu.live_bytes(MemoryKind::Device), 0);
     drop((replay, origin));

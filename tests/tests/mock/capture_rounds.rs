@@ -9,6 +9,7 @@
 #![cfg(not(feature = "cuda"))]
 #![forbid(unsafe_code)]
 
+use super::common::{complete_and_assert_clean, leases};
 use gpupool_core::{
     lost_errors, AccessOrder, CaptureMode, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad,
     ScratchpadConfig, StreamPool,
@@ -67,8 +68,7 @@ fn a_graph_allocation_is_never_read_or_handed_out_after_its_capture() {
                  // gone (the memory was freed).
     scratch.device::<u32>(16).unwrap();
     drop(scratch);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
     assert_eq!(gpu.live_bytes(MemoryKind::Device), 0);
 }
 
@@ -79,8 +79,7 @@ fn a_graph_allocation_is_never_read_or_handed_out_after_its_capture() {
 #[test]
 fn a_block_used_before_and_inside_a_capture_goes_to_the_graph_at_a_reset_inside() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     scratch.to_device(&[1u32; 64]).unwrap();
     let block = device_blocks(&scratch);
@@ -113,8 +112,7 @@ fn a_block_used_before_and_inside_a_capture_goes_to_the_graph_at_a_reset_inside(
     // The rounds after the capture (the first began inside it, but took its
     // memory after it ended) kept nothing more.
     assert_eq!(scratch.stats().kept_for_graphs, 1);
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
     drop(graph);
     drop(scratch);
     gpu.complete_everything();
@@ -132,8 +130,7 @@ fn a_block_used_before_and_inside_a_capture_goes_to_the_graph_at_a_reset_inside(
 #[test]
 fn a_block_used_inside_a_capture_and_reset_after_it_is_never_reused() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     scratch.to_device(&[1u32; 64]).unwrap();
     let block = device_blocks(&scratch);
@@ -159,8 +156,7 @@ fn a_block_used_inside_a_capture_and_reset_after_it_is_never_reused() {
         assert_eq!(scratch.to_host(&z).unwrap(), [round + 1; 64]);
         scratch.reset().unwrap();
     }
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
     drop(graph);
     drop(scratch);
     gpu.complete_everything();
@@ -178,8 +174,7 @@ fn a_block_used_inside_a_capture_and_reset_after_it_is_never_reused() {
 #[test]
 fn a_scratchpad_made_inside_a_capture_and_dropped_after_it_frees_nothing_under_the_graph() {
     let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    let replay = streams.get(0).unwrap();
+    let [origin, replay] = leases(&streams);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.to_device(&[3u32; 32]).unwrap();
@@ -195,8 +190,7 @@ fn a_scratchpad_made_inside_a_capture_and_dropped_after_it_frees_nothing_under_t
     for _ in 0..2 {
         gpu.launch_graph(&graph, replay.handle()).unwrap();
     }
-    gpu.complete_everything();
-    assert_clean(&gpu);
+    complete_and_assert_clean(&gpu);
     drop(graph);
     gpu.complete_everything();
     assert_eq!(gpu.live_blocks(), 0, "everything came back with the graph");

@@ -256,9 +256,7 @@ fn many_threads_many_futures_each_event_back_exactly_once() {
                 })
             })
             .collect();
-        for w in workers {
-            w.join().unwrap();
-        }
+        join_all(workers);
         stop.store(true, Ordering::SeqCst);
     });
     gpu.complete_everything();
@@ -421,4 +419,11 @@ fn futures_polled_out_of_record_order_never_resolve_early() {
     assert_eq!(poll(&mut recorded[2], &wakers[2].1), Poll::Ready(Ok(())));
     drop(recorded);
     assert_eq!(events.live_leases(), 0);
+}
+
+/// Joins every worker thread of a scope, in order, re-raising a worker's panic.
+fn join_all<T>(workers: Vec<std::thread::ScopedJoinHandle<'_, T>>) {
+    for w in workers {
+        w.join().unwrap();
+    }
 }

@@ -16,6 +16,7 @@ mod attacks7;
 mod bad_input;
 mod capture;
 mod capture_rounds;
+mod common;
 mod compile_fail;
 mod completion;
 mod event_pool;

@@ -165,6 +165,16 @@ fn a_guard_of_another_collector_is_refused() {
     });
 }
 
+/// Asserts that `e` is `Error::WrongDevice` naming `given` and `actual`.
+#[track_caller]
+fn assert_wrong_device<E: PartialEq + std::fmt::Debug>(
+    e: Error<E>,
+    given: DeviceId,
+    actual: DeviceId,
+) {
+    assert_eq!(e, Error::WrongDevice { given, actual });
+}
+
 #[test]
 fn a_scratchpad_whose_orders_are_on_another_device_is_refused() {
     // A scratchpad allocates and frees every block under one device: an
@@ -180,13 +190,7 @@ fn a_scratchpad_whose_orders_are_on_another_device_is_refused() {
             ..ScratchpadConfig::default()
         };
         let e = Scratchpad::with_config(&backend, lease.order(), on_device_1).unwrap_err();
-        assert_eq!(
-            e,
-            Error::WrongDevice {
-                given: d1,
-                actual: d0
-            }
-        );
+        assert_wrong_device(e, d1, d0);
         assert_calls(&gpu, calls, 0, "refused before any backend call");
         // A release order on another device than the device order (a
         // special stream's device is checked to exist first: one call).
@@ -195,13 +199,7 @@ fn a_scratchpad_whose_orders_are_on_another_device_is_refused() {
             ..ScratchpadConfig::default()
         };
         let e = Scratchpad::with_config(&backend, lease.order(), pinned_on_1).unwrap_err();
-        assert_eq!(
-            e,
-            Error::WrongDevice {
-                given: d0,
-                actual: d1
-            }
-        );
+        assert_wrong_device(e, d0, d1);
         // The same orders on one device are accepted.
         let on_device_0 = ScratchpadConfig {
             device: Some(d0),
