@@ -9,14 +9,15 @@
 
 mod common;
 
-use common::{device_count, make_current, Kernels};
+use common::{device0_pools, device0_streams, device_count, make_current, Kernels};
 use gpupool_core::{
     AccessOrder, CaptureStatus, DeviceId, EventPool, MemoryKind, Scratchpad, StreamBackend,
     StreamHandle, StreamLease, StreamPool,
 };
 use gpupool_cuda::cudarc::driver::sys;
+use gpupool_cuda::cudarc::driver::sys::CUstreamCaptureMode;
 use gpupool_cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
-use gpupool_cuda::{with_cudarc_stream, CudaBackend, DeviceSliceExt};
+use gpupool_cuda::{with_cudarc_stream, CudaBackend, DeviceSliceExt, MemoryStats};
 
 const D0: DeviceId = DeviceId(0);
 
@@ -106,6 +107,14 @@ impl Outputs {
         }
         wrong
     }
+
+    /// [`Outputs::wrong`] of output `a` alone.
+    fn wrong_a(&self, stream: sys::CUstream) -> Vec<(char, usize, u32)> {
+        self.wrong(stream)
+            .into_iter()
+            .filter(|w| w.0 == 'a')
+            .collect()
+    }
 }
 
 impl Drop for Outputs {
@@ -148,6 +157,17 @@ fn twice(lease: &StreamLease<'_, CudaBackend>, kernels: &Kernels, y: u64, x: u64
     .expect("the primary context");
 }
 
+/// `later`'s order waits for `earlier`'s (`AccessOrder::wait`; `what` says
+/// which, when it fails).
+fn wait_for(
+    later: &StreamLease<'_, CudaBackend>,
+    earlier: &StreamLease<'_, CudaBackend>,
+    events: &EventPool<CudaBackend>,
+    what: &str,
+) {
+    later.order().wait(&earlier.order(), events).expect(what);
+}
+
 /// The step: two side streams leased, forked from `origin`, kernels on
 /// scratch device memory on each, joined back, the origin's kernel reading a
 /// side stream's result; every lease and scratchpad ends inside the step.
@@ -162,14 +182,8 @@ fn step(
     let side_a = streams.get(0).expect("side stream A");
     let side_b = streams.get(0).expect("side stream B");
     let sides = [side_a.handle(), side_b.handle()];
-    side_a
-        .order()
-        .wait(&origin.order(), events)
-        .expect("fork A");
-    side_b
-        .order()
-        .wait(&origin.order(), events)
-        .expect("fork B");
+    wait_for(&side_a, origin, events, "fork A");
+    wait_for(&side_b, origin, events, "fork B");
     {
         // A: out.a = 2 x + 1, x = i + 1 in scratch.
         let scratch = Scratchpad::new(gpu, side_a.order()).expect("scratchpad A");
@@ -189,14 +203,8 @@ fn step(
         );
         twice(&side_b, kernels, out.b, y.kernel_arg().addr());
     }
-    origin
-        .order()
-        .wait(&side_a.order(), events)
-        .expect("join A");
-    origin
-        .order()
-        .wait(&side_b.order(), events)
-        .expect("join B");
+    wait_for(origin, &side_a, events, "join A");
+    wait_for(origin, &side_b, events, "join B");
     // After the join: out.c = 2 out.a + 1.
     twice(origin, kernels, out.c, out.a);
     drop(side_a);
@@ -209,17 +217,75 @@ fn capture_status(lease: &StreamLease<'_, CudaBackend>) -> CaptureStatus {
     unsafe { CudaBackend::new().capture_status(lease.handle(), D0) }.expect("capture status")
 }
 
+/// `cuStreamBeginCapture` on the stream `lease` holds, in `mode`.
+fn raw_begin_capture(lease: &StreamLease<'_, CudaBackend>, mode: CUstreamCaptureMode) {
+    let o = lease.handle().as_raw() as sys::CUstream;
+    // SAFETY: the lease holds this live stream of device 0.
+    check(
+        unsafe { sys::cuStreamBeginCapture_v2(o, mode) },
+        "cuStreamBeginCapture",
+    );
+}
+
+/// `cuStreamEndCapture` on the stream `lease` holds: the graph captured.
+fn raw_end_capture(lease: &StreamLease<'_, CudaBackend>) -> sys::CUgraph {
+    let o = lease.handle().as_raw() as sys::CUstream;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    // SAFETY: the lease holds this live stream of device 0; `graph` is a
+    // valid place.
+    check(
+        unsafe { sys::cuStreamEndCapture(o, &mut graph) },
+        "cuStreamEndCapture",
+    );
+    graph
+}
+
+/// `cuStreamSynchronize` on the stream `lease` holds.
+fn raw_synchronize(lease: &StreamLease<'_, CudaBackend>) {
+    let o = lease.handle().as_raw() as sys::CUstream;
+    // SAFETY: the lease holds this live stream of device 0.
+    check(
+        unsafe { sys::cuStreamSynchronize(o) },
+        "cuStreamSynchronize",
+    );
+}
+
+/// An executable graph of `graph` (`cuGraphInstantiateWithFlags`).
+///
+/// # Safety
+/// `graph` is a live graph.
+unsafe fn instantiate(graph: sys::CUgraph) -> sys::CUgraphExec {
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: `graph` is live (the caller's contract); `exec` is a valid
+    // place.
+    check(
+        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
+        "cuGraphInstantiate",
+    );
+    exec
+}
+
+/// Trims device 0's memory until `done` holds of its stats, up to 10,000
+/// times a millisecond apart (CUDA runs the user objects' destructors on a
+/// thread of its own, soon after the last holder is gone: a bound, not a
+/// timing); whether it came to hold.
+fn trim_until(gpu: &CudaBackend, done: impl Fn(&MemoryStats) -> bool) -> bool {
+    for _ in 0..10_000 {
+        gpu.trim_memory(D0).unwrap();
+        if done(&gpu.memory_stats(D0).unwrap()) {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    false
+}
+
 /// Captures `step` on a leased stream in `mode`, replays the graph
 /// `replays` times (zeroing the outputs before each) and checks every
 /// element of every replay.
-fn capture_and_replay(mode: sys::CUstreamCaptureMode, replays: usize) {
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let events = EventPool::new(gpu);
-    let kernels = Kernels::load(D0);
-    let out = Outputs::new();
+fn capture_and_replay(mode: CUstreamCaptureMode, replays: usize) {
+    let (gpu, streams, events) = device0_pools();
+    let (kernels, out) = (Kernels::load(D0), Outputs::new());
     let origin = streams.get(0).expect("origin");
     let launch = streams.get(0).expect("launch stream");
     {
@@ -235,13 +301,8 @@ fn capture_and_replay(mode: sys::CUstreamCaptureMode, replays: usize) {
         drop(warm);
     }
     let before = gpu.memory_stats(D0).expect("memory stats");
-    let o = origin.handle().as_raw() as sys::CUstream;
 
-    // SAFETY: the lease `origin` holds this live stream of device 0.
-    check(
-        unsafe { sys::cuStreamBeginCapture_v2(o, mode) },
-        "cuStreamBeginCapture",
-    );
+    raw_begin_capture(&origin, mode);
     // A capture begun through the raw handle: the lease is told (its
     // scratch and its return then ask before they query).
     origin.note_capture();
@@ -251,12 +312,7 @@ fn capture_and_replay(mode: sys::CUstreamCaptureMode, replays: usize) {
         CaptureStatus::Active,
         "the step left the capture valid"
     );
-    let mut graph: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: the origin of the capture begun above; `graph` is a valid place.
-    check(
-        unsafe { sys::cuStreamEndCapture(o, &mut graph) },
-        "cuStreamEndCapture",
-    );
+    let graph = raw_end_capture(&origin);
     assert!(!graph.is_null());
     assert_eq!(capture_status(&origin), CaptureStatus::NotCapturing);
     assert!(streams.take_error().is_none(), "no stream pool error");
@@ -267,12 +323,8 @@ fn capture_and_replay(mode: sys::CUstreamCaptureMode, replays: usize) {
         "every scratch block was the graph's own (allocated and freed in the capture)"
     );
 
-    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-    // SAFETY: `graph` was just captured; `exec` is a valid place.
-    check(
-        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
-        "cuGraphInstantiate",
-    );
+    // SAFETY: `graph` was just captured.
+    let exec = unsafe { instantiate(graph) };
     let l = launch.handle().as_raw() as sys::CUstream;
     for r in 0..replays {
         out.clear(l);
@@ -310,17 +362,14 @@ fn capture_and_replay(mode: sys::CUstreamCaptureMode, replays: usize) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_forked_step_on_scratch_memory_captures_and_replays_in_global_mode() {
-    capture_and_replay(
-        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-        REPLAYS,
-    );
+    capture_and_replay(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL, REPLAYS);
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_forked_step_on_scratch_memory_captures_and_replays_in_thread_local_mode() {
     capture_and_replay(
-        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
         OTHER_MODE_REPLAYS,
     );
 }
@@ -329,7 +378,7 @@ fn a_forked_step_on_scratch_memory_captures_and_replays_in_thread_local_mode() {
 #[ignore = "needs a CUDA GPU"]
 fn a_forked_step_on_scratch_memory_captures_and_replays_in_relaxed_mode() {
     capture_and_replay(
-        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
         OTHER_MODE_REPLAYS,
     );
 }
@@ -337,13 +386,8 @@ fn a_forked_step_on_scratch_memory_captures_and_replays_in_relaxed_mode() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_same_step_runs_outside_a_capture() {
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let events = EventPool::new(gpu);
-    let kernels = Kernels::load(D0);
-    let out = Outputs::new();
+    let (gpu, streams, events) = device0_pools();
+    let (kernels, out) = (Kernels::load(D0), Outputs::new());
     let origin = streams.get(0).expect("origin");
     for r in 0..20 {
         out.clear(origin.handle().as_raw() as sys::CUstream);
@@ -360,29 +404,14 @@ fn the_same_step_runs_outside_a_capture() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_host_cannot_wait_for_a_capturing_stream_and_the_capture_survives() {
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let events = EventPool::new(gpu);
+    let (gpu, streams, events) = device0_pools();
     let origin = streams.get(0).expect("origin");
-    let o = origin.handle().as_raw() as sys::CUstream;
-    let global = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
-    // SAFETY: the lease `origin` holds this live stream of device 0.
-    check(
-        unsafe { sys::cuStreamBeginCapture_v2(o, global) },
-        "cuStreamBeginCapture",
-    );
+    raw_begin_capture(&origin, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
     origin.note_capture();
     let waited = AccessOrder::host().wait(&origin.order(), &events);
     assert_eq!(waited, Err(gpupool_core::Error::StreamCapturing));
     assert_eq!(capture_status(&origin), CaptureStatus::Active);
-    let mut graph: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: the origin of the capture begun above.
-    check(
-        unsafe { sys::cuStreamEndCapture(o, &mut graph) },
-        "cuStreamEndCapture",
-    );
+    let graph = raw_end_capture(&origin);
     // SAFETY: the graph just captured, this test's alone.
     check(unsafe { sys::cuGraphDestroy(graph) }, "cuGraphDestroy");
 
@@ -390,12 +419,7 @@ fn the_host_cannot_wait_for_a_capturing_stream_and_the_capture_survives() {
     // the graph, not queried or fenced (which would break the capture).
     // (Relaxed mode: a new pinned block from the driver may be refused in
     // the global mode; `docs/graph-capture.md` has the measured table.)
-    let relaxed = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: the lease `origin` holds this live stream of device 0.
-    check(
-        unsafe { sys::cuStreamBeginCapture_v2(o, relaxed) },
-        "cuStreamBeginCapture",
-    );
+    raw_begin_capture(&origin, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
     let before = gpu.memory_stats(D0).unwrap();
     let kept = {
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
@@ -410,12 +434,7 @@ fn the_host_cannot_wait_for_a_capturing_stream_and_the_capture_survives() {
         after.upstream_frees[pi], before.upstream_frees[pi],
         "nothing given back"
     );
-    let mut graph: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: the origin of the capture begun above.
-    check(
-        unsafe { sys::cuStreamEndCapture(o, &mut graph) },
-        "cuStreamEndCapture",
-    );
+    let graph = raw_end_capture(&origin);
     // SAFETY: the graph just captured, this test's alone.
     check(unsafe { sys::cuGraphDestroy(graph) }, "cuGraphDestroy");
     // The kept block is never handed out again.
@@ -432,35 +451,12 @@ fn the_host_cannot_wait_for_a_capturing_stream_and_the_capture_survives() {
     assert!(streams.take_error().is_none() && events.take_error().is_none());
 }
 
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn blocks_kept_for_a_graph_come_back_once_the_graph_is_gone() {
-    kept_blocks_come_back(
-        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-        true,
-    );
-}
-
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn a_device_block_kept_in_a_global_capture_comes_back_once_the_graph_is_gone() {
-    // The global mode refuses a new pinned block (`cuMemHostAlloc`): device
-    // only. The user object's two calls must keep the capture valid.
-    kept_blocks_come_back(
-        sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-        false,
-    );
-}
-
 /// Captures, in `mode`, the drop of a device scratchpad made before the
 /// capture and (`pinned`) pinned scratch written and released inside; checks
 /// that the blocks are kept while the graph or its executable graph exists,
 /// and given back by `trim_memory` once both are gone.
-fn kept_blocks_come_back(mode: sys::CUstreamCaptureMode, pinned: bool) {
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
+fn kept_blocks_come_back(mode: CUstreamCaptureMode, pinned: bool) {
+    let (gpu, streams) = device0_streams();
     let origin = streams.get(0).expect("origin");
     let o = origin.handle().as_raw() as sys::CUstream;
     {
@@ -469,11 +465,7 @@ fn kept_blocks_come_back(mode: sys::CUstreamCaptureMode, pinned: bool) {
         warm.pinned::<u32>(1000).unwrap();
         warm.device::<u32>(1000).unwrap();
     }
-    // SAFETY: the lease holds this live stream of device 0.
-    check(
-        unsafe { sys::cuStreamSynchronize(o) },
-        "cuStreamSynchronize",
-    );
+    raw_synchronize(&origin);
     let (pi, di) = (MemoryKind::Pinned.index(), MemoryKind::Device.index());
     let before = gpu.memory_stats(D0).unwrap();
 
@@ -482,11 +474,7 @@ fn kept_blocks_come_back(mode: sys::CUstreamCaptureMode, pinned: bool) {
     // scratch written and released inside (kept: replays read it).
     let made_before = Scratchpad::new(&gpu, origin.order()).unwrap();
     made_before.device::<u32>(1000).unwrap();
-    // SAFETY: the lease holds this live stream of device 0.
-    check(
-        unsafe { sys::cuStreamBeginCapture_v2(o, mode) },
-        "cuStreamBeginCapture",
-    );
+    raw_begin_capture(&origin, mode);
     origin.note_capture();
     if pinned {
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
@@ -495,23 +483,14 @@ fn kept_blocks_come_back(mode: sys::CUstreamCaptureMode, pinned: bool) {
     }
     drop(made_before);
     assert_eq!(capture_status(&origin), CaptureStatus::Active);
-    let mut graph: sys::CUgraph = std::ptr::null_mut();
-    // SAFETY: the origin of the capture begun above.
-    check(
-        unsafe { sys::cuStreamEndCapture(o, &mut graph) },
-        "cuStreamEndCapture",
-    );
+    let graph = raw_end_capture(&origin);
     let kept = |s: &gpupool_cuda::MemoryStats| (s.kept_for_graphs[pi], s.kept_for_graphs[di]);
     let (kp, kd) = kept(&before);
     let np = usize::from(pinned);
     assert_eq!(kept(&gpu.memory_stats(D0).unwrap()), (kp + np, kd + 1));
 
-    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-    // SAFETY: `graph` was just captured; `exec` is a valid place.
-    check(
-        unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) },
-        "cuGraphInstantiate",
-    );
+    // SAFETY: `graph` was just captured.
+    let exec = unsafe { instantiate(graph) };
     // SAFETY: `exec` instantiated above; `o` is a live stream of device 0.
     unsafe {
         check(sys::cuGraphLaunch(exec, o), "cuGraphLaunch");
@@ -533,15 +512,7 @@ fn kept_blocks_come_back(mode: sys::CUstreamCaptureMode, pinned: bool) {
     );
     // CUDA runs the user objects' destructors on a thread of its own, soon
     // after the last holder is gone: wait for it (a bound, not a timing).
-    let mut back = false;
-    for _ in 0..10_000 {
-        gpu.trim_memory(D0).unwrap();
-        if kept(&gpu.memory_stats(D0).unwrap()) == (kp, kd) {
-            back = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    let back = trim_until(&gpu, |stats| kept(stats) == (kp, kd));
     assert!(
         back,
         "the blocks kept for the graph came back once it was gone"
@@ -557,6 +528,20 @@ fn kept_blocks_come_back(mode: sys::CUstreamCaptureMode, pinned: bool) {
     assert!(streams.take_error().is_none());
 }
 
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn blocks_kept_for_a_graph_come_back_once_the_graph_is_gone() {
+    kept_blocks_come_back(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED, true);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_device_block_kept_in_a_global_capture_comes_back_once_the_graph_is_gone() {
+    // The global mode refuses a new pinned block (`cuMemHostAlloc`): device
+    // only. The user object's two calls must keep the capture valid.
+    kept_blocks_come_back(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL, false);
+}
+
 // ---- captures begun through gpupool (`StreamLease::begin_capture`) ---------
 
 /// A scratchpad made before a capture begun through the lease: its block
@@ -570,14 +555,9 @@ fn kept_blocks_come_back(mode: sys::CUstreamCaptureMode, pinned: bool) {
 #[ignore = "needs a CUDA GPU"]
 fn a_scratchpad_spanning_a_capture_gives_its_block_to_the_graph() {
     use gpupool_core::CaptureMode;
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let kernels = Kernels::load(D0);
+    let (gpu, streams) = device0_streams();
     // The graph writes `out.a`, the rounds outside it `rounds.a` (2 (i + 1) + 1).
-    let out = Outputs::new();
-    let rounds = Outputs::new();
+    let (kernels, out, rounds) = (Kernels::load(D0), Outputs::new(), Outputs::new());
     let origin = streams.get(0).expect("origin");
     let launch = streams.get(0).expect("launch stream");
     let l = launch.handle().as_raw() as sys::CUstream;
@@ -589,11 +569,7 @@ fn a_scratchpad_spanning_a_capture_gives_its_block_to_the_graph() {
     let block = scratch.blocks(MemoryKind::Device);
     scratch.reset().unwrap();
     let o = origin.handle().as_raw() as sys::CUstream;
-    // SAFETY: the lease holds this live stream of device 0.
-    check(
-        unsafe { sys::cuStreamSynchronize(o) },
-        "cuStreamSynchronize",
-    );
+    raw_synchronize(&origin);
     let kept_before = gpu.memory_stats(D0).unwrap().kept_for_graphs[MemoryKind::Device.index()];
 
     // Round 1, captured: a bump from the same block, reset inside.
@@ -627,25 +603,18 @@ fn a_scratchpad_spanning_a_capture_gives_its_block_to_the_graph() {
             "round {r} was given the graph's block"
         );
         fill_then_twice(&origin, &kernels, rounds.a, z.kernel_arg().addr());
-        let wrong: Vec<_> = out.wrong(l).into_iter().filter(|w| w.0 == 'a').collect();
+        let wrong = out.wrong_a(l);
         assert!(wrong.is_empty(), "replay {r}: {wrong:?}");
-        let wrong: Vec<_> = rounds.wrong(o).into_iter().filter(|w| w.0 == 'a').collect();
+        let wrong = rounds.wrong_a(o);
         assert!(wrong.is_empty(), "round {r}: {wrong:?}");
         scratch.reset().unwrap();
     }
     drop(scratch);
     drop(exec);
     drop(graph);
-    let mut back = false;
-    for _ in 0..10_000 {
-        gpu.trim_memory(D0).unwrap();
-        if gpu.memory_stats(D0).unwrap().kept_for_graphs[MemoryKind::Device.index()] == kept_before
-        {
-            back = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    let back = trim_until(&gpu, |stats| {
+        stats.kept_for_graphs[MemoryKind::Device.index()] == kept_before
+    });
     assert!(back, "the graph's block came back once it was gone");
     assert!(streams.take_error().is_none());
 }
@@ -659,12 +628,8 @@ fn a_scratchpad_spanning_a_capture_gives_its_block_to_the_graph() {
 #[ignore = "needs a CUDA GPU"]
 fn a_graph_allocation_is_refused_outside_its_capture() {
     use gpupool_core::{CaptureMode, Error, MemoryBackend};
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let kernels = Kernels::load(D0);
-    let out = Outputs::new();
+    let (gpu, streams) = device0_streams();
+    let (kernels, out) = (Kernels::load(D0), Outputs::new());
     let origin = streams.get(0).expect("origin");
     {
         // gpupool's device memory pool made before the global capture.
@@ -710,7 +675,7 @@ fn a_graph_allocation_is_refused_outside_its_capture() {
     out.clear(o);
     // SAFETY: the graph's kernels use `out.a` and its own allocation.
     unsafe { exec.launch(&origin.order()) }.unwrap();
-    let wrong: Vec<_> = out.wrong(o).into_iter().filter(|w| w.0 == 'a').collect();
+    let wrong = out.wrong_a(o);
     assert!(wrong.is_empty(), "the launch: {wrong:?}");
     drop(scratch); // the graph's allocation is kept, never freed under it
     drop((exec, graph));
@@ -725,10 +690,7 @@ fn a_graph_allocation_is_refused_outside_its_capture() {
 #[ignore = "needs a CUDA GPU"]
 fn another_threads_return_keeps_a_global_capture_begun_through_gpupool() {
     use gpupool_core::CaptureMode;
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
+    let (_, streams) = device0_streams();
     let origin = streams.get(0).expect("origin");
     origin.begin_capture(CaptureMode::Global).unwrap();
     std::thread::scope(|s| {

@@ -71,6 +71,12 @@ pub fn device0_streams() -> (CudaBackend, StreamPool<CudaBackend>) {
     (gpu, StreamPool::new(gpu))
 }
 
+/// [`device0_streams`] and an event pool over the backend as well.
+pub fn device0_pools() -> (CudaBackend, StreamPool<CudaBackend>, EventPool<CudaBackend>) {
+    let (gpu, streams) = device0_streams();
+    (gpu, streams, EventPool::new(gpu))
+}
+
 /// Makes `device`'s primary context current on the calling thread.
 pub fn make_current(device: DeviceId) {
     CudaBackend::new()
