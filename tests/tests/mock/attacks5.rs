@@ -69,8 +69,7 @@ fn polled_on_other_threads_with_other_wakers_before_and_after_ready() {
     assert_eq!(wait_for(&mut h, LONG), Some(Ok(())));
     drop(h);
     assert_eq!(events.live_leases(), 0);
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
 }
 
 #[test]
@@ -154,8 +153,7 @@ fn special_orders_foreign_machines_and_missing_devices() {
     let e = events.get(0).unwrap();
     e.record(&AccessOrder::host()).unwrap();
     assert_eq!(wait_for(&mut e.completed().unwrap(), LONG), Some(Ok(())));
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
     assert_clean(&other);
 }
 

@@ -111,8 +111,7 @@ fn spin_budgets_clamp_and_a_huge_one_ends_when_the_work_does() {
     assert_eq!(r, Ok(()));
     drop(f);
     drop(lease);
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
 }
 
 #[test]
@@ -147,8 +146,7 @@ fn the_first_poll_never_resolves_before_the_work_ran() {
     }
     drop(lease);
     assert_eq!(events.live_leases(), 0);
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
 }
 
 // ---- 2. Record order against poll order, threads, streams ----
@@ -276,8 +274,7 @@ fn futures_recorded_by_several_threads_polled_out_of_order_elsewhere() {
     drop(leases);
     gpu.complete_everything();
     assert_eq!(events.live_leases(), 0);
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
 }
 
 #[test]
@@ -349,8 +346,7 @@ fn a_future_moved_between_threads_then_polled_by_each_keeps_the_latest_waker() {
     assert_eq!(poll(&mut f, &flag().1), Poll::Ready(Ok(())));
     drop(f);
     drop(lease);
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
 }
 
 // ---- 3. Dropping before the first poll, forgetting, the pool's drop ----
@@ -417,8 +413,7 @@ fn unpolled_futures_dropped_on_many_threads_racing_completion() {
     }
     assert_clean(&gpu);
     drop(leases);
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
 }
 
 #[test]
@@ -500,8 +495,7 @@ fn each_event_is_returned_exactly_once_across_spin_engine_and_drops() {
         events.live_leases() == 0
     });
     drop(lease);
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
 }
 
 // ---- 4. The spin setting changed while futures poll ----
@@ -564,8 +558,7 @@ fn the_spin_changed_concurrently_with_first_polls() {
     });
     assert_eq!(events.live_leases(), 0);
     drop(streams);
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
 }
 
 // ---- 5. Failed queries during the first poll's spin ----
@@ -674,8 +667,7 @@ fn panicking_wakers_at_the_first_registration_and_at_later_submissions() {
         events.live_leases() == 0
     });
     drop(lease);
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
 }
 
 /// A waker that, on the engine's thread, makes a new future and polls it
@@ -765,8 +757,7 @@ fn a_gpupool_capture_begun_between_completed_and_the_first_poll() {
         }
     }
     drop((lease, other));
-    drop(events);
-    all_back(&gpu);
+    drop_pool_then_all_back(events, &gpu);
 }
 
 /// After a first poll that left the future pending: waits until the engine

@@ -32,3 +32,10 @@ pub(crate) fn machine(
         EventPool::new(gpu),
     )
 }
+
+/// Drops the event pool, then checks that every event came back ([`all_back`]).
+#[track_caller]
+pub(crate) fn drop_pool_then_all_back(events: EventPool<MockBackend>, gpu: &MockBackend) {
+    drop(events);
+    all_back(gpu);
+}
