@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use gpupool_core::{DeviceId, Error as PoolError, EventPool, StreamLease, StreamPool};
+use gpupool_core::{Backend, DeviceId, Error as PoolError, EventPool, StreamLease, StreamPool};
 use gpupool_cuda::cudarc::driver::safe::CudaContext;
 use gpupool_cuda::cudarc::driver::sys;
 use gpupool_cuda::{CudaBackend, CudaError};
@@ -31,6 +31,20 @@ pub fn host_ns() -> u64 {
 /// A driver result as a `Result`, with the call named.
 pub fn check(what: &str, r: sys::CUresult) -> Result<(), String> {
     r.result().map_err(|e| format!("{what}: {e:?}"))
+}
+
+/// The CUDA backend when the driver loads and reports a GPU; otherwise says
+/// "skipped: no CUDA driver or no GPU" on stdout and returns `None` (a probe
+/// without a GPU skips and exits 0).
+pub fn cuda_or_skip() -> Option<CudaBackend> {
+    let gpu = CudaBackend::new();
+    match gpu.device_count() {
+        Ok(n) if n > 0 => Some(gpu),
+        _ => {
+            println!("skipped: no CUDA driver or no GPU");
+            None
+        }
+    }
 }
 
 /// The stream of a lease, as the driver's handle.

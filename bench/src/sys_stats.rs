@@ -175,3 +175,11 @@ pub fn median(v: &[Option<f64>]) -> Option<f64> {
         (xs[n / 2 - 1] + xs[n / 2]) / 2.0
     })
 }
+
+/// The upper median of `v` (the middle element after sorting, the upper of
+/// the middle two for an even count): the probes' figure of several runs.
+/// Panics when `v` is empty.
+pub fn upper_median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

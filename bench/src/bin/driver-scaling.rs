@@ -14,6 +14,7 @@ use std::ffi::c_ulonglong;
 use std::sync::Barrier;
 use std::time::Instant;
 
+use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_cuda::cudarc::driver::{result, sys};
 
 const CALLS: usize = 20_000;
@@ -105,11 +106,6 @@ fn run_thread(ctx: sys::CUcontext, call: Call, start: &Barrier) -> f64 {
         ok(sys::cuStreamDestroy_v2(stream), "cuStreamDestroy");
         ns
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() {

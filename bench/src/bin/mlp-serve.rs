@@ -36,7 +36,9 @@ use cudarc::cublas::{result as blas, sys as blas_sys, CudaBlas, Gemm, GemmConfig
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg,
 };
-use gpupool_core::{Backend, DeviceId, Scratchpad, StreamPool};
+use gpupool_bench::gpu::cuda_or_skip;
+use gpupool_bench::sys_stats::upper_median as median;
+use gpupool_core::{DeviceId, Scratchpad, StreamPool};
 use gpupool_cuda::{with_cudarc_stream, CudaBackend, DeviceSliceExt};
 
 /// The width of every layer.
@@ -535,11 +537,6 @@ fn cell<T: Design>(
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -548,14 +545,9 @@ fn env_usize(name: &str, default: usize) -> usize {
 }
 
 fn main() -> Result<(), Failure> {
-    let gpu = CudaBackend::new();
-    match gpu.device_count() {
-        Ok(n) if n > 0 => {}
-        _ => {
-            println!("skipped: no CUDA driver or no GPU");
-            return Ok(());
-        }
-    }
+    let Some(gpu) = cuda_or_skip() else {
+        return Ok(());
+    };
     let window = Duration::from_millis(env_usize("MLP_WINDOW_MS", 600) as u64);
     let repeats = env_usize("MLP_REPEATS", 3).max(1);
     let threads: Vec<usize> = std::env::var("MLP_THREADS")

@@ -31,10 +31,12 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use gpupool_core::{
-    AccessOrder, Backend, DeviceId, MemoryBackend, MemoryKind, ScratchSizes, Scratchpad,
+    AccessOrder, DeviceId, MemoryBackend, MemoryKind, ScratchSizes, Scratchpad,
     StreamBackend, StreamOptions,
 };
 use gpupool_cuda::cudarc::driver::sys;
+use gpupool_bench::gpu::cuda_or_skip;
+use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_cuda::CudaBackend;
 
 const THREADS: [usize; 5] = [1, 2, 4, 8, 16];
@@ -210,20 +212,10 @@ fn run(
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
-    let gpu = CudaBackend::new();
-    match gpu.device_count() {
-        Ok(n) if n > 0 => {}
-        _ => {
-            println!("skipped: no CUDA driver or no GPU");
-            return;
-        }
-    }
+    let Some(gpu) = cuda_or_skip() else {
+        return;
+    };
     let streams: Vec<_> = (0..THREADS[THREADS.len() - 1])
         .map(|_| {
             gpu.create_stream(D, StreamOptions::default())

@@ -111,6 +111,11 @@ impl<'a> Env<'a> {
         self.keep.borrow_mut().push(Box::new(v));
     }
 
+    /// Runs `f` after the capture has ended (a raw resource freed).
+    pub(crate) fn defer(&self, f: impl FnOnce() + 'static) {
+        self.keep(Deferred(Some(Box::new(f))));
+    }
+
     pub(crate) fn hold<'e, T: 'static>(&'e self, v: T) -> Kept<'e, 'a, T> {
         Kept {
             env: self,

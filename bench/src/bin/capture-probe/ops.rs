@@ -1,14 +1,18 @@
 //! The operations (the table's rows), each run while a capture is open.
 
-use std::ffi::c_void;
+use std::mem::MaybeUninit;
 
 use gpupool_core::{AccessOrder, EventBackend, MemoryKind, Scratchpad, ScratchpadConfig};
 use gpupool_cuda::cudarc::driver::sys;
+use gpupool_cuda::CudaBackend;
 
 use crate::driver::{capture_status, cu, cu_event};
-use crate::env::{Deferred, Env};
-use crate::errors::{at, backend, raw, Res};
-use crate::{D0, GPU};
+use crate::env::{Env, Kept};
+use crate::errors::{at, backend, raw, Fail, Res};
+use crate::{Lease, D0, GPU};
+
+/// The scratchpads the rows make (on the origin's order).
+type Pad = Scratchpad<'static, CudaBackend>;
 
 pub(crate) struct Row {
     pub(crate) id: &'static str,
@@ -49,31 +53,35 @@ pub(crate) fn op_drop_origin(env: &Env) -> Res {
     Ok(())
 }
 
-pub(crate) fn op_drop_joined_side(env: &Env) -> Res {
+/// A side stream forked from the origin inside the capture: the side
+/// leased (and watched), two events put in the pool, the capture begun, the
+/// side made to wait for the origin.
+fn forked_side<'e, 'a>(env: &'e Env<'a>) -> Result<Kept<'e, 'a, Lease>, Fail> {
     let side = env.side()?;
     env.warm_events()?;
     env.begin();
     at("fork", side.order().wait(&env.order(), env.events))?;
-    env.note(format!(
-        "after fork: side {}",
-        capture_status(side.handle())
-    ));
+    Ok(side)
+}
+
+/// Notes the capture status of `side` at `when`.
+fn note_side(env: &Env, when: &str, side: &Lease) {
+    env.note(format!("{when}: side {}", capture_status(side.handle())));
+}
+
+pub(crate) fn op_drop_joined_side(env: &Env) -> Res {
+    let side = forked_side(env)?;
+    note_side(env, "after fork", &side);
     env.work(side.handle())?;
     side.drop_now();
     Ok(())
 }
 
 pub(crate) fn op_drop_side_after_join(env: &Env) -> Res {
-    let side = env.side()?;
-    env.warm_events()?;
-    env.begin();
-    at("fork", side.order().wait(&env.order(), env.events))?;
+    let side = forked_side(env)?;
     env.work(side.handle())?;
     at("join", env.order().wait(&side.order(), env.events))?;
-    env.note(format!(
-        "after join: side {}",
-        capture_status(side.handle())
-    ));
+    note_side(env, "after join", &side);
     side.drop_now();
     Ok(())
 }
@@ -93,14 +101,8 @@ pub(crate) fn op_events(env: &Env) -> Res {
 }
 
 pub(crate) fn op_fork_join(env: &Env) -> Res {
-    let side = env.side()?;
-    env.warm_events()?;
-    env.begin();
-    at("fork", side.order().wait(&env.order(), env.events))?;
-    env.note(format!(
-        "after fork: side {}",
-        capture_status(side.handle())
-    ));
+    let side = forked_side(env)?;
+    note_side(env, "after fork", &side);
     env.work(side.handle())?;
     at("join", env.order().wait(&side.order(), env.events))?;
     env.work(env.origin_raw)?;
@@ -127,12 +129,33 @@ pub(crate) fn op_host_wait_event(env: &Env) -> Res {
     at("wait_event", AccessOrder::host().wait_event(&*e))
 }
 
+/// A new scratchpad on the origin, kept until the capture has ended unless
+/// dropped before.
+fn new_scratchpad<'e, 'a>(env: &'e Env<'a>) -> Result<Kept<'e, 'a, Pad>, Fail> {
+    Ok(env.hold(at("new", Scratchpad::new(&GPU, env.order()))?))
+}
+
+/// `bytes` of scratch device memory (allocation step `what`), written by a
+/// memset in the origin's order.
+fn device_written(env: &Env, s: &Pad, what: &str, bytes: usize) -> Res {
+    let d = at(what, s.device::<u8>(bytes))?;
+    env.work_at(d.addr(), d.byte_len())
+}
+
+/// Resets the scratchpad, allocates and writes 4 KiB of device memory
+/// again, drops the scratchpad.
+fn reset_device_again(env: &Env, mut s: Kept<'_, '_, Pad>) -> Res {
+    at("reset", s.reset())?;
+    device_written(env, &s, "alloc 2", 4096)?;
+    s.drop_now();
+    Ok(())
+}
+
 /// A new scratchpad on the origin: 4 KiB of device memory, written by a
 /// memset in the origin's order, then the scratchpad dropped.
 pub(crate) fn scratch_device(env: &Env) -> Res {
-    let s = env.hold(at("new", Scratchpad::new(&GPU, env.order()))?);
-    let d = at("alloc", s.device::<u8>(4096))?;
-    env.work_at(d.addr(), d.byte_len())?;
+    let s = new_scratchpad(env)?;
+    device_written(env, &s, "alloc", 4096)?;
     s.drop_now();
     Ok(())
 }
@@ -159,23 +182,14 @@ pub(crate) fn op_dev_cached(env: &Env) -> Res {
 
 pub(crate) fn op_dev_reset(env: &Env) -> Res {
     env.begin();
-    let mut s = env.hold(at("new", Scratchpad::new(&GPU, env.order()))?);
-    {
-        let d = at("alloc", s.device::<u8>(4096))?;
-        env.work_at(d.addr(), d.byte_len())?;
-    }
-    at("reset", s.reset())?;
-    {
-        let d = at("alloc 2", s.device::<u8>(4096))?;
-        env.work_at(d.addr(), d.byte_len())?;
-    }
-    s.drop_now();
-    Ok(())
+    let s = new_scratchpad(env)?;
+    device_written(env, &s, "alloc", 4096)?;
+    reset_device_again(env, s)
 }
 
 pub(crate) fn op_dev_reset_grown(env: &Env) -> Res {
     env.begin();
-    let mut s = env.hold(at("new", Scratchpad::new(&GPU, env.order()))?);
+    let s = new_scratchpad(env)?;
     {
         let a = at("alloc", s.device::<u8>(4096))?;
         let b = at("alloc big", s.device::<u8>(128 * 1024))?;
@@ -186,20 +200,14 @@ pub(crate) fn op_dev_reset_grown(env: &Env) -> Res {
         "blocks before reset: {}",
         s.stats().blocks[MemoryKind::Device.index()]
     ));
-    at("reset", s.reset())?;
-    {
-        let d = at("alloc 2", s.device::<u8>(4096))?;
-        env.work_at(d.addr(), d.byte_len())?;
-    }
-    s.drop_now();
-    Ok(())
+    reset_device_again(env, s)
 }
 
 /// A scratchpad on the origin (release order: the origin) with 4 KiB of
 /// host-visible `kind` memory written by the host; reset and allocated
 /// again when `reset`; dropped.
 pub(crate) fn scratch_host_visible(env: &Env, kind: MemoryKind, reset: bool) -> Res {
-    let mut s = env.hold(at("new", Scratchpad::new(&GPU, env.order()))?);
+    let mut s = new_scratchpad(env)?;
     {
         let p = at("alloc", s.uninit::<u32>(kind, 1024))?;
         p.iter_mut().for_each(|x| {
@@ -233,41 +241,28 @@ pub(crate) fn warm_host_visible(env: &Env, kind: MemoryKind) -> Res {
     Ok(())
 }
 
-pub(crate) fn op_pinned_cold(env: &Env) -> Res {
-    env.begin();
-    scratch_host_visible(env, MemoryKind::Pinned, false)
+/// What a host-visible scratch row does before the capture begins.
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Before {
+    /// Nothing: the pool may be empty.
+    Nothing,
+    /// A free block of the kind left in the pool.
+    FreeBlock,
 }
 
-pub(crate) fn op_pinned_warm(env: &Env) -> Res {
-    warm_host_visible(env, MemoryKind::Pinned)?;
+/// The host-visible scratch rows (12 and 13): `before`, then the capture
+/// begun and [`scratch_host_visible`].
+pub(crate) fn op_host_visible(env: &Env, kind: MemoryKind, before: Before, reset: bool) -> Res {
+    if before == Before::FreeBlock {
+        warm_host_visible(env, kind)?;
+    }
     env.begin();
-    scratch_host_visible(env, MemoryKind::Pinned, false)
-}
-
-pub(crate) fn op_pinned_reset(env: &Env) -> Res {
-    env.begin();
-    scratch_host_visible(env, MemoryKind::Pinned, true)
-}
-
-pub(crate) fn op_managed_cold(env: &Env) -> Res {
-    env.begin();
-    scratch_host_visible(env, MemoryKind::Managed, false)
-}
-
-pub(crate) fn op_managed_warm(env: &Env) -> Res {
-    warm_host_visible(env, MemoryKind::Managed)?;
-    env.begin();
-    scratch_host_visible(env, MemoryKind::Managed, false)
-}
-
-pub(crate) fn op_managed_reset(env: &Env) -> Res {
-    env.begin();
-    scratch_host_visible(env, MemoryKind::Managed, true)
+    scratch_host_visible(env, kind, reset)
 }
 
 pub(crate) fn op_to_device(env: &Env) -> Res {
     env.begin();
-    let s = env.hold(at("new", Scratchpad::new(&GPU, env.order()))?);
+    let s = new_scratchpad(env)?;
     {
         at("to_device", s.to_device(&[1u32, 2, 3, 4]))?;
     }
@@ -276,7 +271,7 @@ pub(crate) fn op_to_device(env: &Env) -> Res {
 }
 
 pub(crate) fn op_to_host(env: &Env) -> Res {
-    let s = env.hold(at("new", Scratchpad::new(&GPU, env.order()))?);
+    let s = new_scratchpad(env)?;
     let d = at("to_device (before)", s.to_device(&[1u32, 2, 3, 4]))?;
     env.begin();
     let v = at("to_host", s.to_host(&d))?;
@@ -310,29 +305,43 @@ pub(crate) fn op_raw_stream_sync(env: &Env) -> Res {
     raw("", unsafe { sys::cuStreamSynchronize(cu(l.handle())) })
 }
 
-pub(crate) fn op_raw_mem_alloc(env: &Env) -> Res {
+/// A raw driver call inside the capture that makes a resource through its
+/// out-pointer (`make`); the resource is given to `free` after the capture
+/// has ended.
+fn op_raw_made<T: 'static>(
+    env: &Env,
+    make: impl FnOnce(*mut T) -> sys::CUresult,
+    free: impl FnOnce(T) -> sys::CUresult + 'static,
+) -> Res {
     env.begin();
-    let mut p: sys::CUdeviceptr = 0;
-    // SAFETY: an out-pointer; the context is current.
-    raw("", unsafe { sys::cuMemAlloc_v2(&mut p, 4096) })?;
-    env.keep(Deferred(Some(Box::new(move || {
-        // SAFETY: `p` came from cuMemAlloc and nothing uses it.
-        unsafe { sys::cuMemFree_v2(p) };
-    }))));
+    let mut v = MaybeUninit::<T>::uninit();
+    raw("", make(v.as_mut_ptr()))?;
+    // SAFETY: the call succeeded, so it wrote the resource's handle.
+    let v = unsafe { v.assume_init() };
+    env.defer(move || {
+        free(v);
+    });
     Ok(())
 }
 
+pub(crate) fn op_raw_mem_alloc(env: &Env) -> Res {
+    op_raw_made(
+        env,
+        // SAFETY: an out-pointer; the context is current.
+        |p| unsafe { sys::cuMemAlloc_v2(p, 4096) },
+        // SAFETY: `p` came from cuMemAlloc and nothing uses it.
+        |p| unsafe { sys::cuMemFree_v2(p) },
+    )
+}
+
 pub(crate) fn op_raw_host_alloc(env: &Env) -> Res {
-    env.begin();
-    let mut p: *mut c_void = std::ptr::null_mut();
-    // SAFETY: an out-pointer; the context is current.
-    raw("", unsafe { sys::cuMemHostAlloc(&mut p, 4096, 0) })?;
-    let addr = p as usize;
-    env.keep(Deferred(Some(Box::new(move || {
-        // SAFETY: `addr` came from cuMemHostAlloc and nothing uses it.
-        unsafe { sys::cuMemFreeHost(addr as *mut c_void) };
-    }))));
-    Ok(())
+    op_raw_made(
+        env,
+        // SAFETY: an out-pointer; the context is current.
+        |p| unsafe { sys::cuMemHostAlloc(p, 4096, 0) },
+        // SAFETY: `p` came from cuMemHostAlloc and nothing uses it.
+        |p| unsafe { sys::cuMemFreeHost(p) },
+    )
 }
 
 pub(crate) fn op_raw_mem_alloc_async(env: &Env) -> Res {
@@ -345,7 +354,7 @@ pub(crate) fn op_raw_mem_alloc_async(env: &Env) -> Res {
     let addr = s as usize;
     // Pushed before the lease's `Kept` goes to the keep list: freed while
     // the stream is still leased.
-    env.keep(Deferred(Some(Box::new(move || {
+    env.defer(move || {
         let s = addr as sys::CUstream;
         // SAFETY: `p` came from cuMemAllocAsync on `s`, which is alive
         // (its lease is dropped after this).
@@ -353,7 +362,7 @@ pub(crate) fn op_raw_mem_alloc_async(env: &Env) -> Res {
             sys::cuMemFreeAsync(p, s);
             sys::cuStreamSynchronize(s);
         }
-    }))));
+    });
     Ok(())
 }
 
@@ -368,33 +377,23 @@ pub(crate) fn op_raw_event_record(env: &Env) -> Res {
 }
 
 pub(crate) fn op_raw_event_create(env: &Env) -> Res {
-    env.begin();
-    let mut e: sys::CUevent = std::ptr::null_mut();
-    // SAFETY: an out-pointer; the context is current.
-    raw("", unsafe {
-        sys::cuEventCreate(&mut e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
-    })?;
-    let addr = e as usize;
-    env.keep(Deferred(Some(Box::new(move || {
+    op_raw_made(
+        env,
+        // SAFETY: an out-pointer; the context is current.
+        |e| unsafe { sys::cuEventCreate(e, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
         // SAFETY: our event, unused.
-        unsafe { sys::cuEventDestroy_v2(addr as sys::CUevent) };
-    }))));
-    Ok(())
+        |e| unsafe { sys::cuEventDestroy_v2(e) },
+    )
 }
 
 pub(crate) fn op_raw_stream_create(env: &Env) -> Res {
-    env.begin();
-    let mut s: sys::CUstream = std::ptr::null_mut();
-    // SAFETY: an out-pointer; the context is current.
-    raw("", unsafe {
-        sys::cuStreamCreate(&mut s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-    })?;
-    let addr = s as usize;
-    env.keep(Deferred(Some(Box::new(move || {
+    op_raw_made(
+        env,
+        // SAFETY: an out-pointer; the context is current.
+        |s| unsafe { sys::cuStreamCreate(s, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
         // SAFETY: our stream, with no work.
-        unsafe { sys::cuStreamDestroy_v2(addr as sys::CUstream) };
-    }))));
-    Ok(())
+        |s| unsafe { sys::cuStreamDestroy_v2(s) },
+    )
 }
 
 pub(crate) fn rows() -> Vec<Row> {
@@ -429,24 +428,24 @@ pub(crate) fn rows() -> Vec<Row> {
         },
         row("11a", "scratch device alloc, reset, alloc", op_dev_reset),
         row("11b", "scratch device reset (2 blocks)", op_dev_reset_grown),
-        row("12a", "scratch pinned + drop (empty pool)", op_pinned_cold),
-        row("12b", "scratch pinned + drop (free block)", op_pinned_warm),
-        row("12c", "scratch pinned alloc, reset, alloc", op_pinned_reset),
-        row(
-            "13a",
-            "scratch managed + drop (empty pool)",
-            op_managed_cold,
-        ),
-        row(
-            "13b",
-            "scratch managed + drop (free block)",
-            op_managed_warm,
-        ),
-        row(
-            "13c",
-            "scratch managed alloc, reset, alloc",
-            op_managed_reset,
-        ),
+        row("12a", "scratch pinned + drop (empty pool)", |env| {
+            op_host_visible(env, MemoryKind::Pinned, Before::Nothing, false)
+        }),
+        row("12b", "scratch pinned + drop (free block)", |env| {
+            op_host_visible(env, MemoryKind::Pinned, Before::FreeBlock, false)
+        }),
+        row("12c", "scratch pinned alloc, reset, alloc", |env| {
+            op_host_visible(env, MemoryKind::Pinned, Before::Nothing, true)
+        }),
+        row("13a", "scratch managed + drop (empty pool)", |env| {
+            op_host_visible(env, MemoryKind::Managed, Before::Nothing, false)
+        }),
+        row("13b", "scratch managed + drop (free block)", |env| {
+            op_host_visible(env, MemoryKind::Managed, Before::FreeBlock, false)
+        }),
+        row("13c", "scratch managed alloc, reset, alloc", |env| {
+            op_host_visible(env, MemoryKind::Managed, Before::Nothing, true)
+        }),
         row("14a", "scratch to_device + drop", op_to_device),
         row("14b", "scratch to_host", op_to_host),
         row(

@@ -3,6 +3,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
+use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_core::{AccessOrder, Scratchpad, StreamPool};
 use gpupool_cuda::cudarc::driver::sys;
 
@@ -35,11 +36,6 @@ pub(crate) fn warm_up() -> Result<(), String> {
     pool.purge().map_err(|e| format!("{e:#}"))?;
     GPU.trim_memory(D0).map_err(|e| format!("trim: {e}"))?;
     Ok(())
-}
-
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// ns per call of `f`, median of REPEATS runs of CALLS calls.

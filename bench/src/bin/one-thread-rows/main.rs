@@ -22,27 +22,17 @@
 
 use std::time::Duration;
 
-use gpupool_core::Backend;
-use gpupool_cuda::CudaBackend;
+use gpupool_bench::gpu::cuda_or_skip;
+use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_rows as rows;
 
 const REPEATS: usize = 9;
 const TARGET: Duration = Duration::from_millis(20);
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn main() {
-    let gpu = CudaBackend::new();
-    match gpu.device_count() {
-        Ok(n) if n > 0 => {}
-        _ => {
-            println!("skipped: no CUDA driver or no GPU");
-            return;
-        }
-    }
+    let Some(gpu) = cuda_or_skip() else {
+        return;
+    };
     let figures = rows::with_rows(&gpu, |rows| {
         let n: Vec<usize> = rows
             .iter_mut()

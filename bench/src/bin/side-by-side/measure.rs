@@ -5,6 +5,7 @@ use std::hint::black_box;
 use std::sync::{mpsc, Barrier};
 use std::time::{Duration, Instant};
 
+use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_bench::baselines::{
     bumpalo_round, event_create_destroy, raw_round, stream_create_destroy, DaliEventPool,
     DaliScratchpad, DaliStreamPool, MutexVecEventPool, MutexVecStreamPool,
@@ -175,11 +176,6 @@ fn wall(spans: &[(Instant, Instant)]) -> Duration {
         (Some(s), Some(e)) => e - s,
         _ => Duration::ZERO,
     }
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// The `p`-quantile of sorted samples.

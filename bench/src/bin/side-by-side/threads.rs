@@ -12,6 +12,7 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_bench::baselines::DaliScratchpad;
 use gpupool_core::{AccessOrder, DeviceId, MemoryKind, ScratchSizes, Scratchpad, StreamOptions};
 
@@ -145,11 +146,6 @@ fn run_threads<B: Machine>(
             .map(|t| t.join().expect("a scratch thread panicked"))
             .collect()
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Measures `counts` thread counts: calibrates each (rounds per thread for
