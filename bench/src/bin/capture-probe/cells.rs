@@ -2,16 +2,16 @@
 //! graph launched, the outcome and the clean-up; a cell on the capturing
 //! thread.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use gpupool_core::{EventPool, StreamHandle, StreamPool};
+use gpupool_core::StreamHandle;
 use gpupool_cuda::cudarc::driver::sys;
 use gpupool_cuda::MemoryStats;
 
 use crate::driver::{bind_context, capture_status, cu, graph_summary, launch_graph};
-use crate::env::Env;
+use crate::env::{Env, Pools};
 use crate::errors::{panic_text, short_error, short_of_text, take_lost, Res};
 use crate::ops::Row;
 use crate::{Col, BUF_WORDS, D0, GPU, SUCCESS};
@@ -135,50 +135,44 @@ pub(crate) fn outcome(r: std::thread::Result<Res>, env: &Env, out: &mut CellOut)
 
 pub(crate) fn mem_delta(a: &MemoryStats, b: &MemoryStats) -> String {
     const KINDS: [&str; 4] = ["host", "pinned", "device", "managed"];
+    const PER_KIND: [&str; 5] = [
+        "upstream allocs",
+        "upstream frees",
+        "reuses",
+        "parked",
+        "cached",
+    ];
+    const DEVICE: [&str; 3] = ["cache hits", "cache misses", "cache evictions"];
+    // The counters named in PER_KIND, of kind `i`.
+    let per_kind = |m: &MemoryStats, i: usize| {
+        [
+            m.upstream_allocations[i] as i64,
+            m.upstream_frees[i] as i64,
+            m.reuses[i] as i64,
+            m.parked_blocks[i] as i64,
+            m.cached_blocks[i] as i64,
+        ]
+    };
+    // The counters named in DEVICE.
+    let device = |m: &MemoryStats| {
+        [
+            m.device_cache_hits as i64,
+            m.device_cache_misses as i64,
+            m.device_cache_evictions as i64,
+        ]
+    };
     let mut parts = Vec::new();
-    for (i, kind) in KINDS.iter().enumerate() {
-        let fields: [(&str, i64, i64); 5] = [
-            (
-                "upstream allocs",
-                a.upstream_allocations[i] as i64,
-                b.upstream_allocations[i] as i64,
-            ),
-            (
-                "upstream frees",
-                a.upstream_frees[i] as i64,
-                b.upstream_frees[i] as i64,
-            ),
-            ("reuses", a.reuses[i] as i64, b.reuses[i] as i64),
-            (
-                "parked",
-                a.parked_blocks[i] as i64,
-                b.parked_blocks[i] as i64,
-            ),
-            (
-                "cached",
-                a.cached_blocks[i] as i64,
-                b.cached_blocks[i] as i64,
-            ),
-        ];
-        for (name, x, y) in fields {
+    let mut changed = |what: &str, names: &[&str], x: &[i64], y: &[i64]| {
+        for ((name, x), y) in names.iter().zip(x).zip(y) {
             if x != y {
-                parts.push(format!("{kind} {name} {:+}", y - x));
+                parts.push(format!("{what} {name} {:+}", y - x));
             }
         }
+    };
+    for (i, kind) in KINDS.iter().enumerate() {
+        changed(kind, &PER_KIND, &per_kind(a, i), &per_kind(b, i));
     }
-    for (name, x, y) in [
-        ("cache hits", a.device_cache_hits, b.device_cache_hits),
-        ("cache misses", a.device_cache_misses, b.device_cache_misses),
-        (
-            "cache evictions",
-            a.device_cache_evictions,
-            b.device_cache_evictions,
-        ),
-    ] {
-        if x != y {
-            parts.push(format!("device {name} {:+}", y as i64 - x as i64));
-        }
-    }
+    changed("device", &DEVICE, &device(a), &device(b));
     parts.join(", ")
 }
 
@@ -232,8 +226,19 @@ pub(crate) fn clean_up(env: Env, out: &mut CellOut) {
     }
 }
 
-pub(crate) fn leak<T>(v: T) -> &'static T {
-    Box::leak(Box::new(v))
+/// Runs the row's operation (beginning the capture after it if it never
+/// did) and reads its outcome.
+pub(crate) fn run_op(row: &Row, env: &Env) -> CellOut {
+    take_lost();
+    let r = catch_unwind(AssertUnwindSafe(|| (row.op)(env)));
+    let mut out = CellOut::default();
+    if !env.began.get() {
+        out.details
+            .push("!! the operation never began the capture".into());
+        env.begin();
+    }
+    outcome(r, env, &mut out);
+    out
 }
 
 /// A cell whose operation runs on the capturing thread.
@@ -247,10 +252,8 @@ pub(crate) fn same_thread_cell(
     if let Err(e) = bind_context() {
         return CellOut::failed(e);
     }
-    let streams = leak(StreamPool::new(GPU));
-    let events = leak(EventPool::new(GPU));
-    let origin_pool = leak(StreamPool::new(GPU));
-    let origin = match origin_pool.get(0) {
+    let pools = Pools::leaked();
+    let origin = match pools.origin_pool.get(0) {
         Ok(l) => l,
         Err(e) => return CellOut::failed(format!("origin: {e:#}")),
     };
@@ -261,30 +264,8 @@ pub(crate) fn same_thread_cell(
             *begin_error.borrow_mut() = Some(e);
         }
     };
-    let env = Env {
-        streams,
-        events,
-        origin_pool,
-        origin: RefCell::new(Some(origin)),
-        origin_raw,
-        buf,
-        begin_fn: &begin_fn,
-        began: Cell::new(false),
-        notes: RefCell::new(Vec::new()),
-        keep: RefCell::new(Vec::new()),
-        watch: RefCell::new(Vec::new()),
-        mem_before: RefCell::new(None),
-        read_mem,
-    };
-    take_lost();
-    let r = catch_unwind(AssertUnwindSafe(|| (row.op)(&env)));
-    let mut out = CellOut::default();
-    if !env.began.get() {
-        out.details
-            .push("!! the operation never began the capture".into());
-        env.begin();
-    }
-    outcome(r, &env, &mut out);
+    let env = Env::new(pools, origin, buf, &begin_fn, read_mem);
+    let mut out = run_op(row, &env);
     if let Some(e) = begin_error.borrow_mut().take() {
         out.details.push(format!("!! begin failed: {e}"));
     }

@@ -47,6 +47,29 @@ pub(crate) struct Env<'a> {
     pub(crate) read_mem: bool,
 }
 
+/// A cell's fresh pools, leaked (a stream may still capture when the cell
+/// ends): its streams, its events, and the pool the operation's stream is
+/// leased from.
+pub(crate) struct Pools {
+    pub(crate) streams: &'static StreamPool<CudaBackend>,
+    pub(crate) events: &'static EventPool<CudaBackend>,
+    pub(crate) origin_pool: &'static StreamPool<CudaBackend>,
+}
+
+impl Pools {
+    pub(crate) fn leaked() -> Pools {
+        Pools {
+            streams: leak(StreamPool::new(GPU)),
+            events: leak(EventPool::new(GPU)),
+            origin_pool: leak(StreamPool::new(GPU)),
+        }
+    }
+}
+
+pub(crate) fn leak<T>(v: T) -> &'static T {
+    Box::leak(Box::new(v))
+}
+
 /// A value whose drop would call the driver: dropped by `drop_now`, or,
 /// when the operation returns (or fails) without doing so, kept until the
 /// capture has ended.
@@ -83,6 +106,32 @@ impl<T: 'static> Drop for Kept<'_, '_, T> {
 }
 
 impl<'a> Env<'a> {
+    /// The world of an operation on `origin` (a lease of `pools.origin_pool`)
+    /// whose capture `begin_fn` begins.
+    pub(crate) fn new(
+        pools: Pools,
+        origin: Lease,
+        buf: sys::CUdeviceptr,
+        begin_fn: &'a dyn Fn(),
+        read_mem: bool,
+    ) -> Env<'a> {
+        Env {
+            streams: pools.streams,
+            events: pools.events,
+            origin_pool: pools.origin_pool,
+            origin_raw: origin.handle(),
+            origin: RefCell::new(Some(origin)),
+            buf,
+            begin_fn,
+            began: Cell::new(false),
+            notes: RefCell::new(Vec::new()),
+            keep: RefCell::new(Vec::new()),
+            watch: RefCell::new(Vec::new()),
+            mem_before: RefCell::new(None),
+            read_mem,
+        }
+    }
+
     /// Begins the capture (once): from here on the operation is measured.
     pub(crate) fn begin(&self) {
         if !self.began.replace(true) {

@@ -2,20 +2,18 @@
 //! threads of its own with a time limit, and a cell in a fresh process (`--cell
 //! ID COL`).
 
-use std::cell::{Cell, RefCell};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::cell::RefCell;
+use std::panic::catch_unwind;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Duration, Instant};
 
-use gpupool_core::{EventPool, StreamPool};
+use gpupool_core::StreamPool;
 
-use crate::cells::{
-    begin_capture, clean_up, finish_capture, leak, outcome, same_thread_cell, CellOut,
-};
+use crate::cells::{begin_capture, clean_up, finish_capture, run_op, same_thread_cell, CellOut};
 use crate::driver::bind_context;
-use crate::env::Env;
-use crate::errors::{panic_text, take_lost};
+use crate::env::{leak, Env, Pools};
+use crate::errors::panic_text;
 use crate::ops::rows;
 use crate::{Col, CELL_TIMEOUT, GPU, STEP_TIMEOUT};
 
@@ -84,10 +82,8 @@ pub(crate) fn operation_thread(
         let _ = to_a.send(Msg::Done);
         return CellOut::failed(e);
     }
-    let streams = leak(StreamPool::new(GPU));
-    let events = leak(EventPool::new(GPU));
-    let origin_pool = leak(StreamPool::new(GPU));
-    let origin = match origin_pool.get(0) {
+    let pools = Pools::leaked();
+    let origin = match pools.origin_pool.get(0) {
         Ok(l) => l,
         Err(e) => {
             let _ = to_a.send(Msg::Ready);
@@ -95,7 +91,6 @@ pub(crate) fn operation_thread(
             return CellOut::failed(format!("B's stream: {e:#}"));
         }
     };
-    let origin_raw = origin.handle();
     let notes = RefCell::new(Vec::new());
     let begin_fn = || {
         let _ = to_a.send(Msg::Ready);
@@ -105,30 +100,8 @@ pub(crate) fn operation_thread(
             _ => notes.borrow_mut().push("!! B: A never began".to_string()),
         }
     };
-    let env = Env {
-        streams,
-        events,
-        origin_pool,
-        origin: RefCell::new(Some(origin)),
-        origin_raw,
-        buf,
-        begin_fn: &begin_fn,
-        began: Cell::new(false),
-        notes: RefCell::new(Vec::new()),
-        keep: RefCell::new(Vec::new()),
-        watch: RefCell::new(Vec::new()),
-        mem_before: RefCell::new(None),
-        read_mem: true,
-    };
-    take_lost();
-    let r = catch_unwind(AssertUnwindSafe(|| (row.op)(&env)));
-    let mut out = CellOut::default();
-    if !env.began.get() {
-        out.details
-            .push("!! the operation never began the capture".into());
-        env.begin();
-    }
-    outcome(r, &env, &mut out);
+    let env = Env::new(pools, origin, buf, &begin_fn, true);
+    let mut out = run_op(row, &env);
     let _ = to_a.send(Msg::Done);
     if !matches!(rx.recv_timeout(STEP_TIMEOUT), Ok(Msg::Ended)) {
         out.details.push("!! B: A never ended the capture".into());

@@ -55,6 +55,32 @@ pub(crate) fn time_call(mut f: impl FnMut() -> sys::CUresult) -> Result<f64, Str
     Ok(median(runs))
 }
 
+/// `cuStreamGetCaptureInfo_v3` asking for the status and the id only.
+///
+/// # Safety
+///
+/// `s` is a live stream.
+#[inline(always)]
+unsafe fn capture_info(
+    s: sys::CUstream,
+    st: &mut sys::CUstreamCaptureStatus,
+    id: &mut sys::cuuint64_t,
+) -> sys::CUresult {
+    // SAFETY: `s` is live (the caller's word), the out-pointers are
+    // references, null optional outputs are allowed.
+    unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            s,
+            st,
+            id,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    }
+}
+
 pub(crate) fn timings() -> Vec<(String, String)> {
     let mut rows = Vec::new();
     let mut s: sys::CUstream = std::ptr::null_mut();
@@ -89,17 +115,7 @@ pub(crate) fn timings() -> Vec<(String, String)> {
     });
     one("cuStreamGetCaptureInfo_v3 (status + id)", &mut || {
         // SAFETY: see above.
-        unsafe {
-            sys::cuStreamGetCaptureInfo_v3(
-                s,
-                &mut st,
-                &mut id,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        }
+        unsafe { capture_info(s, &mut st, &mut id) }
     });
     one("cuStreamQuery (idle stream)", &mut || {
         // SAFETY: see above.
@@ -118,17 +134,7 @@ pub(crate) fn timings() -> Vec<(String, String)> {
         });
         one("cuStreamGetCaptureInfo_v3 (capturing stream)", &mut || {
             // SAFETY: see above.
-            unsafe {
-                sys::cuStreamGetCaptureInfo_v3(
-                    c,
-                    &mut st,
-                    &mut id,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                )
-            }
+            unsafe { capture_info(c, &mut st, &mut id) }
         });
         let mut g: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: the capture begun above on `c`.
