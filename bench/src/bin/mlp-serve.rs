@@ -130,6 +130,16 @@ struct Cases {
 }
 
 impl Cases {
+    /// Input `case`, its result into `out`.
+    #[inline]
+    fn request<'r>(&'r self, case: usize, out: &'r mut [f32]) -> Request<'r> {
+        Request {
+            x: &self.inputs[case],
+            batch: self.batch,
+            out,
+        }
+    }
+
     fn new(model: &HostModel, batch: usize) -> Self {
         let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ batch as u64);
         let inputs: Vec<Vec<f32>> = (0..INPUTS)
@@ -201,14 +211,16 @@ impl DeviceModel {
 trait Design: Sized {
     const NAME: &'static str;
     fn for_thread(shared: &Shared) -> Result<Self, Failure>;
-    /// Serves one request: `x` in, the result into `out`.
-    fn serve(
-        &mut self,
-        shared: &Shared,
-        x: &[f32],
-        batch: usize,
-        out: &mut [f32],
-    ) -> Result<(), Failure>;
+    /// Serves one request: `req.x` in, the result into `req.out`.
+    fn serve(&mut self, shared: &Shared, req: &mut Request<'_>) -> Result<(), Failure>;
+}
+
+/// One request: `batch` inputs of `WIDTH` (`x`, column-major) and where
+/// their result goes.
+struct Request<'r> {
+    x: &'r [f32],
+    batch: usize,
+    out: &'r mut [f32],
 }
 
 /// What every design's threads share.
@@ -265,24 +277,18 @@ impl Design for Pooled {
         })
     }
 
-    fn serve(
-        &mut self,
-        shared: &Shared,
-        x: &[f32],
-        batch: usize,
-        out: &mut [f32],
-    ) -> Result<(), Failure> {
-        let n = WIDTH * batch;
+    fn serve(&mut self, shared: &Shared, req: &mut Request<'_>) -> Result<(), Failure> {
+        let n = WIDTH * req.batch;
         let lease = shared.streams.get(D)?;
         let scratch = Scratchpad::new(&shared.gpu, lease.order())?;
-        let input = scratch.to_device(x)?;
+        let input = scratch.to_device(req.x)?;
         let acts = [
             scratch.device::<f32>(n)?,
             scratch.device::<f32>(n)?,
             scratch.device::<f32>(n)?,
         ];
         let workspace = scratch.device::<u8>(WORKSPACE)?;
-        let cfg = gemm_config(batch);
+        let cfg = gemm_config(req.batch);
         // SAFETY: the handle is this thread's; the stream is the lease's,
         // live while it is held; the workspace is scratch memory in that
         // stream's order, used by the calls below only (the next request
@@ -330,7 +336,7 @@ impl Design for Pooled {
             })??;
             src = act.addr() as u64;
         }
-        scratch.copy_to_host(&acts[LAYERS - 1], out)?;
+        scratch.copy_to_host(&acts[LAYERS - 1], req.out)?;
         Ok(())
     }
 }
@@ -357,24 +363,10 @@ impl Design for Plain {
         })
     }
 
-    fn serve(
-        &mut self,
-        shared: &Shared,
-        x: &[f32],
-        batch: usize,
-        out: &mut [f32],
-    ) -> Result<(), Failure> {
+    fn serve(&mut self, shared: &Shared, req: &mut Request<'_>) -> Result<(), Failure> {
         let stream = shared.tracked.new_stream()?;
-        serve_cudarc(
-            &mut self.blas,
-            &stream,
-            &shared.model,
-            &shared.kernel_tracked,
-            x,
-            batch,
-            out,
-            true,
-        )
+        let (model, kernel) = (&shared.model, &shared.kernel_tracked);
+        serve_cudarc(&mut self.blas, &stream, model, kernel, req, true)
     }
 }
 
@@ -396,45 +388,27 @@ impl Design for Tuned {
         })
     }
 
-    fn serve(
-        &mut self,
-        shared: &Shared,
-        x: &[f32],
-        batch: usize,
-        out: &mut [f32],
-    ) -> Result<(), Failure> {
+    fn serve(&mut self, shared: &Shared, req: &mut Request<'_>) -> Result<(), Failure> {
         let stream = self.stream.clone();
-        let model = &shared.model_untracked;
-        serve_cudarc(
-            &mut self.blas,
-            &stream,
-            model,
-            &shared.kernel_untracked,
-            x,
-            batch,
-            out,
-            false,
-        )
+        let (model, kernel) = (&shared.model_untracked, &shared.kernel_untracked);
+        serve_cudarc(&mut self.blas, &stream, model, kernel, req, false)
     }
 }
 
 /// One request through cudarc's safe API on `stream`.
-#[allow(clippy::too_many_arguments)]
 fn serve_cudarc(
     blas: &mut CudaBlas,
     stream: &Arc<CudaStream>,
     model: &DeviceModel,
     kernel: &CudaFunction,
-    x: &[f32],
-    batch: usize,
-    out: &mut [f32],
+    req: &mut Request<'_>,
     zeroed: bool,
 ) -> Result<(), Failure> {
-    let n = WIDTH * batch;
+    let n = WIDTH * req.batch;
     // SAFETY: the handle is this thread's and is pointed at `stream`, which
     // every operand below is used on.
     unsafe { blas.set_stream(stream.clone()) }?;
-    let input = stream.clone_htod(x)?;
+    let input = stream.clone_htod(req.x)?;
     let mut acts: Vec<CudaSlice<f32>> = (0..LAYERS)
         .map(|_| {
             if zeroed {
@@ -446,7 +420,7 @@ fn serve_cudarc(
             }
         })
         .collect::<Result<_, _>>()?;
-    let cfg = gemm_config(batch);
+    let cfg = gemm_config(req.batch);
     for layer in 0..LAYERS {
         let (done, rest) = acts.split_at_mut(layer);
         let act = &mut rest[0];
@@ -464,7 +438,7 @@ fn serve_cudarc(
         // `n` floats and a bias of `WIDTH`.
         unsafe { launch.launch(launch_config(n)) }?;
     }
-    stream.memcpy_dtoh(&acts[LAYERS - 1], out)?;
+    stream.memcpy_dtoh(&acts[LAYERS - 1], req.out)?;
     stream.synchronize()?;
     Ok(())
 }
@@ -498,7 +472,7 @@ fn cell<T: Design>(
                     let mut out = vec![0f32; WIDTH * cases.batch];
                     // Warm up: pools, caches, cuBLAS's first-call setup.
                     for i in 0..4 {
-                        design.serve(shared, &cases.inputs[i % INPUTS], cases.batch, &mut out)?;
+                        design.serve(shared, &mut cases.request(i % INPUTS, &mut out))?;
                     }
                     barrier.wait();
                     let start = Instant::now();
@@ -507,7 +481,7 @@ fn cell<T: Design>(
                     while start.elapsed() < window {
                         let case = i % INPUTS;
                         let t0 = Instant::now();
-                        design.serve(shared, &cases.inputs[case], cases.batch, &mut out)?;
+                        design.serve(shared, &mut cases.request(case, &mut out))?;
                         latencies.push(t0.elapsed().as_nanos() as u64);
                         cases.check(case, &out)?;
                         i += 1;
