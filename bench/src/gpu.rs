@@ -33,6 +33,36 @@ pub fn check(what: &str, r: sys::CUresult) -> Result<(), String> {
     r.result().map_err(|e| format!("{what}: {e:?}"))
 }
 
+/// Launches `f` as one block of one thread, no shared memory, on `stream`.
+///
+/// # Safety
+///
+/// `f` is a kernel function handle of the current context whose parameters
+/// `params` point at, and `stream` is a live stream of that context.
+#[inline(always)]
+unsafe fn launch_one_thread(
+    f: usize,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+) -> sys::CUresult {
+    // SAFETY: the caller's word.
+    unsafe {
+        sys::cuLaunchKernel(
+            f as sys::CUfunction,
+            1,
+            1,
+            1,
+            1,
+            1,
+            1,
+            0,
+            stream,
+            params.as_mut_ptr(),
+            core::ptr::null_mut(),
+        )
+    }
+}
+
 /// The CUDA backend when the driver loads and reports a GPU; otherwise says
 /// "skipped: no CUDA driver or no GPU" on stdout and returns `None` (a probe
 /// without a GPU skips and exits 0).
@@ -381,19 +411,7 @@ impl Gpu {
         // returning), `out` is a slot of the mapped block (never freed), and
         // the stream is a live stream of device 0 (the lease borrows it).
         check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                self.work as sys::CUfunction,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                raw_stream(lease),
-                params.as_mut_ptr(),
-                core::ptr::null_mut(),
-            )
+            launch_one_thread(self.work, raw_stream(lease), &mut params)
         })
     }
 
@@ -421,19 +439,7 @@ impl Gpu {
         // context, `params` match it, both addresses are in the mapped
         // calibration block (never freed), the stream is leased for good.
         check("cuLaunchKernel(ping)", unsafe {
-            sys::cuLaunchKernel(
-                self.ping as sys::CUfunction,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                stream,
-                params.as_mut_ptr(),
-                core::ptr::null_mut(),
-            )
+            launch_one_thread(self.ping, stream, &mut params)
         })?;
         let mut best: Option<(u64, u64, u64)> = None; // (rtt, mid, gpu)
         let mut rtts = Vec::with_capacity(rounds);
@@ -481,19 +487,7 @@ impl Gpu {
         // SAFETY: `tick` is `bench_tick(u64)` of the current context; `out`
         // is in the mapped calibration block; the stream is leased for good.
         check("cuLaunchKernel(tick)", unsafe {
-            sys::cuLaunchKernel(
-                self.tick as sys::CUfunction,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                stream,
-                params.as_mut_ptr(),
-                core::ptr::null_mut(),
-            )
+            launch_one_thread(self.tick, stream, &mut params)
         })?;
         // SAFETY: as above.
         check("cuStreamSynchronize", unsafe {

@@ -54,22 +54,15 @@ fn run_thread(ctx: sys::CUcontext, call: Call, start: &Barrier) -> f64 {
     // created here, used only by this thread, and destroyed at the end.
     unsafe {
         ok(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+        let non_blocking = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        let no_timing = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         let mut stream = std::ptr::null_mut();
         ok(
-            sys::cuStreamCreate(
-                &mut stream,
-                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-            ),
+            sys::cuStreamCreate(&mut stream, non_blocking),
             "cuStreamCreate",
         );
         let mut event = std::ptr::null_mut();
-        ok(
-            sys::cuEventCreate(
-                &mut event,
-                sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32,
-            ),
-            "cuEventCreate",
-        );
+        ok(sys::cuEventCreate(&mut event, no_timing), "cuEventCreate");
         ok(sys::cuEventRecord(event, stream), "cuEventRecord");
         ok(sys::cuEventSynchronize(event), "cuEventSynchronize");
         start.wait();
