@@ -15,7 +15,7 @@ use gpupool_cuda::cudarc::driver::sys;
 use gpupool_cuda::CudaBackend;
 use tokio::task::JoinHandle;
 
-use super::{Design, Path, StepCost, Submitted};
+use super::{Design, Path, Submitted};
 use crate::gpu::check;
 use crate::sys_stats::TidSet;
 
@@ -77,12 +77,7 @@ impl Design for Blocking {
             drop(event);
             check("cuEventSynchronize", r)
         });
-        Ok(Submitted {
-            fut: BlockingFut(wait),
-            step: StepCost::Whole,
-            spin_ns: 0,
-            ready_ns: None,
-        })
+        Ok(Submitted::whole(BlockingFut(wait)))
     }
 
     fn machinery_threads(&self) -> Vec<i32> {

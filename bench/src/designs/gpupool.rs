@@ -19,7 +19,7 @@ use core::task::{Context, Poll};
 use gpupool_core::{Completed, EventPool, StreamLease};
 use gpupool_cuda::CudaBackend;
 
-use super::{Design, Path, StepCost, Submitted};
+use super::{Design, Path, Submitted};
 use crate::sys_stats::threads_named;
 
 /// Design (a).
@@ -66,12 +66,7 @@ impl Design for GpupoolFutures {
             .order()
             .completed(self.events)
             .map_err(|e| format!("completed(): {e}"))?;
-        Ok(Submitted {
-            fut: GpupoolFut(fut),
-            step: StepCost::Whole,
-            spin_ns: 0,
-            ready_ns: None,
-        })
+        Ok(Submitted::whole(GpupoolFut(fut)))
     }
 
     fn machinery_threads(&self) -> Vec<i32> {

@@ -19,7 +19,7 @@ use gpupool_core::StreamLease;
 use gpupool_cuda::cudarc::driver::sys;
 use gpupool_cuda::CudaBackend;
 
-use super::{Design, Path, StepCost, Submitted};
+use super::{Design, Path, Submitted};
 use crate::gpu::{check, raw_stream};
 use crate::sys_stats::TidSet;
 
@@ -90,12 +90,7 @@ impl Design for HostFn {
             drop(unsafe { Arc::from_raw(user.cast_const().cast::<Signal>()) });
             return Err(e);
         }
-        Ok(Submitted {
-            fut: HostFnFut(signal),
-            step: StepCost::Whole,
-            spin_ns: 0,
-            ready_ns: None,
-        })
+        Ok(Submitted::whole(HostFnFut(signal)))
     }
 
     fn machinery_threads(&self) -> Vec<i32> {

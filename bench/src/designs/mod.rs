@@ -54,6 +54,19 @@ pub struct Submitted<F> {
     pub ready_ns: Option<u64>,
 }
 
+impl<F> Submitted<F> {
+    /// A submission that cost the whole `submit` call, without spinning.
+    #[inline]
+    pub fn whole(fut: F) -> Self {
+        Submitted {
+            fut,
+            step: StepCost::Whole,
+            spin_ns: 0,
+            ready_ns: None,
+        }
+    }
+}
+
 /// One way of making GPU completion awaitable.
 pub trait Design: Send + Sync + 'static {
     /// The future of one request.
