@@ -54,6 +54,17 @@ pub(super) struct FenceState {
     seen_complete: bool,
 }
 
+impl FenceState {
+    /// Checks that no parked block may wait on fence `f` (never recorded,
+    /// or its recording seen complete) before it is `what` (the message).
+    fn assert_unwaited(&self, f: usize, what: &str) {
+        assert!(
+            self.recorded.is_none() || self.seen_complete,
+            "fence {f} {what} while a parked block may wait on it"
+        );
+    }
+}
+
 /// The fake's bookkeeping. Behind a loom mutex, not a std one: loom prunes
 /// interleavings that differ only in the order of accesses it cannot see, and
 /// a fence recorded after a taker's query (say) differs from one recorded
@@ -169,10 +180,7 @@ impl Upstream for FakeGpu {
             .fences
             .get_mut(&f)
             .expect("record on a destroyed fence");
-        assert!(
-            fence.recorded.is_none() || fence.seen_complete,
-            "fence {f} recorded again while a parked block may wait on it"
-        );
+        fence.assert_unwaited(f, "recorded again");
         *fence = FenceState {
             recorded: Some((s, pos)),
             seen_complete: false,
@@ -204,10 +212,7 @@ impl Upstream for FakeGpu {
             .fences
             .remove(&f)
             .expect("fence destroyed twice");
-        assert!(
-            fence.recorded.is_none() || fence.seen_complete,
-            "fence {f} destroyed while a parked block may wait on it"
-        );
+        fence.assert_unwaited(f, "destroyed");
         Ok(())
     }
 
@@ -272,6 +277,13 @@ impl Harness {
         unsafe { self.pool.give_after(D, addr, PAGE, stream(s)) }.unwrap();
     }
 
+    /// Uses `addr` on stream `s` (the fake GPU's next item there), then
+    /// returns it in that stream's order ([`Harness::give_after`]).
+    fn use_then_give_after(&self, addr: usize, s: usize) {
+        self.gpu().use_block(addr, s);
+        self.give_after(addr, s);
+    }
+
     /// Stops holding `addr` and returns it for immediate reuse.
     fn give(&self, addr: usize) {
         assert!(self.held.lock().unwrap().remove(&addr));
@@ -303,21 +315,23 @@ impl Harness {
     }
 }
 
+/// [`model_deep`] of `execution` on a fresh harness each time.
+fn model_on_a_harness(execution: impl Fn(&Harness) + Sync + Send + 'static) {
+    model_deep(move || execution(&Harness::new()));
+}
+
 /// Two threads take a page while the block parked behind a pending fence
 /// becomes free as the GPU completes its stream: neither gets it before the
 /// fence completes, no block goes to both, each uses its page on its own
 /// stream and returns it in that stream's order, and everything comes back.
 #[test]
 fn reuse_waits_for_the_fence() {
-    model_deep(|| {
-        let h = Harness::new();
+    model_on_a_harness(|h| {
         let a = h.take();
-        h.gpu().use_block(a, 0);
-        h.give_after(a, 0); // parked behind a fence on stream 0
+        h.use_then_give_after(a, 0); // parked behind a fence on stream 0
         let taker = |s: usize| {
             let b = h.take();
-            h.gpu().use_block(b, s);
-            h.give_after(b, s);
+            h.use_then_give_after(b, s);
         };
         let gpu = spawn_scoped(|| {
             h.gpu().complete_all(0);
@@ -338,20 +352,15 @@ fn reuse_waits_for_the_fence() {
 /// fence a block waits on.
 #[test]
 fn give_after_races_trim() {
-    model_deep(|| {
-        let h = Harness::new();
+    model_on_a_harness(|h| {
         // Set up: one idle fence (seen complete), one free page, one held.
         let a = h.take();
-        h.gpu().use_block(a, 0);
-        h.give_after(a, 0);
+        h.use_then_give_after(a, 0);
         h.gpu().complete_all(0);
         let a = h.take(); // the parked page again: its fence goes idle
         let b = h.take();
         h.give(b);
-        let user = spawn_scoped(|| {
-            h.gpu().use_block(a, 0);
-            h.give_after(a, 0);
-        });
+        let user = spawn_scoped(|| h.use_then_give_after(a, 0));
         let gpu = spawn_scoped(|| h.gpu().complete_all(0));
         let trimmed = h.pool.trim(D).unwrap();
         user.join();
@@ -366,14 +375,10 @@ fn give_after_races_trim() {
 /// the page only after the synchronize, or a new one.
 #[test]
 fn failed_record_races_take() {
-    model_deep(|| {
-        let h = Harness::new();
+    model_on_a_harness(|h| {
         let a = h.take();
         h.gpu().book().fail_record = true;
-        let user = spawn_scoped(|| {
-            h.gpu().use_block(a, 0);
-            h.give_after(a, 0);
-        });
+        let user = spawn_scoped(|| h.use_then_give_after(a, 0));
         let b = h.take();
         h.gpu().use_block(b, 1);
         user.join();
@@ -390,15 +395,13 @@ fn failed_record_races_take() {
 /// busy parks it behind a fence as before.
 #[test]
 fn idle_return_races_take() {
-    model_deep(|| {
-        let h = Harness::new();
+    model_on_a_harness(|h| {
         let a = h.take();
         h.gpu().use_block(a, 0);
         let gpu = spawn_scoped(|| h.gpu().complete_all(0));
         let user = spawn_scoped(|| h.give_after(a, 0));
         let b = h.take();
-        h.gpu().use_block(b, 1);
-        h.give_after(b, 1);
+        h.use_then_give_after(b, 1);
         user.join();
         gpu.join();
         h.finish(2);

@@ -14,8 +14,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use gpupool_mock::{CallKind, MockBackend};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{event_pool, spawn_scoped, stream_pool};
-use gpupool_core::StreamPoolConfig;
+use super::{event_pool, spawn_scoped, stream_pool, Scoped};
+use gpupool_core::{Completed, EventPool, StreamHandle, StreamLease, StreamPool, StreamPoolConfig};
 
 /// Notifies the model thread that waits on it (loom's `Notify`: one permit,
 /// as a thread's park token; loom's own `unpark` cannot reach a thread that
@@ -57,21 +57,59 @@ fn each_event_destroyed_once(mock: &MockBackend) {
     assert!(mock.misuses().is_empty(), "{:?}", mock.misuses());
 }
 
+/// A one-device mock and the models' stream and event pools over it.
+fn mock_and_pools() -> (MockBackend, StreamPool<MockBackend>, EventPool<MockBackend>) {
+    let mock = MockBackend::new(1);
+    let streams = stream_pool(&mock, StreamPoolConfig::default());
+    let events = event_pool(&mock);
+    (mock, streams, events)
+}
+
+/// The GPU's thread: completes every piece of work queued on `stream`.
+fn gpu_completes_all(mock: &MockBackend, stream: StreamHandle) -> Scoped<()> {
+    let gpu = mock.clone();
+    spawn_scoped(move || gpu.complete_all(stream).unwrap())
+}
+
+/// Leases a stream, queues a piece of work on it and makes the future of its
+/// completion, then starts the GPU's thread, which completes the stream's
+/// work ([`gpu_completes_all`]).
+fn work_raced_by_the_gpu<'s, 'p>(
+    mock: &MockBackend,
+    streams: &'s StreamPool<MockBackend>,
+    events: &'p EventPool<MockBackend>,
+) -> (
+    StreamLease<'s, MockBackend>,
+    Completed<'p, MockBackend>,
+    Scoped<()>,
+) {
+    let lease = streams.get(0).unwrap();
+    mock.enqueue_work(lease.handle()).unwrap();
+    let done = lease.order().completed(events).unwrap();
+    let t = gpu_completes_all(mock, lease.handle());
+    (lease, done, t)
+}
+
+/// Drops the event pool (which stops and joins the engine), checks that
+/// every event was destroyed once, then drops the stream pool.
+fn drop_pools(
+    mock: &MockBackend,
+    streams: StreamPool<MockBackend>,
+    events: EventPool<MockBackend>,
+) {
+    drop(events);
+    each_event_destroyed_once(mock);
+    drop(streams);
+}
+
 /// The main thread awaits a future (poll, park until woken, poll again)
 /// while the GPU finishes the work and the engine watches it: the future
 /// resolves, its task is woken, its event goes back to the pool once.
 #[test]
 fn wake_races_the_gpu() {
     loom::model(|| {
-        let mock = MockBackend::new(1);
-        let streams = stream_pool(&mock, StreamPoolConfig::default());
-        let events = event_pool(&mock);
-        let lease = streams.get(0).unwrap();
-        mock.enqueue_work(lease.handle()).unwrap();
-        let mut done = lease.order().completed(&events).unwrap();
-        let stream = lease.handle();
-        let gpu = mock.clone();
-        let t = spawn_scoped(move || gpu.complete_all(stream).unwrap());
+        let (mock, streams, events) = mock_and_pools();
+        let (lease, mut done, t) = work_raced_by_the_gpu(&mock, &streams, &events);
         let unpark = Unpark::new();
         let waker = Waker::from(std::sync::Arc::clone(&unpark));
         loop {
@@ -87,9 +125,7 @@ fn wake_races_the_gpu() {
         drop(done);
         drop(lease);
         assert_eq!(events.live_leases(), 0);
-        drop(events); // stops and joins the engine
-        each_event_destroyed_once(&mock);
-        drop(streams);
+        drop_pools(&mock, streams, events);
     });
 }
 
@@ -100,21 +136,12 @@ fn wake_races_the_gpu() {
 #[test]
 fn drop_races_the_gpu() {
     loom::model(|| {
-        let mock = MockBackend::new(1);
-        let streams = stream_pool(&mock, StreamPoolConfig::default());
-        let events = event_pool(&mock);
-        let lease = streams.get(0).unwrap();
-        mock.enqueue_work(lease.handle()).unwrap();
-        let done = lease.order().completed(&events).unwrap();
-        let stream = lease.handle();
-        let gpu = mock.clone();
-        let t = spawn_scoped(move || gpu.complete_all(stream).unwrap());
+        let (mock, streams, events) = mock_and_pools();
+        let (lease, done, t) = work_raced_by_the_gpu(&mock, &streams, &events);
         drop(done);
         t.join();
         drop(lease);
-        drop(events); // stops and joins the engine
-        each_event_destroyed_once(&mock);
-        drop(streams);
+        drop_pools(&mock, streams, events);
     });
 }
 
@@ -135,9 +162,7 @@ impl<F: std::future::Future + ?Sized> PollWake for F {}
 #[test]
 fn ordered_pair_never_resolves_early() {
     loom::model(|| {
-        let mock = MockBackend::new(1);
-        let streams = stream_pool(&mock, StreamPoolConfig::default());
-        let events = event_pool(&mock);
+        let (mock, streams, events) = mock_and_pools();
         let lease = streams.get(0).unwrap();
         let stream = lease.handle();
         mock.enqueue_work(stream).unwrap();
@@ -176,8 +201,6 @@ fn ordered_pair_never_resolves_early() {
         }
         t.join();
         drop((first, second, lease));
-        drop(events);
-        each_event_destroyed_once(&mock);
-        drop(streams);
+        drop_pools(&mock, streams, events);
     });
 }

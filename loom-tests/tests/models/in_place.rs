@@ -18,9 +18,8 @@ use loom::sync::Mutex;
 use gpupool_core::{EventHandle, EventLease, EventPool, OwnedEvent};
 use gpupool_mock::MockBackend;
 
-use super::ledger::{detached_events, lease_once, Ledger};
+use super::ledger::{idle_events_with_ledger, lease_once, Ledger};
 use super::thread_exit::Outcomes;
-use super::{event_pool, idle_mock};
 use super::{model_deep, spawn_scoped};
 
 /// Puts `events` in the calling thread's cell and leases the last one in
@@ -46,10 +45,7 @@ fn lease_second_in_place<'p, const N: usize>(
 #[test]
 fn lease_ends_on_another_thread_racing_a_drain() {
     model_deep(|| {
-        let mock = idle_mock(1);
-        let pool = event_pool(&mock);
-        let [e1, e2] = detached_events(&pool);
-        let ledger = Ledger::new([e1.handle(), e2.handle()]);
+        let (mock, pool, [e1, e2], ledger) = idle_events_with_ledger();
         let lease = lease_second_in_place(&pool, &ledger, [e1, e2]);
         let (pool, ledger, mock) = (&pool, &ledger, &mock);
         let holder = spawn_scoped(move || {
@@ -74,10 +70,7 @@ fn lease_ends_on_another_thread_racing_a_drain() {
 #[test]
 fn vacate_races_give_and_drain() {
     model_deep(|| {
-        let mock = idle_mock(1);
-        let pool = event_pool(&mock);
-        let [e1, e2, e3, e4] = detached_events(&pool);
-        let ledger = Ledger::new([e1.handle(), e2.handle(), e3.handle(), e4.handle()]);
+        let (mock, pool, [e1, e2, e3, e4], ledger) = idle_events_with_ledger();
         let lease = lease_second_in_place(&pool, &ledger, [e1, e2]);
         let (pool, ledger, mock) = (&pool, &ledger, &mock);
         let holder = spawn_scoped(move || {
@@ -103,12 +96,8 @@ fn vacate_races_give_and_drain() {
 /// adopter served an event the exited thread left, and served one of its own.
 #[test]
 fn lease_ends_after_its_owner_exits() {
-    static OUTCOMES: Outcomes = Outcomes::new();
-    model_deep(|| {
-        let mock = idle_mock(1);
-        let pool = event_pool(&mock);
-        let [e1, e2] = detached_events(&pool);
-        let ledger = Ledger::new([e1.handle(), e2.handle()]);
+    Outcomes::model_deep(|| {
+        let (mock, pool, [e1, e2], ledger) = idle_events_with_ledger();
         // Where the exiting thread leaves its lease (a lease borrows the
         // pool, so it cannot be a thread's result).
         let handoff = Mutex::new(None);
@@ -132,7 +121,6 @@ fn lease_ends_after_its_owner_exits() {
         let reused = adopter.join();
         // Two detached, the owner's lease, the adopter's.
         ledger.finish(pool, mock, 4);
-        OUTCOMES.record(reused);
+        reused
     });
-    OUTCOMES.assert_both_reached();
 }

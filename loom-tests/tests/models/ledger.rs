@@ -228,6 +228,22 @@ pub(super) fn detached_events<const N: usize>(pool: &EventPool<MockBackend>) -> 
     [(); N].map(|_| pool.get(0).unwrap().detach())
 }
 
+/// The start of the event models: an idle one-device mock, its event pool,
+/// `N` events detached from it ([`detached_events`]) and a ledger of their
+/// handles.
+pub(super) fn idle_events_with_ledger<const N: usize>() -> (
+    MockBackend,
+    EventPool<MockBackend>,
+    [OwnedEvent; N],
+    Ledger<EventHandle, N>,
+) {
+    let mock = super::idle_mock(1);
+    let pool = super::event_pool(&mock);
+    let events = detached_events(&pool);
+    let ledger = Ledger::new(std::array::from_fn(|i| events[i].handle()));
+    (mock, pool, events, ledger)
+}
+
 /// `N` streams made by `pool` on device 0 and detached, as
 /// [`detached_events`].
 pub(super) fn detached_streams<const N: usize>(pool: &StreamPool<MockBackend>) -> [OwnedStream; N] {

@@ -9,8 +9,8 @@
 use std::ptr::NonNull;
 
 use gpupool_core::{
-    Backend, Completion, DeviceId, EventBackend, EventFlags, MemoryBackend, MemoryKind,
-    StreamBackend, StreamHandle,
+    Backend, Completion, DeviceId, EventBackend, EventFlags, EventHandle, MemoryBackend,
+    MemoryKind, StreamBackend, StreamHandle,
 };
 use gpupool_mock::{CallKind, HazardKind, MockBackend, MockError};
 
@@ -53,6 +53,24 @@ struct Done {
 /// creation is the one that fails (the fault is armed for the first
 /// creation, whichever thread makes it), the block freed in its own stream's
 /// order and the stream synchronized. Everything it made is destroyed.
+/// A one-device mock, a stream and an event (timing disabled) it made on
+/// `D`.
+fn mock_stream_and_event() -> (MockBackend, StreamHandle, EventHandle) {
+    let mock = MockBackend::new(1);
+    let s = mock.create_stream(D, Default::default()).unwrap();
+    let e = mock.create_event(D, EventFlags::DISABLE_TIMING).unwrap();
+    (mock, s, e)
+}
+
+/// Checks the mock's count of each of `kinds` of call against `calls`, in
+/// order.
+fn assert_calls(mock: &MockBackend, kinds: &[CallKind], calls: &[u64]) {
+    assert_eq!(kinds.len(), calls.len());
+    for (&kind, &n) in kinds.iter().zip(calls) {
+        assert_eq!(mock.calls(kind), n, "{kind:?}");
+    }
+}
+
 fn one_thread(mock: &MockBackend, shared: StreamHandle, i: usize) -> Done {
     let s = mock.create_stream(D, Default::default()).unwrap();
     let p: NonNull<u8> = mock.allocate(MemoryKind::Device, D, SIZE, SIZE).unwrap();
@@ -118,11 +136,17 @@ fn two_threads_every_call() {
             "the armed fault fired once"
         );
         assert_eq!(mock.armed_faults(), 0);
-        assert_eq!(mock.calls(CallKind::CreateStream), 3);
-        assert_eq!(mock.calls(CallKind::CreateEvent), 2);
-        assert_eq!(mock.calls(CallKind::RecordEvent), 1);
-        assert_eq!(mock.calls(CallKind::DeallocateAsync), 2);
-        assert_eq!(mock.calls(CallKind::DestroyStream), 2);
+        assert_calls(
+            &mock,
+            &[
+                CallKind::CreateStream,
+                CallKind::CreateEvent,
+                CallKind::RecordEvent,
+                CallKind::DeallocateAsync,
+                CallKind::DestroyStream,
+            ],
+            &[3, 2, 1, 2, 2],
+        );
         assert!(mock.misuses().is_empty(), "{:?}", mock.misuses());
 
         let mut hazards = mock.hazards();
@@ -161,9 +185,7 @@ fn two_threads_every_call() {
 #[test]
 fn completion_races_a_stream_ordered_free() {
     model_deep(|| {
-        let mock = MockBackend::new(1);
-        let s = mock.create_stream(D, Default::default()).unwrap();
-        let e = mock.create_event(D, EventFlags::DISABLE_TIMING).unwrap();
+        let (mock, s, e) = mock_stream_and_event();
         let p = Block(mock.allocate(MemoryKind::Pinned, D, SIZE, SIZE).unwrap());
         let user = spawn_scoped(|| {
             let p = p.get();
@@ -214,9 +236,7 @@ fn completion_races_a_stream_ordered_free() {
 #[test]
 fn queries_race_destroy_and_record() {
     model_deep(|| {
-        let mock = MockBackend::new(1);
-        let s = mock.create_stream(D, Default::default()).unwrap();
-        let e = mock.create_event(D, EventFlags::DISABLE_TIMING).unwrap();
+        let (mock, s, e) = mock_stream_and_event();
         mock.enqueue_work(s).unwrap();
         mock.fail_stream(CallKind::QueryStream, s);
         // SAFETY: (every call on `s` and `e` in this model) both were made on
@@ -273,12 +293,18 @@ fn queries_race_destroy_and_record() {
             assert_eq!(m.error, MockError::InvalidStream(s));
         }
         assert_eq!(mock.armed_faults(), 0);
-        assert_eq!(mock.calls(CallKind::QueryStream), 4);
-        assert_eq!(mock.calls(CallKind::QueryEvent), 1);
-        assert_eq!(mock.calls(CallKind::StreamDevice), 1);
-        assert_eq!(mock.calls(CallKind::CurrentDevice), 1);
-        assert_eq!(mock.calls(CallKind::RecordEvent), 1);
-        assert_eq!(mock.calls(CallKind::DestroyStream), 1);
+        assert_calls(
+            &mock,
+            &[
+                CallKind::QueryStream,
+                CallKind::QueryEvent,
+                CallKind::StreamDevice,
+                CallKind::CurrentDevice,
+                CallKind::RecordEvent,
+                CallKind::DestroyStream,
+            ],
+            &[4, 1, 1, 1, 1, 1],
+        );
         assert_eq!(mock.total_calls(), 2 + 9);
         // SAFETY: as above; the threads are joined.
         let state = unsafe { mock.query_event(e, D) };

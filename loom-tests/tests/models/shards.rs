@@ -29,7 +29,7 @@ use loom::sync::{Arc, Mutex};
 
 use super::block_pool::{stream, FakeGpu, D, PAGE, STREAMS};
 use super::thread_exit::Outcomes;
-use super::{model_deep, spawn_scoped};
+use super::{model_deep, spawn_scoped, Scoped};
 
 /// A pool over the fake with its threads' shards, and the blocks the model's
 /// users hold (so a block handed to two of them at once is caught).
@@ -192,10 +192,8 @@ impl Harness {
 /// about a minute).
 #[test]
 fn adoption_from_an_exited_thread() {
-    static OUTCOMES: Outcomes = Outcomes::new();
-    loom::model(|| {
-        let h = Harness::new(2);
-        let h = &h;
+    Outcomes::model(|| {
+        let h = &Harness::new(2);
         let exiting = spawn_scoped(move || {
             let mine = h.register();
             let x = h.take(&mine);
@@ -227,9 +225,8 @@ fn adoption_from_an_exited_thread() {
         h.give_after(&mine, again, 0);
         h.retire(mine);
         h.finish(6);
-        OUTCOMES.record(adopted);
+        adopted
     });
-    OUTCOMES.assert_both_reached();
 }
 
 /// The owner's part of the trim and forget models: takes two pages, uses them
@@ -245,6 +242,18 @@ fn two_on_stream_0_then_one(h: &Harness, mine: &Shard<ThreadBlocks>) -> usize {
     h.take(mine)
 }
 
+/// Spawns the owner of the trim and forget models: it registers, runs
+/// [`two_on_stream_0_then_one`], frees the page it took last with
+/// `free_last` and retires.
+fn spawn_owner(h: &Harness, free_last: fn(&Harness, &Shard<ThreadBlocks>, usize)) -> Scoped<()> {
+    spawn_scoped(move || {
+        let mine = h.register();
+        let z = two_on_stream_0_then_one(h, &mine);
+        free_last(h, &mine, z);
+        h.retire(mine);
+    })
+}
+
 /// A trim racing an owner. The owner (A) takes two pages, uses them on
 /// stream 0 and frees them in its order (batch two: the first waits in its
 /// group, the second settles the group), takes a page again and frees it for
@@ -258,22 +267,14 @@ fn two_on_stream_0_then_one(h: &Harness, mine: &Shard<ThreadBlocks>) -> usize {
 /// found none.
 #[test]
 fn trim_races_an_owner() {
-    static OUTCOMES: Outcomes = Outcomes::new();
-    model_deep(|| {
-        let h = Harness::new(2);
-        let h = &h;
-        let owner = spawn_scoped(move || {
-            let mine = h.register();
-            let z = two_on_stream_0_then_one(h, &mine);
-            h.give(&mine, z);
-            h.retire(mine);
-        });
+    Outcomes::model_deep(|| {
+        let h = &Harness::new(2);
+        let owner = spawn_owner(h, |h, mine, z| h.give(mine, z));
         let drained = h.trim();
         owner.join();
         h.finish(3);
-        OUTCOMES.record(drained > 0);
+        drained > 0
     });
-    OUTCOMES.assert_both_reached();
 }
 
 /// A forget racing an owner. As in `trim_races_an_owner`, the owner frees
@@ -286,25 +287,17 @@ fn trim_races_an_owner() {
 /// found a block, and none).
 #[test]
 fn forget_races_an_owner() {
-    static OUTCOMES: Outcomes = Outcomes::new();
-    model_deep(|| {
-        let h = Harness::new(2);
-        let h = &h;
-        let owner = spawn_scoped(move || {
-            let mine = h.register();
-            let z = two_on_stream_0_then_one(h, &mine);
-            h.give_after(&mine, z, 0);
-            h.retire(mine);
-        });
+    Outcomes::model_deep(|| {
+        let h = &Harness::new(2);
+        let owner = spawn_owner(h, |h, mine, z| h.give_after(mine, z, 0));
         let gpu = spawn_scoped(move || h.gpu().complete_all(0));
         // SAFETY: stream 0 of the fake, usable throughout.
         let forgotten = unsafe { h.pool.forget_stream_local(&h.shards, D, stream(0)) };
         owner.join();
         gpu.join();
         h.finish(3);
-        OUTCOMES.record(forgotten > 0);
+        forgotten > 0
     });
-    OUTCOMES.assert_both_reached();
 }
 
 /// What a shard of the registry model holds: numbered items.

@@ -12,12 +12,13 @@
 //! thread reads it.
 
 use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering::Relaxed};
+use std::sync::Arc as StdArc;
 
 use gpupool_core::StreamPoolConfig;
 use gpupool_mock::{CallKind, MockBackend};
 
-use super::ledger::{assert_all_destroyed, assert_tallies, detached_events, lease_once, Ledger};
-use super::{event_pool, idle_mock, stream_pool};
+use super::ledger::{assert_all_destroyed, assert_tallies, idle_events_with_ledger, lease_once};
+use super::stream_pool;
 use super::{model_deep, spawn_scoped};
 
 /// How many executions of a model took one branch of its race and how many
@@ -38,6 +39,23 @@ impl Outcomes {
     pub(super) fn record(&self, one: bool) {
         let n = if one { &self.one } else { &self.other };
         n.fetch_add(1, Relaxed);
+    }
+
+    /// `loom::model` of `execution`, tallying the outcome each execution
+    /// returns; then checks that both outcomes were reached.
+    pub(super) fn model(execution: impl Fn() -> bool + Sync + Send + 'static) {
+        let tally = StdArc::new(Outcomes::new());
+        let outcomes = StdArc::clone(&tally);
+        loom::model(move || tally.record(execution()));
+        outcomes.assert_both_reached();
+    }
+
+    /// [`Outcomes::model`] with [`model_deep`]'s preemption bound.
+    pub(super) fn model_deep(execution: impl Fn() -> bool + Sync + Send + 'static) {
+        let tally = StdArc::new(Outcomes::new());
+        let outcomes = StdArc::clone(&tally);
+        model_deep(move || tally.record(execution()));
+        outcomes.assert_both_reached();
     }
 
     pub(super) fn assert_both_reached(&self) {
@@ -61,12 +79,8 @@ impl Outcomes {
 /// exited thread left, and made one of its own.
 #[test]
 fn adopter_keeps_the_handles_racing_a_drain() {
-    static OUTCOMES: Outcomes = Outcomes::new();
-    model_deep(|| {
-        let mock = idle_mock(1);
-        let pool = event_pool(&mock);
-        let [e1] = detached_events(&pool);
-        let ledger = Ledger::new([e1.handle()]);
+    Outcomes::model_deep(|| {
+        let (mock, pool, [e1], ledger) = idle_events_with_ledger();
         let (pool, ledger, mock) = (&pool, &ledger, &mock);
         let owner = spawn_scoped(move || {
             ledger.put(pool, e1);
@@ -80,9 +94,8 @@ fn adopter_keeps_the_handles_racing_a_drain() {
         let reused = adopter.join();
         // One detached, the owner's lease, the adopter's.
         ledger.finish(pool, mock, 3);
-        OUTCOMES.record(reused);
+        reused
     });
-    OUTCOMES.assert_both_reached();
 }
 
 /// The event pool: a thread puts an event in its cell and exits, and two
@@ -94,12 +107,8 @@ fn adopter_keeps_the_handles_racing_a_drain() {
 /// exited thread's event, neither did).
 #[test]
 fn one_adopter_per_orphaned_cell() {
-    static OUTCOMES: Outcomes = Outcomes::new();
-    loom::model(|| {
-        let mock = idle_mock(1);
-        let pool = event_pool(&mock);
-        let [e1] = detached_events(&pool);
-        let ledger = Ledger::new([e1.handle()]);
+    Outcomes::model(|| {
+        let (mock, pool, [e1], ledger) = idle_events_with_ledger();
         let (pool, ledger, mock) = (&pool, &ledger, &mock);
         // (loom's `join` returns before the joined thread's thread-locals
         // are dropped, so the exit still races the registrations below.)
@@ -109,9 +118,8 @@ fn one_adopter_per_orphaned_cell() {
         let reused = first.join() | second.join();
         // One detached, one each for the two adopters.
         ledger.finish(pool, mock, 3);
-        OUTCOMES.record(reused);
+        reused
     });
-    OUTCOMES.assert_both_reached();
 }
 
 /// The stream pool with `same_thread_reuse`: cells keep streams unqueried,
@@ -135,8 +143,7 @@ fn one_adopter_per_orphaned_cell() {
 /// thread's stream (and queried it busy), and did not meet it.
 #[test]
 fn adopter_is_not_served_the_orphans() {
-    static OUTCOMES: Outcomes = Outcomes::new();
-    model_deep(|| {
+    Outcomes::model_deep(|| {
         // Manual completion: queued work stays pending until completed.
         let mock = MockBackend::new(1);
         let config = StreamPoolConfig {
@@ -163,7 +170,6 @@ fn adopter_is_not_served_the_orphans() {
         mock.complete_everything();
         pool.purge().unwrap();
         assert_all_destroyed(mock);
-        OUTCOMES.record(queried > 0);
+        queried > 0
     });
-    OUTCOMES.assert_both_reached();
 }
