@@ -11,6 +11,23 @@ fn lock_vec<T>(m: &Mutex<Vec<T>>) -> MutexGuard<'_, Vec<T>> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Takes every handle out of the per-device `lists` and gives it to
+/// `destroy` with its device; stops at the first failure. Returns how many
+/// were destroyed.
+fn purge_lists<H, E>(
+    lists: &[Mutex<Vec<H>>],
+    mut destroy: impl FnMut(H, DeviceId) -> Result<(), E>,
+) -> Result<usize, E> {
+    let mut destroyed = 0;
+    for (d, list) in lists.iter().enumerate() {
+        for h in std::mem::take(&mut *lock_vec(list)) {
+            destroy(h, DeviceId(d as u32))?;
+            destroyed += 1;
+        }
+    }
+    Ok(destroyed)
+}
+
 /// A `std::sync::Mutex<Vec<_>>` of streams per device: pop or create, push
 /// back. No query on return, so a stream returned with work still queued is
 /// handed out again as it is.
@@ -48,17 +65,12 @@ impl<B: StreamBackend> MutexVecStreamPool<B> {
 
     /// Destroys every pooled stream; stops at the first failure.
     pub fn purge(&self) -> Result<usize, B::Error> {
-        let mut destroyed = 0;
-        for (d, list) in self.lists.iter().enumerate() {
-            for s in std::mem::take(&mut *lock_vec(list)) {
-                // SAFETY: the pool owns every stream in its lists, a live
-                // stream of the list's device created by this backend; it was
-                // taken out of the list, so nothing uses it after this.
-                unsafe { self.backend.destroy_stream(s, DeviceId(d as u32))? };
-                destroyed += 1;
-            }
-        }
-        Ok(destroyed)
+        purge_lists(&self.lists, |s, d| {
+            // SAFETY: the pool owns every stream in its lists, a live stream
+            // of the list's device created by this backend; it was taken out
+            // of the list, so nothing uses it after this.
+            unsafe { self.backend.destroy_stream(s, d) }
+        })
     }
 }
 
@@ -99,17 +111,12 @@ impl<B: EventBackend> MutexVecEventPool<B> {
 
     /// Destroys every pooled event; stops at the first failure.
     pub fn purge(&self) -> Result<usize, B::Error> {
-        let mut destroyed = 0;
-        for (d, list) in self.lists.iter().enumerate() {
-            for e in std::mem::take(&mut *lock_vec(list)) {
-                // SAFETY: the pool owns every event in its lists, a live event
-                // of the list's device created by this backend; it was taken
-                // out of the list, so nothing uses it after this.
-                unsafe { self.backend.destroy_event(e, DeviceId(d as u32))? };
-                destroyed += 1;
-            }
-        }
-        Ok(destroyed)
+        purge_lists(&self.lists, |e, d| {
+            // SAFETY: the pool owns every event in its lists, a live event of
+            // the list's device created by this backend; it was taken out of
+            // the list, so nothing uses it after this.
+            unsafe { self.backend.destroy_event(e, d) }
+        })
     }
 }
 
