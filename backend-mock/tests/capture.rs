@@ -21,7 +21,7 @@ use gpupool_mock::{
 };
 
 mod common;
-use common::{begin, event, mock_with_stream, stream, D0, D1};
+use common::{begin, event, hazard_kinds, mock_with_stream, stream, D0, D1};
 
 use CaptureStatus::{Active, Invalidated, NotCapturing};
 
@@ -41,6 +41,24 @@ fn fork(mock: &MockBackend, origin: StreamHandle, side: StreamHandle) -> EventHa
         mock.stream_wait_event(side, D0, e).unwrap();
     }
     e
+}
+
+/// The capture statuses of `a` and `b`.
+fn statuses(
+    mock: &MockBackend,
+    a: StreamHandle,
+    b: StreamHandle,
+) -> (CaptureStatus, CaptureStatus) {
+    (status(mock, a), status(mock, b))
+}
+
+/// A one-device mock with two streams of device 0, `a` and `b`, and a
+/// capture begun on `a` in `mode`.
+fn capturing_with_a_second_stream(mode: CaptureMode) -> (MockBackend, StreamHandle, StreamHandle) {
+    let (mock, a) = mock_with_stream(1);
+    let b = stream(&mock, D0);
+    begin(&mock, a, mode).unwrap();
+    (mock, a, b)
 }
 
 /// Joins `side`'s work so far back into `origin`.
@@ -160,9 +178,7 @@ fn bad_begins_and_ends_are_misuses_with_no_effect() {
 
 #[test]
 fn fork_and_join_back_end_in_one_graph() {
-    let (mock, a) = mock_with_stream(1);
-    let b = stream(&mock, D0);
-    begin(&mock, a, CaptureMode::Global).unwrap();
+    let (mock, a, b) = capturing_with_a_second_stream(CaptureMode::Global);
     mock.enqueue_work(a).unwrap();
     fork(&mock, a, b);
     assert_eq!(status(&mock, b), Active, "b joined the capture");
@@ -174,18 +190,13 @@ fn fork_and_join_back_end_in_one_graph() {
 
     let graph = mock.end_capture(a).unwrap();
     assert_eq!(graph.node_count(), 4, "records and waits are not items");
-    assert_eq!(
-        (status(&mock, a), status(&mock, b)),
-        (NotCapturing, NotCapturing)
-    );
+    assert_eq!(statuses(&mock, a, b), (NotCapturing, NotCapturing));
     assert!(mock.misuses().is_empty());
 }
 
 #[test]
 fn a_stream_not_joined_back_fails_the_end() {
-    let (mock, a) = mock_with_stream(1);
-    let b = stream(&mock, D0);
-    begin(&mock, a, CaptureMode::Global).unwrap();
+    let (mock, a, b) = capturing_with_a_second_stream(CaptureMode::Global);
     fork(&mock, a, b);
     // The join's event is recorded before b's work: it does not cover it.
     let early = event(&mock, D0);
@@ -199,10 +210,7 @@ fn a_stream_not_joined_back_fails_the_end() {
         mock.end_capture(a).unwrap_err(),
         MockError::CaptureUnjoined(b)
     );
-    assert_eq!(
-        (status(&mock, a), status(&mock, b)),
-        (NotCapturing, NotCapturing)
-    );
+    assert_eq!(statuses(&mock, a, b), (NotCapturing, NotCapturing));
     assert_eq!(mock.open_captures(), 0);
     let misuses = mock.misuses();
     assert_eq!(misuses.len(), 1);
@@ -211,9 +219,7 @@ fn a_stream_not_joined_back_fails_the_end() {
 
 #[test]
 fn a_fork_without_work_needs_no_join() {
-    let (mock, a) = mock_with_stream(1);
-    let b = stream(&mock, D0);
-    begin(&mock, a, CaptureMode::Global).unwrap();
+    let (mock, a, b) = capturing_with_a_second_stream(CaptureMode::Global);
     fork(&mock, a, b);
     assert!(mock.end_capture(a).is_ok());
 }
@@ -236,33 +242,23 @@ fn joins_are_followed_through_other_streams() {
 
 #[test]
 fn ending_from_a_joined_stream_breaks_the_capture() {
-    let (mock, a) = mock_with_stream(1);
-    let b = stream(&mock, D0);
-    begin(&mock, a, CaptureMode::Relaxed).unwrap();
+    let (mock, a, b) = capturing_with_a_second_stream(CaptureMode::Relaxed);
     fork(&mock, a, b);
     assert_eq!(
         mock.end_capture(b).unwrap_err(),
         MockError::NotCaptureOrigin(b)
     );
-    assert_eq!(
-        (status(&mock, a), status(&mock, b)),
-        (Invalidated, Invalidated)
-    );
+    assert_eq!(statuses(&mock, a, b), (Invalidated, Invalidated));
     assert_eq!(
         mock.end_capture(a).unwrap_err(),
         MockError::CaptureInvalidated
     );
-    assert_eq!(
-        (status(&mock, a), status(&mock, b)),
-        (NotCapturing, NotCapturing)
-    );
+    assert_eq!(statuses(&mock, a, b), (NotCapturing, NotCapturing));
 }
 
 #[test]
 fn captured_events_are_complete_once_the_capture_ends() {
-    let (mock, a) = mock_with_stream(1);
-    let b = stream(&mock, D0);
-    begin(&mock, a, CaptureMode::Relaxed).unwrap();
+    let (mock, a, b) = capturing_with_a_second_stream(CaptureMode::Relaxed);
     let e = fork(&mock, a, b);
     join(&mock, a, b);
     mock.end_capture(a).unwrap();
@@ -902,9 +898,7 @@ fn a_failed_capture_frees_what_it_held_at_its_end() {
 
 #[test]
 fn captured_uses_are_checked_against_the_capture() {
-    let (mock, a) = mock_with_stream(1);
-    let b = stream(&mock, D0);
-    begin(&mock, a, CaptureMode::Relaxed).unwrap();
+    let (mock, a, b) = capturing_with_a_second_stream(CaptureMode::Relaxed);
     // SAFETY: a live stream of this mock's device 0.
     let p = unsafe { mock.allocate_async(MemoryKind::Device, D0, 256, 256, a) }.unwrap();
     fork(&mock, a, b);
@@ -918,11 +912,7 @@ fn captured_uses_are_checked_against_the_capture() {
     mock.use_memory(a, p.as_ptr(), 16).unwrap();
     join(&mock, a, b);
     let graph = mock.end_capture(a).unwrap();
-    let kinds: Vec<_> = mock
-        .hazards()
-        .iter()
-        .map(|h| (h.kind, h.conflict))
-        .collect();
+    let kinds = hazard_kinds(&mock);
     assert_eq!(
         kinds,
         [
@@ -937,9 +927,7 @@ fn captured_uses_are_checked_against_the_capture() {
 
 #[test]
 fn destroying_a_captured_event_is_allowed() {
-    let (mock, a) = mock_with_stream(1);
-    let b = stream(&mock, D0);
-    begin(&mock, a, CaptureMode::Global).unwrap();
+    let (mock, a, b) = capturing_with_a_second_stream(CaptureMode::Global);
     let e = fork(&mock, a, b);
     // SAFETY: a live event of this mock's device 0, not used again.
     unsafe { mock.destroy_event(e, D0) }.unwrap();

@@ -17,7 +17,7 @@ use gpupool_mock::{
 use MemoryKind::{Device, Host, Managed, Pinned};
 
 mod common;
-use common::{event, mock_with_stream, on_threads, stream, D0, D1};
+use common::{event, hazard_kinds, mock_with_stream, on_threads, stream, D0, D1};
 
 fn addr(p: NonNull<u8>) -> usize {
     p.as_ptr().addr()
@@ -966,11 +966,7 @@ fn launch_map_uses_its_ranges_until_it_completes() {
     // without a wait: both races are reported, naming `b`.
     mock.use_memory(a, x.as_ptr().cast(), x.byte_len()).unwrap();
     mock.use_memory(a, y.as_ptr().cast(), 4).unwrap();
-    let kinds: Vec<(HazardKind, Option<StreamHandle>)> = mock
-        .hazards()
-        .iter()
-        .map(|h| (h.kind, h.conflict))
-        .collect();
+    let kinds = hazard_kinds(&mock);
     assert_eq!(
         kinds,
         [

@@ -38,6 +38,22 @@ fn bytes_of(p: NonNull<u8>, len: usize) -> Vec<u8> {
     unsafe { core::slice::from_raw_parts(p.as_ptr(), len) }.to_vec()
 }
 
+/// Checks that the 64-byte pinned block `pinned` (allocated with alignment
+/// 8, unused) still holds `byte` everywhere ("nothing copied"), frees it and
+/// checks that no block is left.
+fn nothing_copied_then_free(mock: &MockBackend, pinned: NonNull<u8>, byte: u8) {
+    assert_eq!(bytes_of(pinned, 64), [byte; 64], "nothing copied");
+    // SAFETY: allocated with this layout, unused (the caller's contract).
+    unsafe { mock.deallocate(Pinned, D0, pinned, 64, 8) }.unwrap();
+    assert_eq!(mock.live_blocks(), 0);
+}
+
+/// The error of a call naming `len` bytes at `p`, a range the mock no longer
+/// knows as a block.
+fn invalid_range(p: NonNull<u8>, len: usize) -> MockError {
+    MockError::InvalidRange { addr: addr(p), len }
+}
+
 /// The misuse a refused `copy_async` logs.
 fn copy_misuse(error: MockError) -> Misuse {
     Misuse {
@@ -85,10 +101,7 @@ fn a_copy_from_the_allocation_of_a_dropped_graph_is_refused() {
         "a refused backend call: a misuse"
     );
     assert_eq!(mock.pending_work(s), Ok(0), "nothing queued");
-    assert_eq!(bytes_of(pinned, 64), [0xAB; 64], "nothing copied");
-    // SAFETY: allocated with this layout, unused.
-    unsafe { mock.deallocate(Pinned, D0, pinned, 64, 8) }.unwrap();
-    assert_eq!(mock.live_blocks(), 0);
+    nothing_copied_then_free(&mock, pinned, 0xAB);
 }
 
 /// A block freed synchronously, named by a copy as its source, as its
@@ -159,13 +172,7 @@ fn harness_calls_refuse_a_reclaimed_range_and_record_it() {
     unsafe { mock.deallocate_async(Pinned, D0, p, 64, 8, s) }.unwrap();
     // SAFETY: live blocks, or refused by the mock before a byte moves.
     let pending = unsafe { mock.copy_async(q, p, 64, s, D0) };
-    assert_eq!(
-        pending,
-        Err(MockError::InvalidRange {
-            addr: addr(p),
-            len: 64
-        })
-    );
+    assert_eq!(pending, Err(invalid_range(p, 64)));
     mock.complete_all(s).unwrap();
     assert_eq!(mock.quarantined_blocks(), 1);
 
@@ -207,13 +214,7 @@ fn harness_calls_refuse_a_reclaimed_range_and_record_it() {
     assert_eq!(mock.pending_work(s), Ok(0), "nothing queued");
     assert_eq!(
         mock.misuses(),
-        [
-            copy_misuse(MockError::InvalidRange {
-                addr: addr(p),
-                len: 64
-            }),
-            copy_misuse(refused),
-        ],
+        [copy_misuse(invalid_range(p, 64)), copy_misuse(refused),],
         "the harness calls' refusals are hazards, not misuses"
     );
     assert_eq!(bytes_of(q, 64), [1; 64], "nothing copied");
@@ -350,13 +351,7 @@ fn a_graph_allocation_is_refused_to_work_outside_its_graph() {
     drop(graph);
     // SAFETY: as above.
     let freed = unsafe { mock.copy_async(pinned, p, 64, s, D0) };
-    assert_eq!(
-        freed,
-        Err(MockError::InvalidRange {
-            addr: addr(p),
-            len: 64
-        })
-    );
+    assert_eq!(freed, Err(invalid_range(p, 64)));
     mock.complete_all(other).unwrap();
     assert_eq!(mock.quarantined_blocks(), 1);
     // SAFETY: as above.
@@ -373,10 +368,7 @@ fn a_graph_allocation_is_refused_to_work_outside_its_graph() {
     assert!(mock.misuses().iter().all(|m| m.call == CallKind::CopyAsync));
     assert_eq!(mock.pending_work(s), Ok(0));
     assert_eq!(mock.pending_work(other), Ok(0));
-    assert_eq!(bytes_of(pinned, 64), [3; 64], "nothing copied");
-    // SAFETY: allocated with this layout, unused.
-    unsafe { mock.deallocate(Pinned, D0, pinned, 64, 8) }.unwrap();
-    assert_eq!(mock.live_blocks(), 0);
+    nothing_copied_then_free(&mock, pinned, 3);
 }
 
 /// A device scratchpad made inside a capture whose slices are used after

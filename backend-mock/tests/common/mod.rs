@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use gpupool_core::{DeviceId, EventBackend, EventFlags, EventHandle, StreamBackend, StreamHandle};
-use gpupool_mock::MockBackend;
+use gpupool_mock::{HazardKind, MockBackend};
 
 pub const D0: DeviceId = DeviceId(0);
 pub const D1: DeviceId = DeviceId(1);
@@ -27,6 +27,15 @@ pub fn on_threads(mock: &MockBackend, threads: usize, body: impl Fn(MockBackend,
             scope.spawn(move || body(mock, t));
         }
     });
+}
+
+/// The kind of each hazard `mock` has logged, and the stream it conflicts
+/// with, in order.
+pub fn hazard_kinds(mock: &MockBackend) -> Vec<(HazardKind, Option<StreamHandle>)> {
+    mock.hazards()
+        .iter()
+        .map(|h| (h.kind, h.conflict))
+        .collect()
 }
 
 /// A new mock machine with `devices` devices and a stream of its device 0.
