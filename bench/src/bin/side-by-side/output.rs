@@ -30,6 +30,20 @@ fn json_num(x: Option<f64>) -> String {
     }
 }
 
+/// Writes the JSON member `"name": [...]`, one item a line (`item` writes
+/// each), then `after` (the comma before the next member, or nothing) and a
+/// newline.
+fn json_array<T>(
+    o: &mut String,
+    name: &str,
+    after: &str,
+    items: impl IntoIterator<Item = T>,
+    item: impl Fn(T) -> String,
+) {
+    let rows: Vec<String> = items.into_iter().map(item).collect();
+    let _ = writeln!(o, "  \"{name}\": [\n{}\n  ]{after}", rows.join(",\n"));
+}
+
 pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) -> String {
     let mut o = String::from("{\n");
     let _ = writeln!(
@@ -52,102 +66,72 @@ pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) 
         s.threads,
         s.oversubscribed
     );
-    let rows: Vec<String> = r
-        .throughput
-        .iter()
-        .map(|t| {
-            format!(
-                "    {{\"operation\": {}, \"variant\": {}, \"threads\": {}, \"ns_per_op\": {}, \"mops\": {}, \"ops_per_thread\": {}}}",
-                json_str(t.op),
-                json_str(t.variant),
-                t.threads,
-                json_num(Some(t.ns_per_op)),
-                json_num(Some(t.mops)),
-                t.n
-            )
-        })
-        .collect();
-    let _ = writeln!(o, "  \"throughput\": [\n{}\n  ],", rows.join(",\n"));
-    let rows: Vec<String> = r
-        .latency
-        .iter()
-        .map(|l| {
-            format!(
-                "    {{\"operation\": {}, \"variant\": {}, \"threads\": {}, \"p50_ns\": {}, \"p99_ns\": {}, \"p999_ns\": {}, \"samples\": {}}}",
-                json_str(l.op),
-                json_str(l.variant),
-                l.threads,
-                json_num(Some(l.p50)),
-                json_num(Some(l.p99)),
-                json_num(Some(l.p999)),
-                l.samples
-            )
-        })
-        .collect();
-    let _ = writeln!(o, "  \"latency\": [\n{}\n  ],", rows.join(",\n"));
-    let rows: Vec<String> = r
-        .rounds
-        .iter()
-        .map(|x| {
-            format!(
-                "    {{\"kind\": {}, \"variant\": {}, \"allocations\": {}, \"ns_per_round\": {}, \"ns_per_allocation\": {}, \"rounds\": {}}}",
-                json_str(kind_name(x.kind)),
-                json_str(x.variant),
-                SIZES.len(),
-                json_num(Some(x.ns_per_round)),
-                json_num(Some(x.ns_per_round / SIZES.len() as f64)),
-                x.rounds
-            )
-        })
-        .collect();
-    let _ = writeln!(o, "  \"scratch\": [\n{}\n  ],", rows.join(",\n"));
-    let rows: Vec<String> = r
-        .thread_rounds
-        .rows
-        .iter()
-        .map(|x| {
-            format!(
-                "    {{\"kind\": {}, \"variant\": {}, \"threads\": {}, \"ns_per_round\": {}, \"driver_allocations_per_round\": {}, \"rounds_per_thread\": {}}}",
-                json_str(kind_name(x.kind)),
-                json_str(x.variant),
-                x.threads,
-                json_num(Some(x.ns_per_round)),
-                json_num(x.driver_allocations_per_round),
-                x.rounds
-            )
-        })
-        .collect();
-    let _ = writeln!(o, "  \"scratch_threads\": [\n{}\n  ],", rows.join(",\n"));
-    let rows: Vec<String> = r
-        .thread_rounds
-        .control
-        .iter()
-        .map(|&(threads, ns)| {
-            format!(
-                "    {{\"threads\": {threads}, \"ns_per_round\": {}}}",
-                json_num(Some(ns))
-            )
-        })
-        .collect();
-    let _ = writeln!(
-        o,
-        "  \"scratch_threads_control\": [\n{}\n  ],",
-        rows.join(",\n")
+    json_array(&mut o, "throughput", ",", &r.throughput, |t| {
+        format!(
+            "    {{\"operation\": {}, \"variant\": {}, \"threads\": {}, \"ns_per_op\": {}, \"mops\": {}, \"ops_per_thread\": {}}}",
+            json_str(t.op),
+            json_str(t.variant),
+            t.threads,
+            json_num(Some(t.ns_per_op)),
+            json_num(Some(t.mops)),
+            t.n
+        )
+    });
+    json_array(&mut o, "latency", ",", &r.latency, |l| {
+        format!(
+            "    {{\"operation\": {}, \"variant\": {}, \"threads\": {}, \"p50_ns\": {}, \"p99_ns\": {}, \"p999_ns\": {}, \"samples\": {}}}",
+            json_str(l.op),
+            json_str(l.variant),
+            l.threads,
+            json_num(Some(l.p50)),
+            json_num(Some(l.p99)),
+            json_num(Some(l.p999)),
+            l.samples
+        )
+    });
+    json_array(&mut o, "scratch", ",", &r.rounds, |x| {
+        format!(
+            "    {{\"kind\": {}, \"variant\": {}, \"allocations\": {}, \"ns_per_round\": {}, \"ns_per_allocation\": {}, \"rounds\": {}}}",
+            json_str(kind_name(x.kind)),
+            json_str(x.variant),
+            SIZES.len(),
+            json_num(Some(x.ns_per_round)),
+            json_num(Some(x.ns_per_round / SIZES.len() as f64)),
+            x.rounds
+        )
+    });
+    json_array(&mut o, "scratch_threads", ",", &r.thread_rounds.rows, |x| {
+        format!(
+            "    {{\"kind\": {}, \"variant\": {}, \"threads\": {}, \"ns_per_round\": {}, \"driver_allocations_per_round\": {}, \"rounds_per_thread\": {}}}",
+            json_str(kind_name(x.kind)),
+            json_str(x.variant),
+            x.threads,
+            json_num(Some(x.ns_per_round)),
+            json_num(x.driver_allocations_per_round),
+            x.rounds
+        )
+    });
+    let control = &r.thread_rounds.control;
+    json_array(
+        &mut o,
+        "scratch_threads_control",
+        ",",
+        control,
+        |&(threads, ns)| {
+            let ns = json_num(Some(ns));
+            format!("    {{\"threads\": {threads}, \"ns_per_round\": {ns}}}")
+        },
     );
-    let rows: Vec<String> = targets
-        .iter()
-        .map(|t| {
-            format!(
-                "    {{\"target\": {}, \"measured\": {}, \"comparison\": {}, \"limit\": {}, \"met\": {}}}",
-                json_str(&t.what),
-                json_num(t.measured),
-                json_str(if t.at_most { "<=" } else { ">=" }),
-                json_num(Some(t.limit)),
-                t.met().map_or("null".into(), |m| m.to_string())
-            )
-        })
-        .collect();
-    let _ = writeln!(o, "  \"targets\": [\n{}\n  ]", rows.join(",\n"));
+    json_array(&mut o, "targets", "", targets, |t| {
+        format!(
+            "    {{\"target\": {}, \"measured\": {}, \"comparison\": {}, \"limit\": {}, \"met\": {}}}",
+            json_str(&t.what),
+            json_num(t.measured),
+            json_str(if t.at_most { "<=" } else { ">=" }),
+            json_num(Some(t.limit)),
+            t.met().map_or("null".into(), |m| m.to_string())
+        )
+    });
     o.push_str("}\n");
     o
 }
