@@ -4,8 +4,13 @@ use super::*;
 use std::cell::RefCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// The error of a driver call that returned `code`.
+fn driver_error(code: sys::CUresult) -> CudaError {
+    CudaError::Driver(DriverError(code))
+}
+
 fn invalid() -> CudaError {
-    CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_INVALID_CONTEXT))
+    driver_error(sys::CUresult::CUDA_ERROR_INVALID_CONTEXT)
 }
 
 #[test]
@@ -27,13 +32,20 @@ fn loading_is_answered_once_and_remembered() {
     assert_eq!(library::present(), present);
 }
 
+/// A `put` for [`Restore`] that records what it puts back in `restored`.
+fn recording_put(
+    restored: &RefCell<Vec<u32>>,
+) -> impl Fn(u32) -> Result<(), CudaError> + Copy + '_ {
+    move |v| {
+        restored.borrow_mut().push(v);
+        Ok(())
+    }
+}
+
 #[test]
 fn a_panic_in_the_scope_still_restores() {
     let restored = RefCell::new(Vec::new());
-    let put = |v: u32| {
-        restored.borrow_mut().push(v);
-        Ok(())
-    };
+    let put = recording_put(&restored);
     let caught = catch_unwind(AssertUnwindSafe(|| {
         scoped(Restore::new(Some(7), put), || -> Result<(), CudaError> {
             panic!("the call panics")
@@ -53,7 +65,7 @@ fn the_normal_path_restores_once_and_reports() {
     assert_eq!(scoped(Restore::new(Some(1), put), || Ok(5)), Err(invalid()));
     assert_eq!(*calls.borrow(), 1, "finish, not the drop again");
     // The call's own error comes first.
-    let other = CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
+    let other = driver_error(sys::CUresult::CUDA_ERROR_INVALID_VALUE);
     let r: Result<(), _> = scoped(Restore::new(Some(1), put), || Err(other));
     assert_eq!(r, Err(other));
     assert_eq!(*calls.borrow(), 2);
@@ -65,10 +77,7 @@ fn the_normal_path_restores_once_and_reports() {
 #[test]
 fn or_put_fills_only_an_empty_guard() {
     let restored = RefCell::new(Vec::new());
-    let put = |v: u32| {
-        restored.borrow_mut().push(v);
-        Ok(())
-    };
+    let put = recording_put(&restored);
     // Nothing to put back (the thread had no context, or the device's
     // own was current): the fallback is put back.
     assert_eq!(scoped(Restore::new(None, put).or_put(9), || Ok(())), Ok(()));
@@ -93,6 +102,17 @@ fn ctx(n: usize) -> sys::CUcontext {
     n as sys::CUcontext
 }
 
+/// `pinned` of context 0x100 for the device `asked`, whose table lookup (and
+/// retain) panics with `why`: it must not be reached.
+fn pinned_without_a_lookup(
+    asked: Result<sys::CUdevice, CudaError>,
+    why: &str,
+) -> Result<Option<sys::CUcontext>, CudaError> {
+    pinned(ctx(0x100), asked, |_| -> Result<_, CudaError> {
+        panic!("{why}")
+    })
+}
+
 #[test]
 fn only_a_retained_primary_context_is_pinned() {
     let prev = ctx(0x100);
@@ -112,22 +132,21 @@ fn only_a_retained_primary_context_is_pinned() {
 
 #[test]
 fn a_context_destroyed_while_current_is_not_pinned_and_not_looked_up() {
-    let destroyed = CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED));
-    let r = pinned(ctx(0x100), Err(destroyed), |_| -> Result<_, CudaError> {
-        panic!("no table lookup (nor retain) for a destroyed context")
-    });
+    let destroyed = driver_error(sys::CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    let r = pinned_without_a_lookup(
+        Err(destroyed),
+        "no table lookup (nor retain) for a destroyed context",
+    );
     assert_eq!(r, Ok(None));
 }
 
 #[test]
 fn other_failures_are_reported_before_anything_is_retained() {
-    let deinit = CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_DEINITIALIZED));
-    let r = pinned(ctx(0x100), Err(deinit), |_| -> Result<_, CudaError> {
-        panic!("no table lookup after a failed cuCtxGetDevice")
-    });
+    let deinit = driver_error(sys::CUresult::CUDA_ERROR_DEINITIALIZED);
+    let r = pinned_without_a_lookup(Err(deinit), "no table lookup after a failed cuCtxGetDevice");
     assert_eq!(r, Err(deinit));
     // A failed retain is reported too (the scope is not entered).
-    let failed = CudaError::Driver(DriverError(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    let failed = driver_error(sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     assert_eq!(pinned(ctx(0x100), Ok(0), |_| Err(failed)), Err(failed));
 }
 
