@@ -30,13 +30,13 @@ use std::ptr::NonNull;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use gpupool_core::{
-    AccessOrder, DeviceId, MemoryBackend, MemoryKind, ScratchSizes, Scratchpad,
-    StreamBackend, StreamOptions,
-};
-use gpupool_cuda::cudarc::driver::sys;
 use gpupool_bench::gpu::cuda_or_skip;
 use gpupool_bench::sys_stats::upper_median as median;
+use gpupool_core::{
+    AccessOrder, DeviceId, MemoryBackend, MemoryKind, ScratchSizes, Scratchpad, StreamBackend,
+    StreamOptions,
+};
+use gpupool_cuda::cudarc::driver::sys;
 use gpupool_cuda::CudaBackend;
 
 const THREADS: [usize; 5] = [1, 2, 4, 8, 16];

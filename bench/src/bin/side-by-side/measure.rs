@@ -5,11 +5,11 @@ use std::hint::black_box;
 use std::sync::{mpsc, Barrier};
 use std::time::{Duration, Instant};
 
-use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_bench::baselines::{
     bumpalo_round, event_create_destroy, raw_round, stream_create_destroy, DaliEventPool,
     DaliScratchpad, DaliStreamPool, MutexVecEventPool, MutexVecStreamPool,
 };
+use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_core::{
     AccessOrder, DeviceId, EventFlags, EventPool, MemoryKind, ScratchSizes, Scratchpad,
     StreamOptions, StreamPool, StreamPoolConfig,

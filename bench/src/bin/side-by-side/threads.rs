@@ -12,8 +12,8 @@ use std::hint::black_box;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_bench::baselines::DaliScratchpad;
+use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_core::{AccessOrder, DeviceId, MemoryKind, ScratchSizes, Scratchpad, StreamOptions};
 
 use crate::measure::Settings;
