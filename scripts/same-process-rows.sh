@@ -66,8 +66,9 @@ rows_copy() {
   if grep -q 'BackendId' "$2/core/src/lib.rs"; then
     cp -R "$root/bench/rows/src" "$dir/src"
   else
-    # Before the soundness change: the same rows in that API.
+    # Before the soundness change: the same rows (src/rows.rs) in that API.
     mkdir -p "$dir/src"
+    cp "$root/bench/rows/src/rows.rs" "$dir/src/rows.rs"
     cp "$root/bench/rows/legacy/lib.rs" "$dir/src/lib.rs"
   fi
   cat >"$dir/Cargo.toml" <<TOML

@@ -1,23 +1,16 @@
-//! gpupool's one-thread rows (as in `bench/rows/src/lib.rs`) written against
-//! the API gpupool had before the soundness change (`786791a`): plain
-//! `AccessOrder` values, safe stream calls, infallible `Scratchpad::new`,
-//! `get()` on leases. `scripts/same-process-rows.sh` builds this file as the
-//! rows crate of a revision whose core has no `BackendId` (such as `1ad68b3`),
-//! so that the same loops can be timed against it in one process. Same rows,
-//! same order, same sizes as the current rows crate; the bare backend is the
-//! mock here (that API has no room for the current one).
+//! gpupool's one-thread rows (`bench/rows/src/rows.rs`, the current rows
+//! crate's) compiled against the API gpupool had before the soundness change
+//! (`786791a`): plain `AccessOrder` values, safe stream calls, infallible
+//! `Scratchpad::new`, `get()` on leases. `scripts/same-process-rows.sh` builds
+//! this file, with `rows.rs` beside it, as the rows crate of a revision whose
+//! core has no `BackendId` (such as `1ad68b3`), so that the same loops can be
+//! timed against it in one process. Same rows, same order, same sizes as the
+//! current rows crate; the bare backend is the mock here (that API has no room
+//! for the current one).
 
 pub use gpupool_core;
 pub use gpupool_cuda::CudaBackend as Gpu;
 pub use gpupool_mock::MockBackend as Mock;
-
-use std::hint::black_box;
-use std::time::{Duration, Instant};
-
-use gpupool_core::{
-    AccessOrder, EventPool, MemoryKind, ScratchBackend, ScratchSizes, Scratchpad, StreamOptions,
-    StreamPool, StreamPoolConfig,
-};
 
 /// Stands in for the current rows crate's bare backend: the mock.
 pub struct Bare;
@@ -30,158 +23,40 @@ impl Bare {
     }
 }
 
-const SIZES: [usize; 16] = [
-    1, 24, 100, 512, 4096, 65536, 17, 3000, 8192, 40000, 64, 256, 1024, 12345, 50000, 2,
-];
-const ALIGN: usize = 8;
-/// The block of the backend rows: about what a learned round takes.
-const BACKEND_BLOCK: usize = 1 << 18;
-const D: gpupool_core::DeviceId = gpupool_core::DeviceId(0);
+// That API's side of the calls where builds differ (`rows.rs` says which;
+// the current rows crate's `lib.rs` has the same macros for its API).
 
-/// A row: its name, and one operation.
-pub type Row<'a> = (String, Box<dyn FnMut() + 'a>);
-
-/// The rows of the current crate, in its order, on device 0 of `gpu`.
-pub fn with_rows<B: ScratchBackend, R>(gpu: &B, f: impl FnOnce(&mut [Row<'_>]) -> R) -> R {
-    let stream = gpu
-        .create_stream(D, StreamOptions::default())
-        .expect("a stream");
-    let order = AccessOrder::stream(stream, D);
-    let streams = StreamPool::new(gpu);
-    let sticky = StreamPool::with_config(
-        gpu,
-        StreamPoolConfig {
-            same_thread_reuse: true,
-            ..StreamPoolConfig::default()
-        },
-    );
-    let events = EventPool::new(gpu);
-    let sizes = ScratchSizes::new();
-    let kinds = [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Device];
-    let mut kept: Vec<Scratchpad<'_, B>> = kinds.iter().map(|_| Scratchpad::new(gpu, order)).collect();
-    let mut control_x = 0x2545_F491_4F6C_DD1Du64;
-
-    let mut rows: Vec<Row<'_>> = vec![
-        (
-            "control: arithmetic".into(),
-            Box::new(|| {
-                let mut x = control_x;
-                for _ in 0..256 {
-                    x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (x >> 29);
-                }
-                control_x = black_box(x);
-            }),
-        ),
-        (
-            "stream lease+return".into(),
-            Box::new(|| {
-                black_box(streams.get(D).expect("a stream lease").get());
-            }),
-        ),
-        (
-            "stream lease+return, same-thread reuse".into(),
-            Box::new(|| {
-                black_box(sticky.get(D).expect("a stream lease").get());
-            }),
-        ),
-        (
-            "event get+put".into(),
-            Box::new(|| {
-                black_box(events.get(D).expect("an event lease").get());
-            }),
-        ),
-    ];
-    for (kind, pad) in kinds.into_iter().zip(kept.iter_mut()) {
-        let name = match kind {
-            MemoryKind::Host => "host",
-            MemoryKind::Pinned => "pinned",
-            _ => "device",
-        };
-        let sizes = &sizes;
-        rows.push((
-            format!("scratch {name}: new each round"),
-            Box::new(move || {
-                let p = Scratchpad::new(gpu, order);
-                for &n in &SIZES {
-                    black_box(p.alloc(kind, n, ALIGN).expect("scratch"));
-                }
-            }),
-        ));
-        rows.push((
-            format!("scratch {name}: new each round, learned sizes"),
-            Box::new(move || {
-                let p = Scratchpad::new(gpu, order).learn_sizes(sizes);
-                for &n in &SIZES {
-                    black_box(p.alloc(kind, n, ALIGN).expect("scratch"));
-                }
-            }),
-        ));
-        rows.push((
-            format!("scratch {name}: reset reuse"),
-            Box::new(move || {
-                for &n in &SIZES {
-                    black_box(pad.alloc(kind, n, ALIGN).expect("scratch"));
-                }
-                pad.reset().expect("a reset");
-            }),
-        ));
-    }
-
-    rows.push((
-        "scratch: new and drop, nothing allocated".into(),
-        Box::new(move || {
-            black_box(&Scratchpad::new(gpu, order));
-        }),
-    ));
-    // The backend's own share of a round: one block taken from it and given
-    // back in the stream's order (about the size of a learned round's
-    // block).
-    for (kind, name) in [(MemoryKind::Pinned, "pinned"), (MemoryKind::Device, "device")] {
-        rows.push((
-            format!("backend {name}: block in and out, stream order"),
-            Box::new(move || {
-                // SAFETY: `stream` is a live stream of device 0 of `gpu`;
-                // the block is freed once, in its order, and never used.
-                unsafe {
-                    let p = gpu
-                        .allocate_async(kind, D, BACKEND_BLOCK, 256, stream)
-                        .expect("a block");
-                    gpu.deallocate_async(kind, D, black_box(p), BACKEND_BLOCK, 256, stream)
-                        .expect("freed");
-                }
-            }),
-        ));
-    }
-
-    let result = f(&mut rows);
-
-    drop(rows);
-    drop(kept);
-    assert_eq!(streams.live_leases(), 0, "stream leases left out");
-    assert_eq!(events.live_leases(), 0, "event leases left out");
-    drop((streams, sticky, events));
-    gpu.destroy_stream(stream, D).expect("destroying the stream");
-    result
+/// The access order of `$stream`, on device 0.
+macro_rules! stream_order {
+    ($gpu:expr, $stream:expr) => {
+        AccessOrder::stream($stream, D)
+    };
 }
 
-/// Runs `f` `n` times; the time taken.
-pub fn time(f: &mut dyn FnMut(), n: usize) -> Duration {
-    let t = Instant::now();
-    for _ in 0..n {
-        f();
-    }
-    t.elapsed()
+/// A new scratchpad on `$order`.
+macro_rules! new_scratchpad {
+    ($gpu:expr, $order:expr) => {
+        Scratchpad::new($gpu, $order)
+    };
 }
 
-/// How many runs of `f` take about `target`.
-pub fn calibrate(f: &mut dyn FnMut(), target: Duration) -> usize {
-    let mut n = 16usize;
-    loop {
-        let t = time(f, n);
-        if t >= target / 10 || n >= 1 << 26 {
-            let per = t.as_secs_f64().max(1e-9) / n as f64;
-            break ((target.as_secs_f64() / per) as usize).clamp(16, 1 << 26);
-        }
-        n *= 4;
-    }
+/// A lease's handle.
+macro_rules! lease_handle {
+    ($lease:expr) => {
+        $lease.get()
+    };
 }
+
+/// Destroys the rows' stream (a `Result`).
+macro_rules! destroy_stream {
+    ($gpu:expr, $stream:expr) => {
+        $gpu.destroy_stream($stream, D)
+    };
+}
+
+// `bench/rows/src/rows.rs` here; beside this file in the copy the script
+// builds.
+#[path = "../src/rows.rs"]
+mod rows;
+
+pub use rows::{calibrate, time, with_rows, Row};

@@ -55,6 +55,43 @@ fn layout(size: usize, align: usize) -> Result<Layout, BareError> {
     Layout::from_size_align(size.max(1), align).map_err(|_| BareError)
 }
 
+/// A block of the global allocator: every kind's memory, stream-ordered or
+/// not (nothing runs on the bare backend's streams, so now is in order).
+#[inline]
+fn host_alloc(size: usize, align: usize) -> Result<NonNull<u8>, BareError> {
+    // SAFETY: the layout's size is not zero.
+    NonNull::new(unsafe { std::alloc::alloc(layout(size, align)?) }).ok_or(BareError)
+}
+
+/// Frees a block of [`host_alloc`].
+///
+/// # Safety
+///
+/// `ptr` came from `host_alloc` with this size and alignment, and is freed
+/// once.
+#[inline]
+unsafe fn host_free(ptr: NonNull<u8>, size: usize, align: usize) -> Result<(), BareError> {
+    // SAFETY: the caller's promise.
+    unsafe { std::alloc::dealloc(ptr.as_ptr(), layout(size, align)?) };
+    Ok(())
+}
+
+/// Methods that do nothing and succeed, each written `fn name(the types of
+/// its arguments) -> T = value;`: its arguments unused, it returns
+/// `Ok(value)`.
+macro_rules! succeed {
+    ($(fn $name:ident($($arg:ty),*) -> $t:ty = $v:expr;)+) => {
+        $(fn $name(&self, $(_: $arg),*) -> Result<$t, BareError> {
+            Ok($v)
+        })+
+    };
+    ($(unsafe fn $name:ident($($arg:ty),*) -> $t:ty = $v:expr;)+) => {
+        $(unsafe fn $name(&self, $(_: $arg),*) -> Result<$t, BareError> {
+            Ok($v)
+        })+
+    };
+}
+
 // SAFETY: `id` is a unique id made once per value and never changes; the
 // handles and addresses it hands out (numbers that are never a special stream,
 // memory of the global allocator) are what its own `unsafe fn`s accept, and
@@ -64,11 +101,9 @@ unsafe impl Backend for Bare {
     fn id(&self) -> BackendId {
         self.id
     }
-    fn device_count(&self) -> Result<u32, BareError> {
-        Ok(1)
-    }
-    fn current_device(&self) -> Result<DeviceId, BareError> {
-        Ok(DeviceId(0))
+    succeed! {
+        fn device_count() -> u32 = 1;
+        fn current_device() -> DeviceId = DeviceId(0);
     }
 }
 
@@ -77,25 +112,12 @@ impl StreamBackend for Bare {
         // SAFETY: a number no other stream of this backend has, never zero.
         Ok(unsafe { StreamHandle::from_raw(self.handle()) })
     }
-    unsafe fn destroy_stream(&self, _: StreamHandle, _: DeviceId) -> Result<(), BareError> {
-        Ok(())
-    }
-    unsafe fn query_stream(&self, _: StreamHandle, _: DeviceId) -> Result<Completion, BareError> {
-        Ok(Completion::Complete)
-    }
-    unsafe fn synchronize_stream(&self, _: StreamHandle, _: DeviceId) -> Result<(), BareError> {
-        Ok(())
-    }
-    unsafe fn stream_wait_event(
-        &self,
-        _: StreamHandle,
-        _: DeviceId,
-        _: EventHandle,
-    ) -> Result<(), BareError> {
-        Ok(())
-    }
-    unsafe fn stream_device(&self, _: StreamHandle) -> Result<DeviceId, BareError> {
-        Ok(DeviceId(0))
+    succeed! {
+        unsafe fn destroy_stream(StreamHandle, DeviceId) -> () = ();
+        unsafe fn query_stream(StreamHandle, DeviceId) -> Completion = Completion::Complete;
+        unsafe fn synchronize_stream(StreamHandle, DeviceId) -> () = ();
+        unsafe fn stream_wait_event(StreamHandle, DeviceId, EventHandle) -> () = ();
+        unsafe fn stream_device(StreamHandle) -> DeviceId = DeviceId(0);
     }
 }
 
@@ -104,72 +126,40 @@ impl EventBackend for Bare {
         // SAFETY: a number no other event of this backend has, never zero.
         Ok(unsafe { EventHandle::from_raw(self.handle()) })
     }
-    unsafe fn destroy_event(&self, _: EventHandle, _: DeviceId) -> Result<(), BareError> {
-        Ok(())
-    }
-    unsafe fn record_event(
-        &self,
-        _: EventHandle,
-        _: StreamHandle,
-        _: DeviceId,
-    ) -> Result<(), BareError> {
-        Ok(())
-    }
-    unsafe fn query_event(&self, _: EventHandle, _: DeviceId) -> Result<Completion, BareError> {
-        Ok(Completion::Complete)
-    }
-    unsafe fn synchronize_event(&self, _: EventHandle, _: DeviceId) -> Result<(), BareError> {
-        Ok(())
+    succeed! {
+        unsafe fn destroy_event(EventHandle, DeviceId) -> () = ();
+        unsafe fn record_event(EventHandle, StreamHandle, DeviceId) -> () = ();
+        unsafe fn query_event(EventHandle, DeviceId) -> Completion = Completion::Complete;
+        unsafe fn synchronize_event(EventHandle, DeviceId) -> () = ();
     }
 }
 
+/// `allocate` and `deallocate` (`$alloc`, `$free`), or their stream-ordered
+/// twins, which take a stream after the same arguments: every kind and device
+/// alike, [`host_alloc`] and [`host_free`]. Nothing runs on the bare
+/// backend's streams, so a block is in its stream's order at once.
+macro_rules! block_calls {
+    ([$($safety:tt)?] $alloc:ident, $free:ident $(, $stream:ty)?) => {
+        $($safety)? fn $alloc(
+            &self, _: MemoryKind, _: DeviceId, size: usize, align: usize, $(_: $stream)?
+        ) -> Result<NonNull<u8>, BareError> {
+            host_alloc(size, align)
+        }
+        unsafe fn $free(
+            &self, _: MemoryKind, _: DeviceId, ptr: NonNull<u8>, size: usize, align: usize,
+            $(_: $stream)?
+        ) -> Result<(), BareError> {
+            // SAFETY: the trait's contract: `ptr` came from `allocate` or
+            // `allocate_async`, so from `host_alloc`, with this size and
+            // alignment.
+            unsafe { host_free(ptr, size, align) }
+        }
+    };
+}
+
 impl MemoryBackend for Bare {
-    fn allocate(
-        &self,
-        _: MemoryKind,
-        _: DeviceId,
-        size: usize,
-        align: usize,
-    ) -> Result<NonNull<u8>, BareError> {
-        // SAFETY: the layout's size is not zero.
-        NonNull::new(unsafe { std::alloc::alloc(layout(size, align)?) }).ok_or(BareError)
-    }
-    unsafe fn deallocate(
-        &self,
-        _: MemoryKind,
-        _: DeviceId,
-        ptr: NonNull<u8>,
-        size: usize,
-        align: usize,
-    ) -> Result<(), BareError> {
-        // SAFETY: the trait's contract: `ptr` came from `allocate` (or
-        // `allocate_async`) with this size and alignment.
-        unsafe { std::alloc::dealloc(ptr.as_ptr(), layout(size, align)?) };
-        Ok(())
-    }
-    unsafe fn allocate_async(
-        &self,
-        kind: MemoryKind,
-        device: DeviceId,
-        size: usize,
-        align: usize,
-        _: StreamHandle,
-    ) -> Result<NonNull<u8>, BareError> {
-        self.allocate(kind, device, size, align)
-    }
-    unsafe fn deallocate_async(
-        &self,
-        kind: MemoryKind,
-        device: DeviceId,
-        ptr: NonNull<u8>,
-        size: usize,
-        align: usize,
-        _: StreamHandle,
-    ) -> Result<(), BareError> {
-        // SAFETY: the trait's contract; nothing runs on the bare backend's
-        // streams, so the block is free now.
-        unsafe { self.deallocate(kind, device, ptr, size, align) }
-    }
+    block_calls!([] allocate, deallocate);
+    block_calls!([unsafe] allocate_async, deallocate_async, StreamHandle);
     unsafe fn copy_async(
         &self,
         dst: NonNull<u8>,
