@@ -251,11 +251,19 @@ impl Driver {
     /// primary context current, then puts the previous one back if gpupool
     /// keeps it alive, also when `op` panics (the scope guard's drop does it
     /// then).
+    #[inline]
     pub(crate) fn with_context<'d, T>(
         &'d self,
         device: DeviceId,
         op: impl FnOnce(&'d Primary) -> Result<T, CudaError>,
     ) -> Result<T, CudaError> {
+        // The common case, inline: the primary context is current already,
+        // so there is nothing to put back (and no guard to keep).
+        if let Some(p) = self.device(device)?.primary.get() {
+            if result::ctx::get_current()? == Some(p.cu_ctx()) {
+                return op(p);
+            }
+        }
         let (scope, primary) = self.enter(device)?;
         scoped(scope, || op(primary))
     }
@@ -280,6 +288,7 @@ impl Driver {
     /// when the primary context already was current or no context was, or
     /// when the previous one is not a context that gpupool keeps alive
     /// ([`pin_current`](Self::pin_current)).
+    #[cold]
     fn enter(&self, device: DeviceId) -> Result<(ContextScope, &Primary), CudaError> {
         let dev = self.device(device)?;
         let current = result::ctx::get_current()?;

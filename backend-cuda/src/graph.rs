@@ -200,10 +200,15 @@ pub(crate) fn unrestricted<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Resu
     // Relaxed: a hint. A call that races the beginning of a capture on
     // another thread is as unordered with it as it would be without
     // gpupool; `begin_capture` counts the capture before beginning it.
-    if RESTRICTING_CAPTURES.load(Ordering::Relaxed) == 0 {
-        return op();
-    }
-    relaxed_mode(op)
+    let _restore = if RESTRICTING_CAPTURES.load(Ordering::Relaxed) == 0 {
+        None
+    } else {
+        Some(relax_mode()?)
+    };
+    // Called here, once, rather than handed to a function: a closure passed
+    // on would be built in memory before the test above, and one called on
+    // two paths would not be inlined.
+    op()
 }
 
 /// `op` with the calling thread's capture interaction mode relaxed, then
@@ -231,17 +236,16 @@ impl Drop for Restore {
     }
 }
 
-/// [`unrestricted`] while a restricting capture is open: `op` with the
-/// thread's capture interaction mode relaxed, then put back. Kept out of
-/// line, so that the calls of programs that never capture stay as small as
-/// they were.
+/// [`unrestricted`] while a restricting capture is open: relaxes the
+/// thread's capture interaction mode and returns the guard that puts it
+/// back. Kept out of line, so that the calls of programs that never capture
+/// stay as small as they were.
 #[cold]
 #[inline(never)]
-fn relaxed_mode<T>(op: impl FnOnce() -> Result<T, CudaError>) -> Result<T, CudaError> {
+fn relax_mode() -> Result<Restore, CudaError> {
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     raw::thread_exchange_stream_capture_mode(&mut mode)?;
-    let _restore = Restore(mode);
-    op()
+    Ok(Restore(mode))
 }
 
 /// Taken for reading while a capture seen on a stream is acted on (a graph

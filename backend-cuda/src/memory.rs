@@ -316,7 +316,7 @@ impl MemoryBackend for CudaBackend {
     ) -> Result<NonNull<u8>, CudaError> {
         let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: no stream.
-        unrestricted(|| unsafe { mem.allocate(drv, kind, device, size, align, None) })
+        unrestricted(move || unsafe { mem.allocate(drv, kind, device, size, align, None) })
     }
 
     /// Device memory: `cuMemFreeAsync` on the backend's private stream (no
@@ -335,7 +335,7 @@ impl MemoryBackend for CudaBackend {
     ) -> Result<(), CudaError> {
         let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: the caller's contract (the trait's).
-        unrestricted(|| unsafe { mem.deallocate(drv, kind, device, ptr, size, align, None) })
+        unrestricted(move || unsafe { mem.deallocate(drv, kind, device, ptr, size, align, None) })
     }
 
     /// Device memory: a block of the device cache freed on the same stream
@@ -356,7 +356,7 @@ impl MemoryBackend for CudaBackend {
     ) -> Result<NonNull<u8>, CudaError> {
         let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: this call's contract.
-        unrestricted(|| unsafe { mem.allocate(drv, kind, device, size, align, Some(stream)) })
+        unrestricted(move || unsafe { mem.allocate(drv, kind, device, size, align, Some(stream)) })
     }
 
     /// Device memory: kept by the device cache for `stream` (a created
@@ -390,7 +390,7 @@ impl MemoryBackend for CudaBackend {
     ) -> Result<(), CudaError> {
         let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: the caller's contract (the trait's).
-        unrestricted(|| unsafe {
+        unrestricted(move || unsafe {
             mem.deallocate(drv, kind, device, ptr, size, align, Some(stream))
         })
     }

@@ -60,7 +60,12 @@ impl<B> Shelf<B> {
             .entries
             .iter()
             .rposition(|e| e.stream == stream && e.size == size)?;
-        let e = self.entries.remove(i);
+        // The newest block is the one usually found: popped, nothing moves.
+        let e = if i + 1 == self.entries.len() {
+            self.entries.pop()?
+        } else {
+            self.entries.remove(i)
+        };
         self.bytes -= e.size;
         Some(e.block)
     }

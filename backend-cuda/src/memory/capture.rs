@@ -67,12 +67,20 @@ impl DeviceMemory {
     /// The capture that allocated `addr`, if it is a device block allocated
     /// on a capturing stream and not freed yet; forgets it (it is being
     /// freed).
+    #[inline]
     pub(super) fn forget_graph_allocation(&self, addr: usize) -> Option<u64> {
         // Acquire: see `note_graph_allocation`. Zero (the case of every
         // program that never captures): no lock.
         if self.graphs.allocations_len.load(Ordering::Acquire) == 0 {
             return None;
         }
+        self.forget_listed_graph_allocation(addr)
+    }
+
+    /// [`forget_graph_allocation`](Self::forget_graph_allocation) once the
+    /// list may hold something.
+    #[cold]
+    fn forget_listed_graph_allocation(&self, addr: usize) -> Option<u64> {
         let mut set = self.graph_allocations();
         let found = set.remove(&addr).map(|a| a.capture);
         self.graphs

@@ -38,17 +38,27 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
     /// event completed; otherwise release it in its stream order, so the next
     /// allocation takes a fresh block. A block whose release fails is kept,
     /// still fenced, and the error returned.
+    #[inline]
     pub(super) fn settle_fence<U: Upstream<Error = B::Error>>(
         &self,
         st: &KindState,
         up: &U,
     ) -> Result<(), Error<B::Error>> {
-        let Some(mut fence) = st.fence.get() else {
-            return Ok(());
-        };
-        if !fence.armed {
-            return Ok(());
+        match st.fence.get() {
+            Some(fence) if fence.armed => self.settle_armed_fence(st, up, fence),
+            _ => Ok(()),
         }
+    }
+
+    /// [`settle_fence`](Self::settle_fence) of an armed fence (a reset
+    /// round's path, not a new scratchpad's).
+    #[inline(never)]
+    fn settle_armed_fence<U: Upstream<Error = B::Error>>(
+        &self,
+        st: &KindState,
+        up: &U,
+        mut fence: Fence,
+    ) -> Result<(), Error<B::Error>> {
         // SAFETY: the fence's event is the scratchpad's own (see `Fence`).
         let done = unsafe { self.backend.query_event(fence.event, fence.device) };
         if let Ok(Completion::Complete) = done {
