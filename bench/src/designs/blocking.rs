@@ -10,12 +10,12 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 
-use gpupool_core::{EventPool, StreamLease};
+use gpupool_core::EventPool;
 use gpupool_cuda::cudarc::driver::sys;
 use gpupool_cuda::CudaBackend;
 use tokio::task::JoinHandle;
 
-use super::{Design, Path, Submitted};
+use super::{Design, Lease, Path, Submitted};
 use crate::gpu::check;
 use crate::sys_stats::TidSet;
 
@@ -56,10 +56,7 @@ impl Design for Blocking {
         "b-spawn_blocking"
     }
 
-    fn submit(
-        &'static self,
-        lease: &'static StreamLease<'static, CudaBackend>,
-    ) -> Result<Submitted<BlockingFut>, String> {
+    fn submit(&'static self, lease: Lease) -> Result<Submitted<BlockingFut>, String> {
         let event = self
             .events
             .get(lease.device())

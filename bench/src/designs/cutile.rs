@@ -39,11 +39,9 @@ use std::thread::{self, Thread};
 use std::time::{Duration, Instant};
 
 use futures_util::task::AtomicWaker;
-use gpupool_core::StreamLease;
 use gpupool_cuda::cudarc::driver::sys;
-use gpupool_cuda::CudaBackend;
 
-use super::{Design, Path, StepCost, Submitted};
+use super::{Design, Lease, Path, StepCost, Submitted};
 use crate::gpu::{check, host_ns, raw_stream, Pinned};
 use crate::sys_stats::{threads_named, TidSet};
 
@@ -338,10 +336,7 @@ impl Design for Cutile {
         self.name
     }
 
-    fn submit(
-        &'static self,
-        lease: &'static StreamLease<'static, CudaBackend>,
-    ) -> Result<Submitted<CutileFut>, String> {
+    fn submit(&'static self, lease: Lease) -> Result<Submitted<CutileFut>, String> {
         let stream = raw_stream(lease);
         // Tier 1: the bounded spin.
         let t0 = host_ns();

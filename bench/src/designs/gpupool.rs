@@ -16,10 +16,10 @@ use core::future::Future;
 use core::pin::Pin;
 use core::task::{Context, Poll};
 
-use gpupool_core::{Completed, EventPool, StreamLease};
+use gpupool_core::{Completed, EventPool};
 use gpupool_cuda::CudaBackend;
 
-use super::{Design, Path, Submitted};
+use super::{Design, Lease, Path, Submitted};
 use crate::sys_stats::threads_named;
 
 /// Design (a).
@@ -58,10 +58,7 @@ impl Design for GpupoolFutures {
         self.name
     }
 
-    fn submit(
-        &'static self,
-        lease: &'static StreamLease<'static, CudaBackend>,
-    ) -> Result<Submitted<GpupoolFut>, String> {
+    fn submit(&'static self, lease: Lease) -> Result<Submitted<GpupoolFut>, String> {
         let fut = lease
             .order()
             .completed(self.events)

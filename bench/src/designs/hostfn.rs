@@ -15,11 +15,9 @@ use core::task::{Context, Poll};
 use std::sync::Arc;
 
 use futures_util::task::AtomicWaker;
-use gpupool_core::StreamLease;
 use gpupool_cuda::cudarc::driver::sys;
-use gpupool_cuda::CudaBackend;
 
-use super::{Design, Path, Submitted};
+use super::{Design, Lease, Path, Submitted};
 use crate::gpu::{check, raw_stream};
 use crate::sys_stats::TidSet;
 
@@ -73,10 +71,7 @@ impl Design for HostFn {
         "c-launch_host_func"
     }
 
-    fn submit(
-        &'static self,
-        lease: &'static StreamLease<'static, CudaBackend>,
-    ) -> Result<Submitted<HostFnFut>, String> {
+    fn submit(&'static self, lease: Lease) -> Result<Submitted<HostFnFut>, String> {
         let signal = Arc::new(Signal {
             done: AtomicBool::new(false),
             waker: AtomicWaker::new(),

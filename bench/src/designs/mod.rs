@@ -14,6 +14,10 @@ pub mod cutile;
 pub mod gpupool;
 pub mod hostfn;
 
+/// The lease of the stream a request's kernel is queued on: the harness's
+/// for the whole run.
+pub type Lease = &'static StreamLease<'static, CudaBackend>;
+
 /// How a request's completion was noticed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
@@ -76,10 +80,7 @@ pub trait Design: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// Makes the future of the work queued so far on `lease`'s stream.
-    fn submit(
-        &'static self,
-        lease: &'static StreamLease<'static, CudaBackend>,
-    ) -> Result<Submitted<Self::Fut>, String>;
+    fn submit(&'static self, lease: Lease) -> Result<Submitted<Self::Fut>, String>;
 
     /// The threads of the design's completion machinery, as of now.
     fn machinery_threads(&self) -> Vec<i32>;
