@@ -10,7 +10,11 @@
 
 use std::mem::MaybeUninit;
 
-use super::common::{complete_and_assert_clean, leases};
+use super::common::{
+    capturing, complete_and_assert_clean, complete_and_assert_no_hazards,
+    complete_drop_and_assert_clean, fill_and_use, forked, forked_and_joined, join, leases,
+    mock_rig, with_lost_error_hook,
+};
 use gpupool_core::{
     lost_errors, AccessOrder, BackendOp, CaptureMode, CaptureStatus, DeviceId, Error, EventPool,
     MemoryKind, Scratchpad, ScratchpadConfig, StreamPool,
@@ -37,9 +41,7 @@ const RACE_ROUNDS: usize = if cfg!(miri) { 3 } else { 20_000 };
 /// sees the address; the mock refuses the copy as a misuse.
 #[test]
 fn another_scratchpad_reads_a_graph_allocation_inside_the_capture() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [origin] = capturing(CaptureMode::Relaxed));
     let a = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = a.device::<u32>(16).unwrap(); // the graph's own allocation
     let b = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
@@ -56,9 +58,7 @@ fn another_scratchpad_reads_a_graph_allocation_inside_the_capture() {
 /// (`GraphMemory`), `b` passes it on to the backend.
 #[test]
 fn another_scratchpad_reads_a_graph_allocation_after_the_capture() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, side] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [origin, side] = capturing(CaptureMode::Relaxed));
     let a = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = a.device::<u32>(16).unwrap();
     gpu.launch_map(&origin.order(), &x, &x, |v| v + 1).unwrap();
@@ -89,10 +89,7 @@ fn another_scratchpad_reads_a_graph_allocation_after_the_capture() {
 /// read it.
 #[test]
 fn a_pinned_block_of_one_capture_is_given_to_another_captures_graph() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [a, b, later] = leases(&streams);
-    a.begin_capture(CaptureMode::Relaxed).unwrap();
-    b.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [a, b, later] = two_capturing(CaptureMode::Relaxed));
     let config = ScratchpadConfig {
         pinned_release: Some(b.order()),
         ..ScratchpadConfig::default()
@@ -128,9 +125,7 @@ fn a_pinned_block_of_one_capture_is_given_to_another_captures_graph() {
 /// scratchpad on `null_stream` then works outside the capture.
 #[test]
 fn a_null_stream_scratchpad_while_the_per_thread_stream_captures() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
     let per_thread = AccessOrder::per_thread_stream(D0);
     assert_eq!(
         per_thread.wait(&origin.order(), &events),
@@ -163,13 +158,11 @@ fn a_null_stream_scratchpad_while_the_per_thread_stream_captures() {
 /// destroys it.
 #[test]
 fn a_quarantined_capturing_stream_is_destroyed_by_purge() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
     let side = streams.get(0).unwrap();
     let side_stream = side.handle();
     side.order().wait(&origin.order(), &events).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    join(&origin, &side, &events);
     gpu.fail_nth(BackendOp::CaptureStatus, 1);
     drop(side); // the status question fails: quarantined
     assert!(streams.take_error().is_some());
@@ -188,12 +181,8 @@ fn a_quarantined_capturing_stream_is_destroyed_by_purge() {
 /// `release_ended_captures`; quarantined, then purged while capturing.
 #[test]
 fn a_held_stream_quarantined_at_a_get_is_destroyed_by_purge() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
-    let side = streams.get(0).unwrap();
-    side.order().wait(&origin.order(), &events).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
+    let side = forked_and_joined(&streams, &origin, &events);
     drop(side); // held while capturing
     gpu.fail_nth(BackendOp::CaptureStatus, 1);
     let other = streams.get(0).unwrap(); // scans: the held stream's question fails
@@ -246,7 +235,7 @@ fn a_wait_racing_begin_capture_joins_unseen() {
         });
         let joined = gpu.capture_status_of(side.handle()) == Ok(CaptureStatus::Active);
         if joined {
-            origin.order().wait(&side.order(), &events).unwrap(); // join back
+            join(&origin, &side, &events); // join back
         }
         let before = capturing_queries(&gpu);
         drop(side);
@@ -275,8 +264,7 @@ fn a_wait_event_racing_a_captured_record_joins_unseen() {
     let (gpu, streams, events) = mock_pools(1);
     let mut hit = None;
     for round in 0..RACE_ROUNDS {
-        let origin = streams.get(0).unwrap();
-        origin.begin_capture(CaptureMode::Relaxed).unwrap();
+        let [origin] = capturing(&streams, CaptureMode::Relaxed);
         let side = streams.get(0).unwrap();
         let e = events.get_shared(0).unwrap();
         let barrier = std::sync::Barrier::new(2);
@@ -290,7 +278,7 @@ fn a_wait_event_racing_a_captured_record_joins_unseen() {
         });
         let joined = gpu.capture_status_of(side.handle()) == Ok(CaptureStatus::Active);
         if joined {
-            origin.order().wait(&side.order(), &events).unwrap();
+            join(&origin, &side, &events);
         }
         let before = capturing_queries(&gpu);
         drop(side);
@@ -324,8 +312,7 @@ fn a_wait_event_racing_a_captured_record_joins_unseen() {
 #[test]
 #[ignore = "slow: 2^32 note_capture calls (about 12 s optimised)"]
 fn a_saturated_capture_note_hides_a_capture() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [s, replay] = leases(&streams);
+    mock_rig!(gpu, streams, _events; [s, replay] = leases);
     for _ in 0..u32::MAX {
         s.note_capture();
     }
@@ -399,9 +386,7 @@ fn end_capture_hook(_: &dyn core::fmt::Display) {
 /// the graph's launch reads freed memory.
 #[test]
 fn keep_for_graph_after_the_capture_ended_in_the_middle_of_a_reset() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [origin, replay] = capturing(CaptureMode::Relaxed));
     // Under Miri a sixteenth of the sizes and of the first block: the same
     // three blocks, minutes faster.
     let scale = if cfg!(miri) { 16 } else { 1 };
@@ -427,9 +412,7 @@ fn keep_for_graph_after_the_capture_ended_in_the_middle_of_a_reset() {
         .unwrap_or_else(|e| e.into_inner());
     *END_IN_HOOK.lock().unwrap() =
         Some((gpu.clone(), origin.handle(), std::thread::current().id()));
-    let previous = gpupool_core::set_lost_error_hook(Some(end_capture_hook));
-    let reset = scratch.reset();
-    gpupool_core::set_lost_error_hook(previous);
+    let reset = with_lost_error_hook(end_capture_hook, || scratch.reset());
     assert!(reset.is_err());
     let graph = GRAPHS
         .lock()
@@ -459,18 +442,12 @@ fn a_side_scratchpad_dropped_while_the_origin_ends_the_capture() {
     let replay = streams.get(0).unwrap();
     let mut hit = None;
     for round in 0..RACE_ROUNDS {
-        let origin = streams.get(0).unwrap();
-        origin.begin_capture(CaptureMode::Relaxed).unwrap();
-        let side = streams.get(0).unwrap();
-        side.order().wait(&origin.order(), &events).unwrap();
+        let [origin] = capturing(&streams, CaptureMode::Relaxed);
+        let side = forked(&streams, &origin, &events);
         let scratch = Scratchpad::new(&gpu, side.order()).unwrap();
         let p = scratch.pinned::<u8>(256).unwrap();
-        p.iter_mut().for_each(|b| {
-            b.write(1);
-        });
-        gpu.use_memory(side.handle(), p.as_ptr().cast(), 256)
-            .unwrap();
-        origin.order().wait(&side.order(), &events).unwrap();
+        fill_and_use(&gpu, side.handle(), p, 1, 256);
+        join(&origin, &side, &events);
         let barrier = std::sync::Barrier::new(2);
         let graph = std::thread::scope(|s| {
             s.spawn(|| {
@@ -513,15 +490,10 @@ fn a_scratchpad_dropped_while_its_capture_ends_and_another_begins() {
     let replay = streams.get(0).unwrap();
     let mut hit = None;
     for round in 0..RACE_ROUNDS * 5 / 2 {
-        let origin = streams.get(0).unwrap();
-        origin.begin_capture(CaptureMode::Relaxed).unwrap();
+        let [origin] = capturing(&streams, CaptureMode::Relaxed);
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
         let p = scratch.pinned::<u8>(256).unwrap();
-        p.iter_mut().for_each(|b| {
-            b.write(1);
-        });
-        gpu.use_memory(origin.handle(), p.as_ptr().cast(), 256)
-            .unwrap();
+        fill_and_use(&gpu, origin.handle(), p, 1, 256);
         let barrier = std::sync::Barrier::new(2);
         let first = std::thread::scope(|s| {
             s.spawn(|| {
@@ -560,12 +532,8 @@ fn a_scratchpad_dropped_while_its_capture_ends_and_another_begins() {
 
 #[test]
 fn destroying_an_owned_stream_in_a_capture() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
-    let side = streams.get(0).unwrap();
-    side.order().wait(&origin.order(), &events).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
+    let side = forked_and_joined(&streams, &origin, &events);
     let owned = side.detach();
     let destroyed = owned.destroy(&gpu);
     let err = destroyed.as_ref().err().map(|r| r.error.clone());
@@ -587,17 +555,14 @@ fn destroying_an_owned_stream_in_a_capture() {
 /// a side lease (not the origin) fails with a typed error.
 #[test]
 fn begin_or_end_capture_on_a_joined_side_lease() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
-    let side = streams.get(0).unwrap();
-    side.order().wait(&origin.order(), &events).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
+    let side = forked(&streams, &origin, &events);
     assert_eq!(
         side.begin_capture(CaptureMode::Relaxed),
         Err(Error::CaptureState)
     );
     gpu.enqueue_work(side.handle()).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    join(&origin, &side, &events);
     assert_clean(&gpu);
     // Ending through the side lease: a typed error (the mock, like CUDA,
     // invalidates the capture for it).
@@ -627,9 +592,7 @@ fn begin_or_end_capture_on_a_joined_side_lease() {
 /// spans both: the round's blocks are kept, never rewound under either graph.
 #[test]
 fn a_capture_ended_through_the_harness_then_another_begun() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [origin, replay] = capturing(CaptureMode::Relaxed));
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.device::<u32>(16).unwrap(); // graph 1's allocation
     gpu.launch_map(&origin.order(), &x, &x, |v| v + 1).unwrap();
@@ -665,9 +628,7 @@ fn an_origin_lease_dropped_inside_its_capture() {
     let origin = streams.get(0).unwrap();
     let o = origin.handle();
     origin.begin_capture(CaptureMode::Global).unwrap();
-    let side = streams.get(0).unwrap();
-    side.order().wait(&origin.order(), &events).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    let side = forked_and_joined(&streams, &origin, &events);
     drop(side);
     drop(origin);
     assert_eq!(streams.purge().unwrap(), 0);
@@ -693,9 +654,7 @@ fn an_origin_lease_dropped_inside_its_capture() {
 /// freed or reused under the graph.
 #[test]
 fn forgetting_things_inside_a_capture() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, events; [origin, replay] = capturing(CaptureMode::Relaxed));
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.to_device(&[1u32; 8]).unwrap();
     gpu.launch_map(&origin.order(), &x, &x, |v| v + 1).unwrap();
@@ -704,9 +663,7 @@ fn forgetting_things_inside_a_capture() {
     let e = events.get(0).unwrap();
     e.record(&origin.order()).unwrap();
     core::mem::forget(e);
-    let side = streams.get(0).unwrap();
-    side.order().wait(&origin.order(), &events).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    let side = forked_and_joined(&streams, &origin, &events);
     core::mem::forget(side);
     let graph = origin.end_capture().unwrap();
     for _ in 0..2 {
@@ -715,9 +672,7 @@ fn forgetting_things_inside_a_capture() {
         let y = s2.to_device(&[2u32; 8]).unwrap();
         gpu.launch_map(&replay.order(), &y, &y, |v| v + 1).unwrap();
     }
-    gpu.complete_everything();
-    drop(graph);
-    complete_and_assert_clean(&gpu);
+    complete_drop_and_assert_clean(&gpu, graph);
 }
 
 /// Special streams of a device that does not exist, everywhere an order is
@@ -771,11 +726,8 @@ fn special_streams_of_a_missing_device() {
 /// resets it inside the capture, and this thread ends the capture after.
 #[test]
 fn a_side_scratchpad_used_on_another_thread_inside_a_capture() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
-    let side = streams.get(0).unwrap();
-    side.order().wait(&origin.order(), &events).unwrap();
+    mock_rig!(gpu, streams, events; [origin, replay] = capturing(CaptureMode::ThreadLocal));
+    let side = forked(&streams, &origin, &events);
     let mut scratch = Scratchpad::new(&gpu, side.order()).unwrap();
     let staging = scratch.pinned::<u32>(16).unwrap();
     staging.iter_mut().for_each(|v| {
@@ -791,13 +743,11 @@ fn a_side_scratchpad_used_on_another_thread_inside_a_capture() {
         });
     });
     drop(scratch);
-    origin.order().wait(&side.order(), &events).unwrap();
+    join(&origin, &side, &events);
     drop(side);
     let graph = origin.end_capture().unwrap();
     gpu.launch_graph(&graph, replay.handle()).unwrap();
-    gpu.complete_everything();
-    drop(graph);
-    complete_and_assert_clean(&gpu);
+    complete_drop_and_assert_clean(&gpu, graph);
     assert_eq!(gpu.live_blocks(), 0);
 }
 
@@ -807,9 +757,7 @@ fn a_side_scratchpad_used_on_another_thread_inside_a_capture() {
 /// breaks the capture.
 #[test]
 fn another_thread_works_outside_a_global_capture() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Global).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Global));
     std::thread::scope(|s| {
         s.spawn(|| {
             for _ in 0..3 {
@@ -841,12 +789,11 @@ fn same_thread_reuse_and_a_capture() {
         },
     );
     let events = EventPool::new(gpu.clone());
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    let [origin] = capturing(&streams, CaptureMode::Relaxed);
     let side = streams.get(0).unwrap();
     let s = side.handle();
     side.order().wait(&origin.order(), &events).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    join(&origin, &side, &events);
     drop(side);
     let next = streams.get(0).unwrap();
     assert_ne!(next.handle(), s, "a capturing stream is leased again");
@@ -878,8 +825,7 @@ fn a_panic_unwinding_through_a_capture() {
         let origin = streams.get(0).unwrap();
         origin_stream = Some(origin.handle());
         origin.begin_capture(CaptureMode::Global).unwrap();
-        let side = streams.get(0).unwrap();
-        side.order().wait(&origin.order(), &events).unwrap();
+        let side = forked(&streams, &origin, &events);
         let scratch = Scratchpad::new(&gpu, side.order()).unwrap();
         let x = scratch.to_device(&[1u16; 32]).unwrap();
         gpu.launch_map(&side.order(), &x, &x, |v| v + 1).unwrap();
@@ -896,8 +842,7 @@ fn a_panic_unwinding_through_a_capture() {
     let leases: Vec<_> = (0..3).map(|_| streams.get(0).unwrap()).collect();
     drop(leases);
     streams.purge().unwrap();
-    gpu.complete_everything();
-    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+    complete_and_assert_no_hazards(&gpu);
     assert_eq!(gpu.live_blocks(), 0);
 }
 
@@ -907,9 +852,7 @@ fn a_panic_unwinding_through_a_capture() {
 /// when it ends; the next rounds are fine.
 #[test]
 fn a_round_in_an_invalidated_capture() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, other] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [origin, other] = capturing(CaptureMode::Relaxed));
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.device::<u8>(64).unwrap();
     gpu.launch_map(&origin.order(), &x, &x, |v| v).unwrap();
@@ -934,8 +877,7 @@ fn a_round_in_an_invalidated_capture() {
         scratch.reset().unwrap();
     }
     drop(scratch);
-    gpu.complete_everything();
-    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+    complete_and_assert_no_hazards(&gpu);
 }
 
 // ---------------------------------------------------------------------------
@@ -982,8 +924,7 @@ fn a_pre_capture_slice_outlives_its_block_after_graph_mode_ends() {
 /// arms a fault that never fires.)
 #[test]
 fn injected_failures_around_a_capture() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
+    mock_rig!(gpu, streams, events; [origin, replay] = leases);
     gpu.fail_nth(BackendOp::BeginCapture, 1);
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     assert_eq!(gpu.armed_faults(), 1, "not injectable");
@@ -1032,9 +973,7 @@ fn injected_failures_around_a_capture() {
 
 #[test]
 fn a_legacy_stream_wait_on_a_capture_breaks_it() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
     let waited = AccessOrder::null_stream(D0).wait(&origin.order(), &events);
     let status = gpu.capture_status_of(origin.handle());
     let ended = origin.end_capture();

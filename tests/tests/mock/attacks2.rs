@@ -13,11 +13,14 @@
 
 use std::sync::{Barrier, Mutex};
 
-use super::common::{complete_and_assert_clean, leases};
+use super::common::{
+    capturing, complete_and_assert_clean, complete_and_assert_no_hazards,
+    complete_drop_and_assert_clean, fill_and_use, forked, join, leases, lock_noise, mock_rig,
+    with_lost_error_hook,
+};
 use gpupool_core::{
-    lost_errors, set_lost_error_hook, AccessOrder, BackendOp, CaptureMode, CaptureStatus, DeviceId,
-    Error, EventPool, MemoryKind, Scratchpad, ScratchpadConfig, StreamHandle, StreamLease,
-    StreamPool,
+    lost_errors, AccessOrder, BackendOp, CaptureMode, CaptureStatus, DeviceId, Error, EventPool,
+    MemoryKind, Scratchpad, ScratchpadConfig, StreamHandle, StreamLease, StreamPool,
 };
 use gpupool_mock::{MockBackend, MockError, MockGraph};
 use gpupool_tests::assert_clean;
@@ -69,8 +72,7 @@ const GROWING: [usize; 3] = [200, 400, 900];
 #[test]
 
 fn a_round_begun_while_another_thread_begins_a_capture_looks_quiet() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [replay, noise] = leases(&streams);
+    mock_rig!(gpu, streams, _events; [replay, noise] = leases);
     let mut hit = None;
     for round in 0..RACE_ROUNDS {
         let origin = streams.get(0).unwrap();
@@ -89,10 +91,7 @@ fn a_round_begun_while_another_thread_begins_a_capture_looks_quiet() {
             // other thread's bump and its beginning of the capture.
             s.spawn(|| {
                 barrier.wait();
-                while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    gpu.enqueue_work(noise.handle()).unwrap();
-                    gpu.complete_all(noise.handle()).unwrap();
-                }
+                lock_noise(&gpu, noise.handle(), &done);
             });
             barrier.wait();
             // A varying delay sweeps the round's start across the other
@@ -155,8 +154,7 @@ fn a_round_begun_while_another_thread_begins_a_capture_looks_quiet() {
 #[test]
 fn a_rewound_device_block_goes_into_a_graph_while_older_work_uses_it() {
     for ordered in [true, false] {
-        let (gpu, streams, events) = mock_pools(1);
-        let [s, launch] = leases(&streams);
+        mock_rig!(gpu, streams, events; [s, launch] = leases);
         let mut scratch = Scratchpad::new(&gpu, s.order()).unwrap();
         let x = scratch.device::<u32>(1024).unwrap();
         let x_addr = x.addr();
@@ -193,8 +191,7 @@ fn a_rewound_device_block_goes_into_a_graph_while_older_work_uses_it() {
 /// the capture reuses it. A launch that waited on the side first is clean.
 #[test]
 fn a_rewound_device_block_on_a_joined_side_stream() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [origin, side, launch] = leases(&streams);
+    mock_rig!(gpu, streams, events; [origin, side, launch] = leases);
     let mut scratch = Scratchpad::new(&gpu, side.order()).unwrap();
     let x = scratch.to_device(&[1u32; 256]).unwrap();
     gpu.launch_map(&side.order(), &x, &x, |v| v + 1).unwrap(); // still running
@@ -211,7 +208,7 @@ fn a_rewound_device_block_on_a_joined_side_stream() {
     gpu.launch_map(&side.order(), &y, &y, |v| v + 3).unwrap();
     let _ = y;
     scratch.reset().unwrap();
-    origin.order().wait(&side.order(), &events).unwrap(); // join
+    join(&origin, &side, &events); // join
     let graph = origin.end_capture().unwrap();
     launch.order().wait_event(&before).unwrap();
     gpu.launch_graph(&graph, launch.handle()).unwrap();
@@ -254,12 +251,8 @@ fn a_wait_racing_the_end_of_the_waiters_capture_joins_the_next_unseen() {
         y_origin.begin_capture(CaptureMode::Relaxed).unwrap();
         side.order().wait(&x_origin.order(), &events).unwrap(); // joins X
         let p = scratch.pinned::<u8>(256).unwrap();
-        p.iter_mut().for_each(|b| {
-            b.write(1);
-        });
-        gpu.use_memory(side.handle(), p.as_ptr().cast(), 256)
-            .unwrap(); // X's graph reads it
-        x_origin.order().wait(&side.order(), &events).unwrap(); // joined back
+        fill_and_use(&gpu, side.handle(), p, 1, 256); // X's graph reads it
+        join(&x_origin, &side, &events); // joined back
         let barrier = Barrier::new(2);
         let (waited, gx) = std::thread::scope(|s| {
             let t = s.spawn(|| {
@@ -280,7 +273,7 @@ fn a_wait_racing_the_end_of_the_waiters_capture_joins_the_next_unseen() {
             gpu.clear_hazards();
             continue;
         };
-        y_origin.order().wait(&side.order(), &events).unwrap(); // joined back into Y
+        join(&y_origin, &side, &events); // joined back into Y
         scratch.reset().unwrap(); // Y is open: InCapture(Y) if unseen
         let gy = y_origin.end_capture().unwrap();
         drop(gy); // Y's graph is gone...
@@ -393,15 +386,13 @@ fn a_hook_joining_a_capture_mid_reset_makes_it_query_the_capture() {
     gpu.fail_nth(BackendOp::DeallocateAsync, 1);
     gpu.fail_nth(BackendOp::DeallocateAsync, 2);
     *JOIN_IN_HOOK.lock().unwrap() = Some((side, origin, events, std::thread::current().id()));
-    let previous = set_lost_error_hook(Some(join_capture_hook));
-    let reset = scratch.reset();
-    set_lost_error_hook(previous);
+    let reset = with_lost_error_hook(join_capture_hook, || scratch.reset());
     JOIN_IN_HOOK.lock().unwrap().take();
     gpu.clear_faults();
     assert!(reset.is_err());
     let joined = gpu.capture_status_of(side.handle());
     let misuses = gpu.misuses();
-    origin.order().wait(&side.order(), events).unwrap();
+    join(origin, side, events);
     drop(scratch);
     let graph = origin.end_capture();
     assert_ne!(
@@ -429,8 +420,7 @@ fn a_hook_joining_a_capture_mid_reset_makes_it_query_the_capture() {
 #[test]
 
 fn a_capturing_stream_waiting_on_an_outside_stream_breaks_the_capture() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [origin, outside] = leases(&streams);
+    mock_rig!(gpu, streams, events; [origin, outside] = leases);
     gpu.enqueue_work(outside.handle()).unwrap(); // e.g. an upload
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let waited = origin.order().wait(&outside.order(), &events);
@@ -447,10 +437,7 @@ fn a_capturing_stream_waiting_on_an_outside_stream_breaks_the_capture() {
 #[test]
 
 fn a_wait_across_two_captures_breaks_both() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [a, b] = leases(&streams);
-    a.begin_capture(CaptureMode::Relaxed).unwrap();
-    b.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, events; [a, b] = two_capturing(CaptureMode::Relaxed));
     let waited = a.order().wait(&b.order(), &events);
     let ga = a.end_capture();
     let gb = b.end_capture();
@@ -471,13 +458,12 @@ fn a_wait_across_two_captures_breaks_both() {
 fn dropping_a_pool_that_holds_a_capturing_stream() {
     let (gpu, streams, events) = mock_pools(1);
     let other = StreamPool::new(gpu.clone());
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::Global).unwrap();
+    let [origin, replay] = capturing(&streams, CaptureMode::Global);
     let side = other.get(0).unwrap();
     let s = side.handle();
     side.order().wait(&origin.order(), &events).unwrap();
     gpu.enqueue_work(side.handle()).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    join(&origin, &side, &events);
     drop(side); // held
     assert_eq!(other.purge().unwrap(), 0);
     let lost = lost_errors();
@@ -495,9 +481,7 @@ fn dropping_a_pool_that_holds_a_capturing_stream() {
 /// leases. The capture stays intact throughout.
 #[test]
 fn a_detached_capturing_origin_is_refused_everywhere() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    mock_rig!(gpu, streams, _events; [origin] = capturing(CaptureMode::ThreadLocal));
     gpu.enqueue_work(origin.handle()).unwrap();
     let owned = origin.detach();
     let h = owned.handle();
@@ -532,9 +516,7 @@ fn a_detached_capturing_origin_is_refused_everywhere() {
 /// and as a release order; the capture then ends and replays cleanly.
 #[test]
 fn the_per_thread_stream_in_a_capture() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, events; [origin, replay] = capturing(CaptureMode::Relaxed));
     gpu.enqueue_work(origin.handle()).unwrap();
     let pt = AccessOrder::per_thread_stream(D0);
     assert_eq!(
@@ -569,7 +551,7 @@ fn the_per_thread_stream_in_a_capture() {
     let side_h = side.handle();
     side.order().wait_event(&e).unwrap();
     gpu.enqueue_work(side_h).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    join(&origin, &side, &events);
     drop(side);
     let next: Vec<_> = (0..3).map(|_| streams.get(0).unwrap()).collect();
     assert!(next.iter().all(|l| l.handle() != side_h), "held");
@@ -585,9 +567,7 @@ fn the_per_thread_stream_in_a_capture() {
 /// refused), and its end destroys it (never pooled again).
 #[test]
 fn an_event_recorded_in_a_capture_and_again_outside() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [origin, outside] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, events; [origin, outside] = capturing(CaptureMode::Relaxed));
     let e = events.get(0).unwrap();
     let h = e.handle();
     e.record(&origin.order()).unwrap();
@@ -626,8 +606,7 @@ fn an_event_recorded_in_a_capture_and_again_outside() {
 /// before the capture is still read back after it.
 #[test]
 fn graph_slices_across_scratchpads_and_the_capture_end() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, other] = leases(&streams);
+    mock_rig!(gpu, streams, _events; [origin, other] = leases);
     let a = Scratchpad::new(&gpu, origin.order()).unwrap();
     let b = Scratchpad::new(&gpu, other.order()).unwrap();
     let host = Scratchpad::new(&gpu, AccessOrder::host()).unwrap();
@@ -662,29 +641,20 @@ fn graph_slices_across_scratchpads_and_the_capture_end() {
 /// which are launched alternately while the scratchpad goes on.
 #[test]
 fn one_round_across_two_captures_on_one_lease() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
+    mock_rig!(gpu, streams, _events; [origin, replay] = leases);
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let x = scratch.device::<u8>(1000).unwrap();
     gpu.launch_map(&origin.order(), &x, &x, |v| v).unwrap();
     let px = scratch.pinned::<u8>(64).unwrap();
-    px.iter_mut().for_each(|b| {
-        b.write(1);
-    });
-    gpu.use_memory(origin.handle(), px.as_ptr().cast(), 64)
-        .unwrap();
+    fill_and_use(&gpu, origin.handle(), px, 1, 64);
     let gx = origin.end_capture().unwrap();
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let y = scratch.device::<u8>(1000).unwrap(); // X's block retired: a fresh one
     assert_ne!(y.addr(), x.addr());
     gpu.launch_map(&origin.order(), &y, &y, |v| v).unwrap();
     let py = scratch.pinned::<u8>(64).unwrap();
-    py.iter_mut().for_each(|b| {
-        b.write(2);
-    });
-    gpu.use_memory(origin.handle(), py.as_ptr().cast(), 64)
-        .unwrap();
+    fill_and_use(&gpu, origin.handle(), py, 2, 64);
     assert_eq!(scratch.to_host(&x), Err(Error::StreamCapturing));
     let gy = origin.end_capture().unwrap();
     assert_eq!(scratch.to_host(&x), Err(Error::GraphMemory));
@@ -706,10 +676,7 @@ fn one_round_across_two_captures_on_one_lease() {
     gpu.complete_everything();
     drop(gy);
     gpu.launch_graph(&gx, replay.handle()).unwrap();
-    gpu.complete_everything();
-    drop(gx);
-    drop(scratch);
-    complete_and_assert_clean(&gpu);
+    complete_drop_and_assert_clean(&gpu, (gx, scratch));
 }
 
 /// Device order A and pinned release order B, both in one capture (B
@@ -717,8 +684,7 @@ fn one_round_across_two_captures_on_one_lease() {
 /// while the scratchpad goes on.
 #[test]
 fn a_scratchpad_whose_orders_are_in_one_capture() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [a, b, replay] = leases(&streams);
+    mock_rig!(gpu, streams, events; [a, b, replay] = leases);
     let config = ScratchpadConfig {
         pinned_release: Some(b.order()),
         ..ScratchpadConfig::default()
@@ -727,10 +693,7 @@ fn a_scratchpad_whose_orders_are_in_one_capture() {
     a.begin_capture(CaptureMode::Relaxed).unwrap();
     b.order().wait(&a.order(), &events).unwrap();
     let p = scratch.pinned::<u32>(64).unwrap();
-    p.iter_mut().for_each(|v| {
-        v.write(3);
-    });
-    gpu.use_memory(b.handle(), p.as_ptr().cast(), 256).unwrap();
+    fill_and_use(&gpu, b.handle(), p, 3, 256);
     let x = scratch.to_device(&[1u32; 64]).unwrap();
     gpu.launch_map(&a.order(), &x, &x, |v| v + 1).unwrap();
     let _ = x;
@@ -746,18 +709,14 @@ fn a_scratchpad_whose_orders_are_in_one_capture() {
         gpu.launch_map(&a.order(), &y, &y, |v| v * 2).unwrap();
         scratch.reset().unwrap();
     }
-    gpu.complete_everything();
-    drop(graph);
-    drop(scratch);
-    complete_and_assert_clean(&gpu);
+    complete_drop_and_assert_clean(&gpu, (graph, scratch));
 }
 
 /// A capture begun on the pinned release stream only (the device order
 /// never captures): the pinned block the graph reads goes to that capture.
 #[test]
 fn a_capture_on_the_pinned_release_stream_only() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [a, b, replay] = leases(&streams);
+    mock_rig!(gpu, streams, _events; [a, b, replay] = leases);
     let config = ScratchpadConfig {
         pinned_release: Some(b.order()),
         ..ScratchpadConfig::default()
@@ -767,10 +726,7 @@ fn a_capture_on_the_pinned_release_stream_only() {
     scratch.reset().unwrap();
     b.begin_capture(CaptureMode::Relaxed).unwrap();
     let p = scratch.pinned::<u8>(4096).unwrap();
-    p.iter_mut().for_each(|v| {
-        v.write(5);
-    });
-    gpu.use_memory(b.handle(), p.as_ptr().cast(), 4096).unwrap();
+    fill_and_use(&gpu, b.handle(), p, 5, 4096);
     let x = scratch.to_device(&[1u8; 64]).unwrap(); // outside the capture
     assert_eq!(scratch.to_host(&x).unwrap(), vec![1u8; 64]);
     scratch.reset().unwrap();
@@ -784,10 +740,7 @@ fn a_capture_on_the_pinned_release_stream_only() {
         gpu.host_access(q.as_ptr().cast(), 4096).unwrap();
         scratch.reset().unwrap();
     }
-    gpu.complete_everything();
-    drop(graph);
-    drop(scratch);
-    complete_and_assert_clean(&gpu);
+    complete_drop_and_assert_clean(&gpu, (graph, scratch));
 }
 
 /// What the hook below ends and begins again: the mock, the origin lease
@@ -840,18 +793,12 @@ fn a_hook_that_ends_the_capture_and_begins_another_mid_reset() {
     let mut scratch = Scratchpad::with_config(&gpu, origin.order(), config).unwrap();
     for n in GROWING {
         let p = scratch.pinned::<u8>(n).unwrap();
-        p.iter_mut().for_each(|b| {
-            b.write(1);
-        });
-        gpu.use_memory(origin.handle(), p.as_ptr().cast(), n)
-            .unwrap();
+        fill_and_use(&gpu, origin.handle(), p, 1, n);
     }
     gpu.fail_nth(BackendOp::KeepForGraph, 1);
     gpu.fail_nth(BackendOp::KeepForGraph, 2);
     *END_BEGIN_IN_HOOK.lock().unwrap() = Some((gpu.clone(), origin, std::thread::current().id()));
-    let previous = set_lost_error_hook(Some(end_and_begin_hook));
-    let reset = scratch.reset();
-    set_lost_error_hook(previous);
+    let reset = with_lost_error_hook(end_and_begin_hook, || scratch.reset());
     END_BEGIN_IN_HOOK.lock().unwrap().take();
     assert!(reset.is_err());
     let gx = HOOK_GRAPHS.lock().unwrap().pop().expect("the hook ended X");
@@ -868,8 +815,7 @@ fn a_hook_that_ends_the_capture_and_begins_another_mid_reset() {
     gpu.complete_everything();
     drop(gx);
     drop(scratch);
-    gpu.complete_everything();
-    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+    complete_and_assert_no_hazards(&gpu);
 }
 
 /// A lost-error hook that ends the armed capture, once, on the armed thread.
@@ -896,9 +842,7 @@ fn end_in_drop_hook(_: &dyn core::fmt::Display) {
 #[test]
 fn a_hook_that_ends_the_capture_mid_drop() {
     let _serial = hook_lock();
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [origin, replay] = capturing(CaptureMode::Relaxed));
     let config = ScratchpadConfig {
         initial_sizes: SMALL_BLOCKS,
         ..ScratchpadConfig::default()
@@ -906,11 +850,7 @@ fn a_hook_that_ends_the_capture_mid_drop() {
     let scratch = Scratchpad::with_config(&gpu, origin.order(), config).unwrap();
     for n in GROWING {
         let p = scratch.pinned::<u8>(n).unwrap();
-        p.iter_mut().for_each(|b| {
-            b.write(1);
-        });
-        gpu.use_memory(origin.handle(), p.as_ptr().cast(), n)
-            .unwrap();
+        fill_and_use(&gpu, origin.handle(), p, 1, n);
         let m = scratch.managed::<u8>(n).unwrap();
         m[0].write(1);
         gpu.use_memory(origin.handle(), m.as_ptr().cast(), n)
@@ -920,9 +860,7 @@ fn a_hook_that_ends_the_capture_mid_drop() {
     gpu.fail_nth(BackendOp::KeepForGraph, 2);
     *END_IN_DROP_HOOK.lock().unwrap() =
         Some((gpu.clone(), origin.handle(), std::thread::current().id()));
-    let previous = set_lost_error_hook(Some(end_in_drop_hook));
-    drop(scratch);
-    set_lost_error_hook(previous);
+    with_lost_error_hook(end_in_drop_hook, || drop(scratch));
     END_IN_DROP_HOOK.lock().unwrap().take();
     let graph = HOOK_GRAPHS
         .lock()
@@ -940,8 +878,7 @@ fn a_hook_that_ends_the_capture_mid_drop() {
     }
     gpu.complete_everything();
     drop(graph);
-    gpu.complete_everything();
-    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+    complete_and_assert_no_hazards(&gpu);
 }
 
 /// A panic on a worker thread that holds a side lease and its scratchpad
@@ -951,9 +888,7 @@ fn a_hook_that_ends_the_capture_mid_drop() {
 /// usable and nothing is reused under anything.
 #[test]
 fn a_panic_on_a_worker_inside_a_capture() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::ThreadLocal));
     let side_handle = std::thread::scope(|s| {
         s.spawn(|| {
             let side = streams.get(0).unwrap();
@@ -983,8 +918,7 @@ fn a_panic_on_a_worker_inside_a_capture() {
     }
     drop(scratch);
     drop(leases);
-    gpu.complete_everything();
-    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+    complete_and_assert_no_hazards(&gpu);
     assert_eq!(gpu.live_blocks(), 0);
 }
 
@@ -994,9 +928,7 @@ fn a_panic_on_a_worker_inside_a_capture() {
 /// scratchpads work, and nothing of the forgotten ones is reused.
 #[test]
 fn forgetting_after_the_capture_ended() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, events; [origin, replay] = capturing(CaptureMode::Relaxed));
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.to_device(&[1u32; 64]).unwrap();
     gpu.launch_map(&origin.order(), &x, &x, |v| v + 1).unwrap();
@@ -1025,9 +957,7 @@ fn forgetting_after_the_capture_ended() {
         drop(w);
         drop(s2);
     }
-    gpu.complete_everything();
-    drop(graph);
-    complete_and_assert_clean(&gpu);
+    complete_drop_and_assert_clean(&gpu, graph);
 }
 
 /// Two threads each capture their own graph (thread-local mode) with a
@@ -1046,13 +976,12 @@ fn two_threads_capture_at_once() {
                     let mut main = Scratchpad::new(gpu, origin.order()).unwrap();
                     origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
                     {
-                        let side = streams.get(0).unwrap();
-                        side.order().wait(&origin.order(), events).unwrap();
+                        let side = forked(streams, &origin, events);
                         let scratch = Scratchpad::new(gpu, side.order()).unwrap();
                         let x = scratch.to_device(&[t; 128]).unwrap();
                         gpu.launch_map(&side.order(), &x, &x, |v| v + 1).unwrap();
                         drop(scratch);
-                        origin.order().wait(&side.order(), events).unwrap();
+                        join(&origin, &side, events);
                     }
                     let y = main.device::<u32>(128).unwrap();
                     gpu.launch_map(&origin.order(), &y, &y, |v| v + 1).unwrap();
@@ -1081,9 +1010,7 @@ fn two_threads_capture_at_once() {
 /// lives.
 #[test]
 fn staging_blocks_of_a_captured_upload_stay_with_the_graph() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::Global).unwrap();
+    mock_rig!(gpu, streams, _events; [origin, replay] = capturing(CaptureMode::Global));
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let (x, _) = scratch
         .to_contiguous_device(&[&[1u16; 1000][..], &[2u16; 24][..]])
@@ -1104,11 +1031,7 @@ fn staging_blocks_of_a_captured_upload_stay_with_the_graph() {
         assert_eq!(scratch.to_host(&y).unwrap(), vec![i; 1024]);
         scratch.reset().unwrap();
     }
-    gpu.complete_everything();
-    drop(other);
-    drop(scratch);
-    drop(graph);
-    complete_and_assert_clean(&gpu);
+    complete_drop_and_assert_clean(&gpu, (other, scratch, graph));
 }
 
 /// A scratchpad built on a lease *inside* a capture that ends before the
@@ -1117,9 +1040,7 @@ fn staging_blocks_of_a_captured_upload_stay_with_the_graph() {
 /// replays are unaffected.
 #[test]
 fn a_round_begun_in_a_capture_that_ends_before_it_allocates() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [origin, replay] = capturing(CaptureMode::Relaxed));
     gpu.enqueue_work(origin.handle()).unwrap();
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let graph = origin.end_capture().unwrap();
@@ -1142,8 +1063,7 @@ fn a_round_begun_in_a_capture_that_ends_before_it_allocates() {
 /// graph alone).
 #[test]
 fn two_captures_in_one_round_before_any_allocation() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
+    mock_rig!(gpu, streams, _events; [origin, replay] = leases);
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let p = scratch.pinned::<u8>(128).unwrap();
     p[0].write(1);
@@ -1162,10 +1082,7 @@ fn two_captures_in_one_round_before_any_allocation() {
     q[0].write(2);
     gpu.host_access(q.as_ptr().cast(), 128).unwrap();
     scratch.reset().unwrap();
-    gpu.complete_everything();
-    drop(g1);
-    drop(scratch);
-    complete_and_assert_clean(&gpu);
+    complete_drop_and_assert_clean(&gpu, (g1, scratch));
 }
 
 /// `EventLease::record` racing `end_capture` on another thread: whatever
@@ -1177,8 +1094,7 @@ fn a_record_racing_end_capture() {
     let (gpu, streams, events) = mock_pools(1);
     let rounds = (RACE_ROUNDS / 10).max(1);
     for _ in 0..rounds {
-        let origin = streams.get(0).unwrap();
-        origin.begin_capture(CaptureMode::Relaxed).unwrap();
+        let [origin] = capturing(&streams, CaptureMode::Relaxed);
         let e = events.get(0).unwrap();
         let barrier = Barrier::new(2);
         let graph = std::thread::scope(|s| {
@@ -1208,8 +1124,7 @@ fn a_record_racing_end_capture() {
 /// under anything, and the scratchpad goes on.
 #[test]
 fn graph_mode_in_an_invalidated_capture() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, other] = leases(&streams);
+    mock_rig!(gpu, streams, _events; [origin, other] = leases);
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let x = scratch.device::<u8>(100).unwrap();
@@ -1230,8 +1145,7 @@ fn graph_mode_in_an_invalidated_capture() {
         scratch.reset().unwrap();
     }
     drop(scratch);
-    gpu.complete_everything();
-    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
+    complete_and_assert_no_hazards(&gpu);
 }
 
 /// A null-stream wait on an event lease while another thread records it on
@@ -1245,8 +1159,7 @@ fn a_null_stream_wait_racing_a_captured_record() {
     let noise = streams.get(0).unwrap();
     let mut hit = None;
     for round in 0..RACE_ROUNDS {
-        let origin = streams.get(0).unwrap();
-        origin.begin_capture(CaptureMode::Relaxed).unwrap();
+        let [origin] = capturing(&streams, CaptureMode::Relaxed);
         let e = events.get_shared(0).unwrap();
         let barrier = Barrier::new(3);
         let done = std::sync::atomic::AtomicBool::new(false);
@@ -1262,10 +1175,7 @@ fn a_null_stream_wait_racing_a_captured_record() {
             // Contention on the mock's lock (see finding 1's test).
             s.spawn(|| {
                 barrier.wait();
-                while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    gpu.enqueue_work(noise.handle()).unwrap();
-                    gpu.complete_all(noise.handle()).unwrap();
-                }
+                lock_noise(&gpu, noise.handle(), &done);
             });
             barrier.wait();
             let _ = AccessOrder::null_stream(D0).wait_event(&e);

@@ -8,11 +8,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::common::leases;
+use super::common::mock_rig;
 use gpupool_core::{CaptureMode, Scratchpad, ScratchpadConfig};
 use gpupool_mock::CallKind;
 use gpupool_tests::assert_clean;
-use gpupool_tests::mock_pools;
 
 /// How many resets the race below may take to begin a round while the other
 /// thread's wait is under way.
@@ -51,8 +50,7 @@ const TRIES: usize = 2_000_000;
     ignore = "2^31 note bumps: run in release, `cargo test --release --test mock attacks3`"
 )]
 fn a_round_begun_under_a_wait_hides_2_pow_32_bumps() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [a, b, c, replay] = leases(&streams);
+    mock_rig!(gpu, streams, events; [a, b, c, replay] = leases);
     let config = ScratchpadConfig {
         pinned_release: Some(b.order()),
         ..ScratchpadConfig::default()

@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::sync::Mutex;
 
-use super::common::{complete_and_assert_clean, leases};
+use super::common::{complete_and_assert_clean, join, leases, mock_rig};
 use gpupool_core::{AccessOrder, CaptureMode, DeviceId, Error, Scratchpad};
 use gpupool_mock::{CallKind, MockBackend, MockError};
 use gpupool_tests::assert_clean;
@@ -132,8 +132,7 @@ fn record_refuses_foreign_orders_and_wrong_devices() {
 /// point they captured.
 #[test]
 fn dropping_a_recorded_event_while_others_wait_keeps_their_waits() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [producer, consumer, idle] = leases(&streams);
+    mock_rig!(gpu, streams, events; [producer, consumer, idle] = leases);
     gpu.enqueue_work(producer.handle()).unwrap();
     let ev = events.get(0).unwrap();
     let h = ev.handle();
@@ -158,9 +157,7 @@ fn dropping_a_recorded_event_while_others_wait_keeps_their_waits() {
 /// detach + put is refused.
 #[test]
 fn record_in_a_capture_then_wait_from_outside() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [origin, side] = leases(&streams);
-    origin.begin_capture(CaptureMode::Global).unwrap();
+    mock_rig!(gpu, streams, events; [origin, side] = capturing(CaptureMode::Global));
     gpu.enqueue_work(origin.handle()).unwrap();
     let ev = events.get(0).unwrap();
     ev.record(&origin.order()).unwrap();
@@ -180,7 +177,7 @@ fn record_in_a_capture_then_wait_from_outside() {
     }
     side.order().wait_event(&ev).unwrap(); // fork
     gpu.enqueue_work(side.handle()).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap(); // join
+    join(&origin, &side, &events); // join
     let h = ev.handle();
     // Record twice: again, after the capture, outside it.
     let graph = origin.end_capture().unwrap();
@@ -204,8 +201,7 @@ fn record_in_a_capture_then_wait_from_outside() {
 /// `StreamCapturing` and leaves the capture intact; `wait_event` should too.
 #[test]
 fn wait_event_from_a_capturing_stream_on_an_uncaptured_event() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [outside, capturing] = leases(&streams);
+    mock_rig!(gpu, streams, events; [outside, capturing] = leases);
     gpu.enqueue_work(outside.handle()).unwrap();
     let ev = events.get(0).unwrap();
     ev.record(&outside.order()).unwrap();
@@ -228,10 +224,7 @@ fn wait_event_from_a_capturing_stream_on_an_uncaptured_event() {
 /// refuses (`StreamCapturing`, captures intact); `wait_event` should too.
 #[test]
 fn wait_event_across_two_captures() {
-    let (_gpu, streams, events) = mock_pools(1);
-    let [a, b] = leases(&streams);
-    a.begin_capture(CaptureMode::ThreadLocal).unwrap();
-    b.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    mock_rig!(_gpu, streams, events; [a, b] = two_capturing(CaptureMode::ThreadLocal));
     let w = b.order().wait(&a.order(), &events);
     assert!(matches!(w, Err(Error::StreamCapturing)), "wait: {w:?}");
     let ev = events.get(0).unwrap();

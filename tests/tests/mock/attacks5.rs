@@ -10,6 +10,7 @@
 #![cfg(not(feature = "cuda"))]
 #![forbid(unsafe_code)]
 
+use super::common::busy_lease;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -28,19 +29,16 @@ const ROUNDS: usize = if cfg!(miri) { 3 } else { 200 };
 #[test]
 fn polled_on_other_threads_with_other_wakers_before_and_after_ready() {
     let (gpu, streams, events) = machine(1);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
+    let lease = busy_lease(&gpu, &streams);
     // Never polled: dropped at once, and dropped after a first poll.
     drop(lease.order().completed(&events).unwrap());
     let mut f = lease.order().completed(&events).unwrap();
-    let (_, w1) = flag();
-    assert!(poll(&mut f, &w1).is_pending());
+    let (_, w1) = pending_with_flag(&mut f);
     // Moved to another thread and polled there with another waker; that
     // waker is the one woken.
     let (mut f, c2) = thread::scope(|s| {
         s.spawn(move || {
-            let (c2, w2) = flag();
-            assert!(poll(&mut f, &w2).is_pending());
+            let (c2, _w2) = pending_with_flag(&mut f);
             (f, c2)
         })
         .join()
@@ -75,11 +73,8 @@ fn polled_on_other_threads_with_other_wakers_before_and_after_ready() {
 #[test]
 fn forgotten_future_then_purge_then_pool_drop() {
     let (gpu, streams, events) = machine(1);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut f = lease.order().completed(&events).unwrap();
-    let (c, w) = flag();
-    assert!(poll(&mut f, &w).is_pending());
+    let (lease, mut f) = busy_lease_and_future(&gpu, &streams, &events);
+    let (c, _w) = pending_with_flag(&mut f);
     std::mem::forget(f); // its lease, and the waker kept for it, leak
     drop(lease.order().completed(&events).unwrap()); // abandoned
     events.purge().unwrap();
@@ -160,11 +155,8 @@ fn special_orders_foreign_machines_and_missing_devices() {
 #[test]
 fn a_capture_begun_on_the_watched_stream_by_another_thread() {
     let (gpu, streams, events) = machine(1);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut before = lease.order().completed(&events).unwrap();
-    let (_, w) = flag();
-    assert!(poll(&mut before, &w).is_pending());
+    let (lease, mut before) = busy_lease_and_future(&gpu, &streams, &events);
+    let (_, _w) = pending_with_flag(&mut before);
     let mut between = lease.order().completed(&events).unwrap(); // not polled yet
     use CaptureMode::{Global, Relaxed, ThreadLocal};
     for mode in [Global, ThreadLocal, Relaxed] {
@@ -229,8 +221,7 @@ fn a_capture_begun_and_ended_around_the_record_is_seen() {
 #[test]
 fn injected_create_record_query_and_destroy_failures() {
     let (gpu, streams, events) = machine(1);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
+    let lease = busy_lease(&gpu, &streams);
     gpu.fail_nth(CallKind::CreateEvent, 1);
     assert!(lease.order().completed(&events).is_err());
     gpu.fail_nth(CallKind::RecordEvent, 1);
@@ -271,8 +262,7 @@ struct Reentrant(Arc<Pools>, AtomicUsize);
 impl Wake for Reentrant {
     fn wake(self: Arc<Self>) {
         let (gpu, streams, events) = &*self.0;
-        let lease = streams.get(0).unwrap();
-        gpu.enqueue_work(lease.handle()).unwrap();
+        let lease = busy_lease(gpu, streams);
         drop(lease.order().completed(events).unwrap());
         let _ = events.purge();
         drop(events.get(0).unwrap());
@@ -384,8 +374,7 @@ fn the_pool_dropped_by_a_waker_on_the_engine_thread() {
     let pool = Arc::new(EventPool::new(gpu.clone()));
     let owner = Arc::new(Owner::default());
     *owner.pool.lock().unwrap() = Some(Arc::clone(&pool));
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
+    let lease = busy_lease(&gpu, &streams);
     {
         let mut f = lease.order().completed(&pool).unwrap();
         assert!(poll(&mut f, &Waker::from(Arc::clone(&owner))).is_pending());
@@ -423,9 +412,7 @@ fn the_pool_drop_waits_only_for_a_wake_under_way() {
     let (gpu, streams, events) = machine(1);
     let queue = Arc::new(Queue(Mutex::new(()), AtomicBool::new(false)));
     let held = queue.0.lock().unwrap();
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut f = lease.order().completed(&events).unwrap();
+    let (lease, mut f) = busy_lease_and_future(&gpu, &streams, &events);
     assert!(poll(&mut f, &Waker::from(Arc::clone(&queue))).is_pending());
     gpu.complete_all(lease.handle()).unwrap();
     until("the engine is inside wake", || queue.1.load(SeqCst));
@@ -464,10 +451,7 @@ impl Drop for DropBomb {
 #[test]
 fn a_waker_drop_that_panics_in_the_future_drop_loses_no_event() {
     let (gpu, streams, events) = machine(1);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut f = lease.order().completed(&events).unwrap();
-    assert!(poll(&mut f, &Waker::from(Arc::new(DropBomb))).is_pending());
+    let (_lease, f) = busy_lease_and_polled_future(&gpu, &streams, &events, DropBomb);
     // Dropped before its event passed: `abandon` drops the kept waker.
     // The panic is the user's; it may reach them or be caught on the way.
     let _ = catch_unwind(AssertUnwindSafe(|| drop(f)));
@@ -483,9 +467,7 @@ fn checking_mode_resolves_completed_futures() {
     let (gpu, streams, events) = machine(1);
     gpu.set_policy(CompletionPolicy::Immediate);
     gpu.set_checking(true);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut f = lease.order().completed(&events).unwrap();
+    let (_lease, mut f) = busy_lease_and_future(&gpu, &streams, &events);
     assert_eq!(wait_for(&mut f, LONG), Some(Ok(())));
 }
 

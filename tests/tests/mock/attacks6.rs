@@ -30,7 +30,7 @@ use std::task::{Poll, Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
-use super::common::leases;
+use super::common::{busy_lease, leases};
 use super::future_kit::*;
 use gpupool_core::{
     BackendOp, CaptureMode, Completed, DeviceId, Error, EventPool, StreamBackend, StreamHandle,
@@ -83,8 +83,7 @@ fn spin_budgets_clamp_and_a_huge_one_ends_when_the_work_does() {
     // Duration::MAX: the first poll spins (up to ~4.3 s) until another
     // thread runs the work, then resolves in that poll, after the work.
     events.set_completion_spin(Duration::MAX);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
+    let lease = busy_lease(&gpu, &streams);
     gpu.enqueue_work(lease.handle()).unwrap();
     let mut f = lease.order().completed(&events).unwrap();
     let (_, w) = flag();
@@ -110,8 +109,7 @@ fn spin_budgets_clamp_and_a_huge_one_ends_when_the_work_does() {
     };
     assert_eq!(r, Ok(()));
     drop(f);
-    drop(lease);
-    drop_pool_then_all_back(events, &gpu);
+    drop_then_all_back(lease, events, &gpu);
 }
 
 #[test]
@@ -321,16 +319,13 @@ fn one_thread_records_on_one_stream_into_two_pools_interleaved() {
 #[test]
 fn a_future_moved_between_threads_then_polled_by_each_keeps_the_latest_waker() {
     let (gpu, streams, events) = machine(1);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut f = lease.order().completed(&events).unwrap();
+    let (lease, mut f) = busy_lease_and_future(&gpu, &streams, &events);
     // First polled on another thread, then on a third, with their wakers.
     let mut counters = Vec::new();
     for _ in 0..3 {
         let (fut, c) = thread::scope(|s| {
             s.spawn(move || {
-                let (c, w) = flag();
-                assert!(poll(&mut f, &w).is_pending());
+                let (c, _w) = pending_with_flag(&mut f);
                 (f, c)
             })
             .join()
@@ -345,8 +340,7 @@ fn a_future_moved_between_threads_then_polled_by_each_keeps_the_latest_waker() {
     assert_eq!(counters[1].wakes(), 0, "a stale waker woken");
     assert_eq!(poll(&mut f, &flag().1), Poll::Ready(Ok(())));
     drop(f);
-    drop(lease);
-    drop_pool_then_all_back(events, &gpu);
+    drop_then_all_back(lease, events, &gpu);
 }
 
 // ---- 3. Dropping before the first poll, forgetting, the pool's drop ----
@@ -412,15 +406,13 @@ fn unpolled_futures_dropped_on_many_threads_racing_completion() {
         });
     }
     assert_clean(&gpu);
-    drop(leases);
-    drop_pool_then_all_back(events, &gpu);
+    drop_then_all_back(leases, events, &gpu);
 }
 
 #[test]
 fn a_forgotten_unpolled_future_then_the_pool_drops() {
     let (gpu, streams, events) = machine(1);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
+    let lease = busy_lease(&gpu, &streams);
     // The engine exists (an earlier future), and one is abandoned pending.
     drop(lease.order().completed(&events).unwrap());
     std::mem::forget(lease.order().completed(&events).unwrap());
@@ -437,8 +429,7 @@ fn a_forgotten_unpolled_future_then_the_pool_drops() {
     assert_clean(&gpu);
     // A forgotten future of a pool whose engine never started.
     let (gpu, streams, events) = machine(1);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
+    let lease = busy_lease(&gpu, &streams);
     std::mem::forget(lease.order().completed(&events).unwrap());
     drop(events);
     assert_eq!(gpu.live_events(), 1);
@@ -489,13 +480,7 @@ fn each_event_is_returned_exactly_once_across_spin_engine_and_drops() {
         let b = events.get(0).unwrap();
         assert_ne!(a.handle(), b.handle());
     }
-    gpu.complete_everything();
-    until("every abandoned event is back", || {
-        drop(lease.order().completed(&events).unwrap());
-        events.live_leases() == 0
-    });
-    drop(lease);
-    drop_pool_then_all_back(events, &gpu);
+    abandoned_events_back(&gpu, lease, events);
 }
 
 // ---- 4. The spin setting changed while futures poll ----
@@ -557,8 +542,7 @@ fn the_spin_changed_concurrently_with_first_polls() {
         stop.store(true, SeqCst);
     });
     assert_eq!(events.live_leases(), 0);
-    drop(streams);
-    drop_pool_then_all_back(events, &gpu);
+    drop_then_all_back(streams, events, &gpu);
 }
 
 // ---- 5. Failed queries during the first poll's spin ----
@@ -566,11 +550,9 @@ fn the_spin_changed_concurrently_with_first_polls() {
 #[test]
 fn a_query_that_fails_during_the_first_poll_spin() {
     let (gpu, streams, events) = machine(1);
-    let lease = streams.get(0).unwrap();
-    let (_, w) = flag();
     // The first query of the spin fails.
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut f = lease.order().completed(&events).unwrap();
+    let (lease, mut f) = busy_lease_and_future(&gpu, &streams, &events);
+    let (_, w) = flag();
     gpu.fail_nth(CallKind::QueryEvent, 1);
     match poll(&mut f, &w) {
         Poll::Ready(Err(Error::Backend { op, source: error })) => {
@@ -661,13 +643,7 @@ fn panicking_wakers_at_the_first_registration_and_at_later_submissions() {
         });
         assert_eq!(wait_for(&mut f, LONG), Some(Ok(())));
     }
-    gpu.complete_everything();
-    until("every abandoned event is back", || {
-        drop(lease.order().completed(&events).unwrap());
-        events.live_leases() == 0
-    });
-    drop(lease);
-    drop_pool_then_all_back(events, &gpu);
+    abandoned_events_back(&gpu, lease, events);
 }
 
 /// A waker that, on the engine's thread, makes a new future and polls it
@@ -680,8 +656,7 @@ struct InlinePoll {
 impl Wake for InlinePoll {
     fn wake(self: Arc<Self>) {
         let (gpu, streams, events) = &*self.pools;
-        let lease = streams.get(0).unwrap();
-        gpu.enqueue_work(lease.handle()).unwrap();
+        let lease = busy_lease(gpu, streams);
         let mut f = lease.order().completed(events).unwrap();
         let r = poll(&mut f, &flag().1).map(|r| r.map_err(|e| format!("{e:?}")));
         self.results.lock().unwrap().push(r);
@@ -700,8 +675,7 @@ fn a_first_poll_on_the_engine_thread_inside_a_wake() {
     let w = Waker::from(Arc::clone(&inline));
     {
         let (gpu, streams, events) = &*pools;
-        let lease = streams.get(0).unwrap();
-        gpu.enqueue_work(lease.handle()).unwrap();
+        let lease = busy_lease(gpu, streams);
         let mut f = lease.order().completed(events).unwrap();
         assert!(poll(&mut f, &w).is_pending());
         gpu.complete_all(lease.handle()).unwrap();
@@ -756,8 +730,7 @@ fn a_gpupool_capture_begun_between_completed_and_the_first_poll() {
             assert_eq!(wait_for(&mut g, LONG), Some(Ok(())));
         }
     }
-    drop((lease, other));
-    drop_pool_then_all_back(events, &gpu);
+    drop_then_all_back((lease, other), events, &gpu);
 }
 
 /// After a first poll that left the future pending: waits until the engine

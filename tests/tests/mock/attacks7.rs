@@ -25,7 +25,7 @@ use std::task::{Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
-use super::common::leases;
+use super::common::{busy_lease, leases};
 use super::future_kit::*;
 use gpupool_core::{
     AccessOrder, BackendOp, CaptureMode, DeviceId, Error, EventBackend, EventPool, StreamBackend,
@@ -174,9 +174,7 @@ fn the_polling_thread_is_not_left_relaxed_after_a_first_poll() {
 fn a_long_spin_relaxes_no_other_thread() {
     let (gpu, streams, events) = machine(1);
     events.set_completion_spin(Duration::from_millis(if cfg!(miri) { 2000 } else { 300 }));
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut f = lease.order().completed(&events).unwrap();
+    let (lease, mut f) = busy_lease_and_future(&gpu, &streams, &events);
     let (_, w) = flag();
     let got = thread::scope(|s| {
         let h = s.spawn(|| {
@@ -247,8 +245,7 @@ fn in_a_wake(
     job: Box<dyn FnOnce() + Send>,
 ) {
     events.set_completion_spin(Duration::ZERO);
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
+    let lease = busy_lease(gpu, streams);
     let mut f = lease.order().completed(events).unwrap();
     let (tx, rx) = mpsc::channel();
     let w = Waker::from(Arc::new(OnWake {

@@ -11,7 +11,7 @@
 //! can only be presented with two mock machines, each with its own id.
 #![cfg(not(feature = "cuda"))]
 
-use super::common::leases;
+use super::common::mock_rig;
 use gpupool_core::{
     AccessOrder, Backend, BackendOp, DeviceId, DeviceSelector, Error, EventPool, OwnedStream,
     Scratchpad, ScratchpadConfig, StreamHandle, StreamPool,
@@ -208,8 +208,7 @@ fn an_absurd_device_count_is_refused_without_allocating_a_table() {
 
 #[test]
 fn a_failed_record_in_wait_destroys_the_event_and_reports() {
-    let (gpu, streams, events) = mock_pools(1);
-    let [a, b] = leases(&streams);
+    mock_rig!(gpu, streams, events; [a, b] = leases);
     gpu.fail_nth(CallKind::RecordEvent, 1);
     let err = a.order().wait(&b.order(), &events).unwrap_err();
     assert_eq!(err.backend_op(), Some(BackendOp::RecordEvent));

@@ -13,7 +13,7 @@
 #![cfg(not(feature = "cuda"))]
 #![forbid(unsafe_code)]
 
-use super::common::{complete_and_assert_clean, leases};
+use super::common::{busy_lease, capturing, complete_and_assert_clean, join, leases, mock_rig};
 use gpupool_core::{
     AccessOrder, BackendOp, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad,
 };
@@ -31,9 +31,7 @@ const D0: DeviceId = DeviceId(0);
 /// the capture has ended.
 #[test]
 fn fork_join_inside_a_capture_returns_the_side_stream_after_the_end() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Global).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Global));
 
     let side = streams.get(0).unwrap();
     let side_stream = side.handle();
@@ -43,7 +41,7 @@ fn fork_join_inside_a_capture_returns_the_side_stream_after_the_end() {
         Ok(CaptureStatus::Active)
     );
     gpu.enqueue_work(side_stream).unwrap(); // the side's kernel: captured
-    origin.order().wait(&side.order(), &events).unwrap();
+    join(&origin, &side, &events);
     drop(side); // inside the capture
     assert_clean(&gpu);
     assert_eq!(
@@ -84,9 +82,7 @@ fn fork_join_inside_a_capture_returns_the_side_stream_after_the_end() {
 /// `capture_status` first, and the capture is left intact.
 #[test]
 fn a_host_wait_on_a_capturing_stream_is_a_typed_error() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Global).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Global));
     let waited = AccessOrder::host().wait(&origin.order(), &events);
     assert!(matches!(waited, Err(Error::StreamCapturing)), "{waited:?}");
     assert_eq!(
@@ -116,13 +112,12 @@ fn only_a_lease_that_was_in_a_capture_asks_its_capture_status() {
     drop(a); // waited, but on a stream that was never in a capture
     assert_eq!(gpu.calls(BackendOp::CaptureStatus), 0);
 
-    let [origin, side] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    let [origin, side] = capturing(&streams, CaptureMode::Relaxed);
     side.order().wait(&origin.order(), &events).unwrap(); // asks the origin
     assert_eq!(gpu.calls(BackendOp::CaptureStatus), 1);
     // The origin (capturing) asks itself, the side before the record (a
     // capturing stream joins no other capture) and after it.
-    origin.order().wait(&side.order(), &events).unwrap();
+    join(&origin, &side, &events);
     assert_eq!(gpu.calls(BackendOp::CaptureStatus), 4);
     drop(side); // joined: asks, held
     assert_eq!(gpu.calls(BackendOp::CaptureStatus), 5);
@@ -141,9 +136,7 @@ fn only_a_lease_that_was_in_a_capture_asks_its_capture_status() {
 /// with `Error::StreamCapturing`, and nothing queried it.
 #[test]
 fn putting_a_capturing_stream_is_rejected() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let lease = streams.get(0).unwrap();
-    lease.begin_capture(CaptureMode::Global).unwrap();
+    mock_rig!(gpu, streams, _events; [lease] = capturing(CaptureMode::Global));
     let owned = lease.detach();
     let queries = gpu.calls(BackendOp::QueryStream);
     let rejected = streams.put(owned, None).unwrap_err();
@@ -164,9 +157,7 @@ fn putting_a_capturing_stream_is_rejected() {
 /// launched twice with no hazard, and its memory goes when it is dropped.
 #[test]
 fn a_device_scratchpad_inside_a_capture_becomes_memory_nodes() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Global).unwrap();
+    mock_rig!(gpu, streams, _events; [origin] = capturing(CaptureMode::Global));
     {
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
         let x = scratch.device::<u32>(256).unwrap();
@@ -260,9 +251,7 @@ fn pinned_reset_inside_a_capture(batched: bool) {
 /// forbids it only to its own thread, so the capture stays valid.
 #[test]
 fn a_lease_returned_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    mock_rig!(gpu, streams, _events; [origin] = capturing(CaptureMode::ThreadLocal));
     std::thread::scope(|s| {
         s.spawn(|| drop(streams.get(0).unwrap()));
     });
@@ -285,9 +274,7 @@ fn a_lease_returned_on_another_thread_during_a_thread_local_capture_leaves_it_va
 /// `gpupool_mock`'s own capture tests show.)
 #[test]
 fn a_lease_returned_on_another_thread_during_a_global_capture_leaves_it_valid() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Global).unwrap();
+    mock_rig!(gpu, streams, _events; [origin] = capturing(CaptureMode::Global));
     std::thread::scope(|s| {
         s.spawn(|| drop(streams.get(0).unwrap()));
     });
@@ -307,8 +294,7 @@ fn a_lease_returned_on_another_thread_during_a_global_capture_leaves_it_valid() 
 #[test]
 fn a_get_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
     let (gpu, streams, _events) = mock_pools(1);
-    let busy = streams.get(0).unwrap();
-    gpu.enqueue_work(busy.handle()).unwrap();
+    let busy = busy_lease(&gpu, &streams);
     drop(busy); // pending: the busy list
     let origin = streams.get(0).unwrap(); // a new stream
     origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
@@ -329,13 +315,11 @@ fn a_get_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
 /// that capture (a returned side stream): destroying one would break it.
 #[test]
 fn a_purge_during_a_capture_keeps_the_streams_held_for_it() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
     let side = streams.get(0).unwrap();
     let side_handle = side.handle();
     side.order().wait(&origin.order(), &events).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    join(&origin, &side, &events);
     drop(side);
     let purged = streams.purge();
     assert!(gpu.misuses().is_empty(), "{:?} {purged:?}", gpu.misuses());
@@ -350,9 +334,7 @@ fn a_purge_during_a_capture_keeps_the_streams_held_for_it() {
 /// replay), and the capture stays intact.
 #[test]
 fn a_read_back_inside_a_capture_is_a_typed_error() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [origin] = capturing(CaptureMode::Relaxed));
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.device::<u32>(4).unwrap();
     let read = scratch.to_host(&x);
@@ -382,9 +364,7 @@ fn a_pinned_block_released_inside_a_capture_is_freed_with_its_graph() {
 /// it.
 #[test]
 fn a_staged_upload_inside_a_relaxed_capture_holds_its_staging_for_the_graph() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [origin] = capturing(CaptureMode::Relaxed));
     let graph = {
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
         let x = scratch.to_device(&[1u32, 2, 3]).unwrap();

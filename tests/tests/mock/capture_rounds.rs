@@ -9,7 +9,10 @@
 #![cfg(not(feature = "cuda"))]
 #![forbid(unsafe_code)]
 
-use super::common::{complete_and_assert_clean, leases};
+use super::common::{
+    capturing, complete_and_assert_clean, drop_and_assert_all_freed, forked, forked_and_joined,
+    join, mock_rig,
+};
 use gpupool_core::{
     lost_errors, AccessOrder, CaptureMode, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad,
     ScratchpadConfig, StreamPool,
@@ -78,8 +81,7 @@ fn a_graph_allocation_is_never_read_or_handed_out_after_its_capture() {
 /// it comes back when the graph is gone.
 #[test]
 fn a_block_used_before_and_inside_a_capture_goes_to_the_graph_at_a_reset_inside() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
+    mock_rig!(gpu, streams, _events; [origin, replay] = leases);
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     scratch.to_device(&[1u32; 64]).unwrap();
     let block = device_blocks(&scratch);
@@ -129,8 +131,7 @@ fn a_block_used_before_and_inside_a_capture_goes_to_the_graph_at_a_reset_inside(
 /// so it is kept from everybody; replays and later rounds never share it.
 #[test]
 fn a_block_used_inside_a_capture_and_reset_after_it_is_never_reused() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
+    mock_rig!(gpu, streams, _events; [origin, replay] = leases);
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     scratch.to_device(&[1u32; 64]).unwrap();
     let block = device_blocks(&scratch);
@@ -173,9 +174,7 @@ fn a_block_used_inside_a_capture_and_reset_after_it_is_never_reused() {
 /// graph) are kept, never freed under the graph.
 #[test]
 fn a_scratchpad_made_inside_a_capture_and_dropped_after_it_frees_nothing_under_the_graph() {
-    let (gpu, streams, _events) = mock_pools(1);
-    let [origin, replay] = leases(&streams);
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
+    mock_rig!(gpu, streams, _events; [origin, replay] = capturing(CaptureMode::Relaxed));
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
     let x = scratch.to_device(&[3u32; 32]).unwrap();
     let y = scratch.device::<u32>(32).unwrap();
@@ -202,27 +201,32 @@ fn a_scratchpad_made_inside_a_capture_and_dropped_after_it_frees_nothing_under_t
 /// memory is kept for ever, and the graph frees it all.
 #[test]
 fn a_side_scratchpad_inside_a_fork_gives_the_graph_exactly_its_memory() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Global).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Global));
     {
-        let side = streams.get(0).unwrap();
-        side.order().wait(&origin.order(), &events).unwrap();
+        let side = forked(&streams, &origin, &events);
         {
             let scratch = Scratchpad::new(&gpu, side.order()).unwrap();
             let x = scratch.device::<u32>(100).unwrap();
             gpu.launch_map(&side.order(), &x, &x, |v| v + 1).unwrap();
         }
-        origin.order().wait(&side.order(), &events).unwrap();
+        join(&origin, &side, &events);
     }
     let graph = origin.end_capture().unwrap();
     assert_eq!(graph.node_count(), 3); // allocation, kernel, free
     gpu.launch_graph(&graph, origin.handle()).unwrap();
     gpu.complete_everything();
-    drop(graph);
-    gpu.complete_everything();
-    assert_eq!(gpu.live_blocks(), 0);
-    assert_clean(&gpu);
+    drop_and_assert_all_freed(&gpu, graph);
+}
+
+/// Takes 64 bytes of pinned memory from `scratch`, whose pinned kind must
+/// then hold one block: that block's address.
+#[track_caller]
+fn only_pinned_block_after_64_bytes(scratch: &Scratchpad<'_, MockBackend>) -> usize {
+    scratch.pinned::<u8>(64).unwrap();
+    let [(block, _)] = scratch.blocks(MemoryKind::Pinned)[..] else {
+        panic!("one pinned block")
+    };
+    block
 }
 
 /// Pinned memory written by the host for a capture, in a round that spans
@@ -233,10 +237,7 @@ fn a_pinned_block_used_by_a_capture_is_never_handed_out_while_the_graph_lives() 
     let (gpu, streams, _events) = mock_pools(1);
     let origin = streams.get(0).unwrap();
     let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
-    scratch.pinned::<u8>(64).unwrap();
-    let [(old, _)] = scratch.blocks(MemoryKind::Pinned)[..] else {
-        panic!("one pinned block")
-    };
+    let old = only_pinned_block_after_64_bytes(&scratch);
     scratch.reset().unwrap();
     gpu.complete_everything();
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
@@ -244,19 +245,12 @@ fn a_pinned_block_used_by_a_capture_is_never_handed_out_while_the_graph_lives() 
     let graph = origin.end_capture().unwrap();
     scratch.reset().unwrap();
     for _ in 0..3 {
-        scratch.pinned::<u8>(64).unwrap();
-        let [(new, _)] = scratch.blocks(MemoryKind::Pinned)[..] else {
-            panic!("one pinned block")
-        };
+        let new = only_pinned_block_after_64_bytes(&scratch);
         assert_ne!(new, old);
         gpu.complete_everything();
         scratch.reset().unwrap();
     }
-    drop(graph);
-    drop(scratch);
-    gpu.complete_everything();
-    assert_eq!(gpu.live_blocks(), 0);
-    assert_clean(&gpu);
+    drop_and_assert_all_freed(&gpu, (graph, scratch));
 }
 
 /// The per-thread default stream names another stream on every thread: a
@@ -292,12 +286,11 @@ fn a_pool_dropped_during_a_capture_leaves_the_captured_stream_alone() {
     let gpu = MockBackend::new(1);
     let events = gpupool_core::EventPool::new(gpu.clone());
     let streams = StreamPool::new(gpu.clone());
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Global).unwrap();
+    let [origin] = capturing(&streams, CaptureMode::Global);
     let side = streams.get(0).unwrap();
     let side_stream = side.handle();
     side.order().wait(&origin.order(), &events).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    join(&origin, &side, &events);
     drop(side); // held by the pool: still in the capture
     let origin = origin.detach(); // the capture goes on, outside the pool
     let lost = lost_errors();
@@ -320,12 +313,8 @@ fn a_pool_dropped_during_a_capture_leaves_the_captured_stream_alone() {
 /// its lease ends, refused by the host's waits and by `put`.
 #[test]
 fn an_event_recorded_in_a_capture_is_never_handed_out_again() {
-    let (gpu, streams, events) = mock_pools(1);
-    let origin = streams.get(0).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
-    let side = streams.get(0).unwrap();
-    side.order().wait(&origin.order(), &events).unwrap();
-    origin.order().wait(&side.order(), &events).unwrap();
+    mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
+    let side = forked_and_joined(&streams, &origin, &events);
     // Whatever event the pool gives now, an unrelated stream's wait on it
     // does not join the capture.
     let unrelated = streams.get(0).unwrap();

@@ -1,7 +1,14 @@
-//! Set-up shared by the mock tests: leases taken in a row from one pool.
+//! Set-up shared by the mock tests: leases taken in a row from one pool, a
+//! capture begun on the first of them, side leases forked into a capture,
+//! and the clean-up checks that end most tests.
 #![cfg(not(feature = "cuda"))]
 
-use gpupool_core::{StreamLease, StreamPool};
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use gpupool_core::{
+    set_lost_error_hook, CaptureMode, EventPool, StreamHandle, StreamLease, StreamPool,
+};
 use gpupool_mock::MockBackend;
 
 /// Takes `N` leases of device 0 from `streams`, one after another (first
@@ -12,10 +19,163 @@ pub(crate) fn leases<const N: usize>(
     std::array::from_fn(|_| streams.get(0).unwrap())
 }
 
+/// A one-device mock with its two pools (`mock_pools(1)`) and leases taken
+/// from its stream pool, in one line: `mock_rig!(gpu, streams, events;
+/// [origin, side] = leases)` binds `gpu`, `streams`, `events` and the leases
+/// of [`leases`]; `... = capturing(mode)` takes them with [`capturing`] (and
+/// `two_capturing(mode)` with [`two_capturing`]).
+macro_rules! mock_rig {
+    ($gpu:ident, $streams:ident, $events:ident; [$($lease:tt),+] = leases) => {
+        let ($gpu, $streams, $events) = gpupool_tests::mock_pools(1);
+        let [$($lease),+] = $crate::common::leases(&$streams);
+    };
+    ($gpu:ident, $streams:ident, $events:ident; [$($lease:tt),+] = $take:ident($mode:expr)) => {
+        let ($gpu, $streams, $events) = gpupool_tests::mock_pools(1);
+        let [$($lease),+] = $crate::common::$take(&$streams, $mode);
+    };
+}
+pub(crate) use mock_rig;
+
+/// Takes `N` leases (as [`leases`]), then begins a capture in `mode` on the
+/// first (the origin), as `begin_capture(mode).unwrap()` after the leases.
+#[track_caller]
+pub(crate) fn capturing<const N: usize>(
+    streams: &StreamPool<MockBackend>,
+    mode: CaptureMode,
+) -> [StreamLease<'_, MockBackend>; N] {
+    let taken = leases(streams);
+    taken[0].begin_capture(mode).unwrap();
+    taken
+}
+
+/// Takes `N` leases (as [`leases`]), then begins two separate captures in
+/// `mode`: one on the first lease, then one on the second.
+#[track_caller]
+pub(crate) fn two_capturing<const N: usize>(
+    streams: &StreamPool<MockBackend>,
+    mode: CaptureMode,
+) -> [StreamLease<'_, MockBackend>; N] {
+    let taken = capturing(streams, mode);
+    taken[1].begin_capture(mode).unwrap();
+    taken
+}
+
+/// The mock's stream pool.
+type Streams = StreamPool<MockBackend>;
+/// The mock's event pool.
+type Events = EventPool<MockBackend>;
+/// A lease of the mock's stream pool.
+type Lease<'p> = StreamLease<'p, MockBackend>;
+
+/// Takes a lease and makes it wait on `origin` (the fork: it joins
+/// `origin`'s capture).
+#[track_caller]
+pub(crate) fn forked<'p>(streams: &'p Streams, origin: &Lease, events: &Events) -> Lease<'p> {
+    let side = streams.get(0).unwrap();
+    side.order().wait(&origin.order(), events).unwrap();
+    side
+}
+
+/// Makes `origin` wait on `side` (the join: the capture takes `side`'s work
+/// back).
+#[track_caller]
+pub(crate) fn join(origin: &Lease, side: &Lease, events: &Events) {
+    origin.order().wait(&side.order(), events).unwrap();
+}
+
+/// A side lease forked into `origin`'s capture ([`forked`]) and joined back
+/// at once ([`join`]), with no work of its own.
+#[track_caller]
+pub(crate) fn forked_and_joined<'p>(
+    streams: &'p Streams,
+    origin: &Lease,
+    events: &Events,
+) -> Lease<'p> {
+    let side = forked(streams, origin, events);
+    join(origin, &side, events);
+    side
+}
+
+/// Takes a lease of device 0 and queues one piece of work on its stream
+/// (`enqueue_work`): a lease whose stream is busy.
+#[track_caller]
+pub(crate) fn busy_lease<'p>(gpu: &MockBackend, streams: &'p Streams) -> Lease<'p> {
+    let lease = streams.get(0).unwrap();
+    gpu.enqueue_work(lease.handle()).unwrap();
+    lease
+}
+
+/// The host writes `value` to every element of the pinned slice `p`, then
+/// `stream` reads its first `len` bytes (`use_memory`: a kernel, or a graph
+/// node when `stream` is capturing).
+#[track_caller]
+pub(crate) fn fill_and_use<T: Copy>(
+    gpu: &MockBackend,
+    stream: StreamHandle,
+    p: &mut [MaybeUninit<T>],
+    value: T,
+    len: usize,
+) {
+    p.iter_mut().for_each(|v| {
+        v.write(value);
+    });
+    gpu.use_memory(stream, p.as_ptr().cast(), len).unwrap();
+}
+
+/// Runs `f` with `hook` as the process-wide lost-error hook, then puts the
+/// previous hook back.
+pub(crate) fn with_lost_error_hook<R>(
+    hook: fn(&dyn core::fmt::Display),
+    f: impl FnOnce() -> R,
+) -> R {
+    let previous = set_lost_error_hook(Some(hook));
+    let out = f();
+    set_lost_error_hook(previous);
+    out
+}
+
+/// Contention on the mock's lock until `done` is set: work queued on
+/// `noise` and completed, again and again (widens the gaps of a race run on
+/// other threads).
+pub(crate) fn lock_noise(gpu: &MockBackend, noise: StreamHandle, done: &AtomicBool) {
+    while !done.load(Ordering::Relaxed) {
+        gpu.enqueue_work(noise).unwrap();
+        gpu.complete_all(noise).unwrap();
+    }
+}
+
 /// Completes every piece of work the mock holds, then asserts that nothing
 /// was misused and no hazard was found (`assert_clean`).
 #[track_caller]
 pub(crate) fn complete_and_assert_clean(gpu: &MockBackend) {
     gpu.complete_everything();
     gpupool_tests::assert_clean(gpu);
+}
+
+/// Completes everything, drops `things` (a tuple drops its fields first to
+/// last, as `drop` calls one a line would), then completes and asserts clean
+/// ([`complete_and_assert_clean`]).
+#[track_caller]
+pub(crate) fn complete_drop_and_assert_clean<T>(gpu: &MockBackend, things: T) {
+    gpu.complete_everything();
+    drop(things);
+    complete_and_assert_clean(gpu);
+}
+
+/// Drops `things` (first to last), completes everything, then asserts that
+/// no block is left and that the mock is clean (`assert_clean`).
+#[track_caller]
+pub(crate) fn drop_and_assert_all_freed<T>(gpu: &MockBackend, things: T) {
+    drop(things);
+    gpu.complete_everything();
+    assert_eq!(gpu.live_blocks(), 0);
+    gpupool_tests::assert_clean(gpu);
+}
+
+/// Completes everything, then asserts that the mock found no hazard (the
+/// misuses are not looked at).
+#[track_caller]
+pub(crate) fn complete_and_assert_no_hazards(gpu: &MockBackend) {
+    gpu.complete_everything();
+    assert!(gpu.hazards().is_empty(), "{:?}", gpu.hazards());
 }

@@ -6,9 +6,13 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Poll, Wake, Waker};
+use std::task::{Poll, Wake};
 use std::time::{Duration, Instant};
 
+use super::common::{busy_lease, capturing};
+use super::future_kit::{
+    busy_lease_and_future, busy_lease_and_polled_future, machine, machine_with_policy,
+};
 use gpupool_core::{AccessOrder, BackendOp, CaptureMode, Completed, Error, EventPool, StreamPool};
 use gpupool_mock::{CallKind, CompletionPolicy, MockBackend, MockError};
 use gpupool_tests::wake::{block_on, counting_waker as counter, poll, wait_for_wake, LONG};
@@ -17,11 +21,8 @@ type R = Result<(), Error<MockError>>;
 
 #[test]
 fn resolves_only_after_the_work_ran_and_wakes_its_task() {
-    let gpu = MockBackend::new(1);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut done = lease.order().completed(&events).unwrap();
+    let (gpu, streams, events) = machine(1);
+    let (lease, mut done) = busy_lease_and_future(&gpu, &streams, &events);
     let (c, waker) = counter();
     assert!(poll(&mut done, &waker).is_pending());
     // The engine keeps asking; nothing has run, so nothing resolves.
@@ -50,9 +51,7 @@ fn host_order_is_ready_at_once_without_an_event() {
 
 #[test]
 fn work_done_before_the_first_poll_resolves_on_it() {
-    let gpu = MockBackend::new(1);
-    gpu.set_policy(CompletionPolicy::Immediate);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let (gpu, streams, events) = machine_with_policy(CompletionPolicy::Immediate);
     let lease = streams.get(0).unwrap();
     for _ in 0..100 {
         gpu.enqueue_work(lease.handle()).unwrap();
@@ -65,10 +64,8 @@ fn work_done_before_the_first_poll_resolves_on_it() {
 
 #[test]
 fn a_capturing_stream_is_refused_and_its_capture_left_intact() {
-    let gpu = MockBackend::new(1);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
-    let lease = streams.get(0).unwrap();
-    lease.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    let (gpu, streams, events) = machine(1);
+    let [lease] = capturing(&streams, CaptureMode::ThreadLocal);
     let records = gpu.calls(CallKind::RecordEvent);
     assert!(matches!(
         lease.order().completed(&events),
@@ -89,10 +86,8 @@ fn a_capturing_stream_is_refused_and_its_capture_left_intact() {
 
 #[test]
 fn an_event_recorded_in_a_capture_is_refused() {
-    let gpu = MockBackend::new(1);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
-    let lease = streams.get(0).unwrap();
-    lease.begin_capture(CaptureMode::ThreadLocal).unwrap();
+    let (gpu, streams, events) = machine(1);
+    let [lease] = capturing(&streams, CaptureMode::ThreadLocal);
     let fork = events.get(0).unwrap();
     fork.record(&lease.order()).unwrap();
     assert!(matches!(fork.completed(), Err(Error::CapturedEvent)));
@@ -115,10 +110,8 @@ fn an_order_of_another_machine_is_refused() {
 
 #[test]
 fn a_failed_query_resolves_the_future_with_the_error() {
-    let gpu = MockBackend::new(1);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
+    let (gpu, streams, events) = machine(1);
+    let lease = busy_lease(&gpu, &streams);
     let event = events.get(0).unwrap();
     event.record(&lease.order()).unwrap();
     gpu.fail_event(CallKind::QueryEvent, event.handle());
@@ -140,11 +133,8 @@ fn a_failed_query_resolves_the_future_with_the_error() {
 
 #[test]
 fn a_later_event_of_a_stream_resolves_after_the_earlier_one() {
-    let gpu = MockBackend::new(1);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut first = lease.order().completed(&events).unwrap();
+    let (gpu, streams, events) = machine(1);
+    let (lease, mut first) = busy_lease_and_future(&gpu, &streams, &events);
     gpu.enqueue_work(lease.handle()).unwrap();
     let mut second = lease.order().completed(&events).unwrap();
     let (c1, w1) = counter();
@@ -164,10 +154,8 @@ fn a_later_event_of_a_stream_resolves_after_the_earlier_one() {
 
 #[test]
 fn a_future_dropped_early_returns_its_event_once_it_passed() {
-    let gpu = MockBackend::new(1);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
+    let (gpu, streams, events) = machine(1);
+    let lease = busy_lease(&gpu, &streams);
     let done = lease.order().completed(&events).unwrap();
     let abandoned = format!("{done:?}");
     assert!(abandoned.contains("pending"), "{abandoned}");
@@ -199,8 +187,7 @@ fn the_pool_drop_takes_the_events_of_pending_and_forgotten_futures() {
     let gpu = MockBackend::new(1);
     let streams = StreamPool::new(gpu.clone());
     let events = EventPool::new(gpu.clone());
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
+    let lease = busy_lease(&gpu, &streams);
     for _ in 0..8 {
         drop(lease.order().completed(&events).unwrap());
     }
@@ -284,12 +271,8 @@ impl Wake for Panicky {
 
 #[test]
 fn a_waker_that_panics_does_not_stop_the_engine() {
-    let gpu = MockBackend::new(1);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
-    let lease = streams.get(0).unwrap();
-    gpu.enqueue_work(lease.handle()).unwrap();
-    let mut first = lease.order().completed(&events).unwrap();
-    assert!(poll(&mut first, &Waker::from(Arc::new(Panicky))).is_pending());
+    let (gpu, streams, events) = machine(1);
+    let (lease, first) = busy_lease_and_polled_future(&gpu, &streams, &events, Panicky);
     gpu.complete_all(lease.handle()).unwrap();
     // The engine caught the panic; later futures still resolve.
     gpu.enqueue_work(lease.handle()).unwrap();
@@ -303,8 +286,7 @@ fn a_waker_that_panics_does_not_stop_the_engine() {
 #[test]
 fn a_burst_on_one_stream_resolves_exactly_what_ran_with_few_queries() {
     const N: usize = 64;
-    let gpu = MockBackend::new(1);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let (gpu, streams, events) = machine(1);
     let lease = streams.get(0).unwrap();
     let mut futures: Vec<_> = (0..N)
         .map(|_| {
@@ -361,9 +343,7 @@ fn a_burst_on_one_stream_resolves_exactly_what_ran_with_few_queries() {
 
 #[test]
 fn the_first_poll_resolves_finished_work_itself_unless_the_spin_is_off() {
-    let gpu = MockBackend::new(1);
-    gpu.set_policy(CompletionPolicy::Immediate);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let (gpu, streams, events) = machine_with_policy(CompletionPolicy::Immediate);
     let lease = streams.get(0).unwrap();
     let (_, waker) = counter();
     gpu.enqueue_work(lease.handle()).unwrap();
@@ -390,8 +370,7 @@ fn futures_polled_out_of_record_order_never_resolve_early() {
     // polled (so handed to the engine) a, c, b: the engine orders them by
     // record, so when the work of a and b has run, c (recorded last) is not
     // resolved on the proof of b.
-    let gpu = MockBackend::new(1);
-    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    let (gpu, streams, events) = machine(1);
     events.set_completion_spin(Duration::ZERO);
     let lease = streams.get(0).unwrap();
     let mut recorded: Vec<_> = (0..3)

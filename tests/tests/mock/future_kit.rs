@@ -3,9 +3,15 @@
 //! `gpupool_tests::wake`, under the names the reviews use).
 #![cfg(not(feature = "cuda"))]
 
-use gpupool_core::{EventPool, StreamPool};
-use gpupool_mock::{CallKind, MockBackend};
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Wake, Waker};
+
+use super::common::busy_lease;
+use gpupool_core::{Completed, EventPool, StreamLease, StreamPool};
+use gpupool_mock::{CallKind, CompletionPolicy, MockBackend};
 pub(crate) use gpupool_tests::assert_clean;
+use gpupool_tests::wake::WakeCounter;
 pub(crate) use gpupool_tests::wake::{counting_waker as flag, poll, until, wait_for, LONG};
 
 /// Nothing misused, every event made destroyed exactly once (after the
@@ -33,9 +39,81 @@ pub(crate) fn machine(
     )
 }
 
+/// A one-device machine whose completion policy is set to `policy` before
+/// its pools are made, with a stream pool and an event pool.
+pub(crate) fn machine_with_policy(
+    policy: CompletionPolicy,
+) -> (MockBackend, StreamPool<MockBackend>, EventPool<MockBackend>) {
+    let gpu = MockBackend::new(1);
+    gpu.set_policy(policy);
+    let (streams, events) = (StreamPool::new(gpu.clone()), EventPool::new(gpu.clone()));
+    (gpu, streams, events)
+}
+
 /// Drops the event pool, then checks that every event came back ([`all_back`]).
 #[track_caller]
 pub(crate) fn drop_pool_then_all_back(events: EventPool<MockBackend>, gpu: &MockBackend) {
     drop(events);
     all_back(gpu);
+}
+
+/// Drops `first` (a tuple drops its fields first to last), then the event
+/// pool, then checks that every event came back ([`all_back`]).
+#[track_caller]
+pub(crate) fn drop_then_all_back<T>(first: T, events: EventPool<MockBackend>, gpu: &MockBackend) {
+    drop(first);
+    drop_pool_then_all_back(events, gpu);
+}
+
+/// Completes all the work, waits until the events of abandoned futures are
+/// back in the pool (each try makes and drops a future on `lease`), then
+/// drops `lease` and the pool ([`drop_then_all_back`]).
+#[track_caller]
+pub(crate) fn abandoned_events_back(
+    gpu: &MockBackend,
+    lease: StreamLease<'_, MockBackend>,
+    events: EventPool<MockBackend>,
+) {
+    gpu.complete_everything();
+    until("every abandoned event is back", || {
+        drop(lease.order().completed(&events).unwrap());
+        events.live_leases() == 0
+    });
+    drop_then_all_back(lease, events, gpu);
+}
+
+/// A busy lease ([`busy_lease`]) and the future of its stream's work so far
+/// (`completed`, not polled yet; it borrows the event pool, not the lease).
+#[track_caller]
+pub(crate) fn busy_lease_and_future<'s, 'e>(
+    gpu: &MockBackend,
+    streams: &'s StreamPool<MockBackend>,
+    events: &'e EventPool<MockBackend>,
+) -> (StreamLease<'s, MockBackend>, Completed<'e, MockBackend>) {
+    let lease = busy_lease(gpu, streams);
+    let f = lease.order().completed(events).unwrap();
+    (lease, f)
+}
+
+/// [`busy_lease_and_future`], the future polled once with a waker of `wake`
+/// (and asserted pending: the work has not run); the future keeps the waker.
+#[track_caller]
+pub(crate) fn busy_lease_and_polled_future<'s, 'e>(
+    gpu: &MockBackend,
+    streams: &'s StreamPool<MockBackend>,
+    events: &'e EventPool<MockBackend>,
+    wake: impl Wake + Send + Sync + 'static,
+) -> (StreamLease<'s, MockBackend>, Completed<'e, MockBackend>) {
+    let (lease, mut f) = busy_lease_and_future(gpu, streams, events);
+    assert!(poll(&mut f, &Waker::from(Arc::new(wake))).is_pending());
+    (lease, f)
+}
+
+/// Polls `f` once with a fresh counting waker ([`flag`]) and asserts that it
+/// is pending; the counter and the waker come back.
+#[track_caller]
+pub(crate) fn pending_with_flag<F: Future + Unpin>(f: &mut F) -> (Arc<WakeCounter>, Waker) {
+    let (c, w) = flag();
+    assert!(poll(f, &w).is_pending());
+    (c, w)
 }
