@@ -6,7 +6,8 @@
 //!   the backend traits. The side-by-side benchmark
 //!   (`src/bin/side-by-side/`: every pool and scratch operation against
 //!   them, on the mock or with `--features cuda` on a GPU) and the criterion
-//!   benches (`benches/`) measure gpupool against them.
+//!   benches (`benches/`) measure gpupool against them; [`pool_ops`] holds
+//!   the pool operations both time.
 //! - The probes on a GPU, each a binary that says "skipped" without one:
 //!   `soak`, `driver-scaling`, `capture-probe`, `scratch-thread-profile`,
 //!   `one-thread-rows` (gpupool's own one-thread rows, from the
@@ -33,11 +34,14 @@
 //!
 //! [`gpu`] holds the GPU side (kernels, pinned timestamp slots, clock
 //! calibration), [`harness`] one measured run, [`sys_stats`] the CPU-time
-//! and percentile helpers, [`report`] the table and the CSV.
+//! and percentile helpers, [`report`] the table and the CSV, [`scoped`] the
+//! threads of a multi-thread measurement.
 
 pub mod baselines;
 pub mod designs;
 pub mod gpu;
 pub mod harness;
+pub mod pool_ops;
 pub mod report;
+pub mod scoped;
 pub mod sys_stats;

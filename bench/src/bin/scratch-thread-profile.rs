@@ -31,6 +31,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use gpupool_bench::gpu::cuda_or_skip;
+use gpupool_bench::scoped::on_threads;
 use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_core::{
     AccessOrder, DeviceId, MemoryBackend, MemoryKind, ScratchSizes, Scratchpad, StreamBackend,
@@ -179,37 +180,25 @@ fn run(
     work: Work,
     n: usize,
 ) -> Vec<f64> {
-    let barrier = Barrier::new(streams.len());
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = streams
-            .iter()
-            .map(|&stream| {
-                let barrier = &barrier;
-                scope.spawn(move || {
-                    // SAFETY: `stream` was created on device 0 by `gpu` and is
-                    // destroyed only after every thread of this scope ended;
-                    // nothing captures it.
-                    let order = unsafe { AccessOrder::from_raw(gpu, stream, D) };
-                    let mut t = Thread {
-                        gpu,
-                        order,
-                        stream,
-                        sizes: ScratchSizes::new(),
-                        x: 0x2545_F491_4F6C_DD1D,
-                    };
-                    t.iterate(work, 256);
-                    barrier.wait();
-                    let start = Instant::now();
-                    t.iterate(work, n);
-                    start.elapsed().as_nanos() as f64 / n as f64
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a profile thread panicked"))
-            .collect()
-    })
+    let barrier = &Barrier::new(streams.len());
+    let thread = move |stream| {
+        // SAFETY: `stream` was created on device 0 by `gpu` and is destroyed
+        // only after every thread of this scope ended; nothing captures it.
+        let order = unsafe { AccessOrder::from_raw(gpu, stream, D) };
+        let mut t = Thread {
+            gpu,
+            order,
+            stream,
+            sizes: ScratchSizes::new(),
+            x: 0x2545_F491_4F6C_DD1D,
+        };
+        t.iterate(work, 256);
+        barrier.wait();
+        let start = Instant::now();
+        t.iterate(work, n);
+        start.elapsed().as_nanos() as f64 / n as f64
+    };
+    on_threads(streams.iter().copied(), "a profile thread", thread, || {})
 }
 
 fn main() {

@@ -5,15 +5,10 @@ use std::hint::black_box;
 use std::sync::{mpsc, Barrier};
 use std::time::{Duration, Instant};
 
-use gpupool_bench::baselines::{
-    bumpalo_round, event_create_destroy, raw_round, stream_create_destroy, DaliEventPool,
-    DaliScratchpad, DaliStreamPool, MutexVecEventPool, MutexVecStreamPool,
-};
+use gpupool_bench::baselines::{bumpalo_round, raw_round, DaliScratchpad};
+use gpupool_bench::pool_ops::Pools;
 use gpupool_bench::sys_stats::upper_median as median;
-use gpupool_core::{
-    AccessOrder, DeviceId, EventFlags, EventPool, MemoryKind, ScratchSizes, Scratchpad,
-    StreamOptions, StreamPool, StreamPoolConfig,
-};
+use gpupool_core::{AccessOrder, DeviceId, MemoryKind, ScratchSizes, Scratchpad, StreamOptions};
 
 use crate::report::kind_name;
 use crate::{
@@ -265,56 +260,10 @@ fn pool_ops<'a>(ev: [Op<'a>; 4], st: [Op<'a>; 5]) -> Vec<(&'static str, &'static
 
 /// Measures the pool operations at every thread count and oversubscribed.
 pub(crate) fn measure_pools<B: Machine>(backend: &B, s: &Settings, results: &mut Results) {
-    let d = DeviceId(0);
-    let flags = EventFlags::DISABLE_TIMING;
     let devices = backend.device_count().expect("count the devices");
-    let events = EventPool::new(backend.clone());
-    let dali_events = DaliEventPool::new(backend.clone(), flags).expect("a DALI-style event pool");
-    let mv_events = MutexVecEventPool::new(backend.clone(), flags, devices);
-    let streams = StreamPool::new(backend.clone());
-    let sticky = StreamPool::with_config(
-        backend.clone(),
-        StreamPoolConfig {
-            same_thread_reuse: true,
-            ..StreamPoolConfig::default()
-        },
-    );
-    let dali_streams = DaliStreamPool::new(backend.clone());
-    let mv_streams = MutexVecStreamPool::new(backend.clone(), devices);
-
-    let ev_ours = || {
-        black_box(events.get(d).expect("gpupool event get").handle());
-    };
-    let ev_dali = || {
-        let e = dali_events.get(d).expect("DALI-style event get");
-        // SAFETY: an event this pool just gave out on `d`, handed back.
-        unsafe { dali_events.put(black_box(e), d) };
-    };
-    let ev_mv = || {
-        let e = mv_events.get(d).expect("Mutex<Vec> event get");
-        // SAFETY: an event this pool just gave out on `d`, handed back.
-        unsafe { mv_events.put(black_box(e), d) };
-    };
-    let ev_raw = || event_create_destroy(backend, d, flags).expect("event create+destroy");
-    let st_ours = || {
-        black_box(streams.get(d).expect("gpupool stream get").handle());
-    };
-    let st_sticky = || {
-        black_box(sticky.get(d).expect("gpupool stream get").handle());
-    };
-    let st_dali = || {
-        black_box(dali_streams.get(d).expect("DALI-style stream get").handle());
-    };
-    let st_mv = || {
-        let st = mv_streams.get(d).expect("Mutex<Vec> stream get");
-        // SAFETY: a stream this pool just gave out on `d`, handed back.
-        unsafe { mv_streams.put(black_box(st), d) };
-    };
-    let st_raw = || stream_create_destroy(backend, d).expect("stream create+destroy");
-    let ops = pool_ops(
-        [&ev_ours, &ev_dali, &ev_mv, &ev_raw],
-        [&st_ours, &st_sticky, &st_dali, &st_mv, &st_raw],
-    );
+    let pools = Pools::new(backend, devices);
+    let (ev, st) = (pools.event_ops(), pools.stream_ops());
+    let ops = pool_ops(ev.each_ref().map(|op| &**op), st.each_ref().map(|op| &**op));
 
     for &threads in &s.threads {
         with_crew(threads, |crew| {
@@ -384,23 +333,7 @@ pub(crate) fn measure_pools<B: Machine>(backend: &B, s: &Settings, results: &mut
     });
     eprintln!("  pools: oversubscribed ({threads} threads) done");
 
-    assert_eq!(streams.live_leases(), 0, "gpupool stream leases left out");
-    assert_eq!(sticky.live_leases(), 0, "gpupool stream leases left out");
-    assert_eq!(events.live_leases(), 0, "gpupool event leases left out");
-    assert_eq!(dali_streams.live_leases(), 0, "DALI-style leases left out");
-    streams.purge().expect("purge the stream pool");
-    sticky.purge().expect("purge the same-thread stream pool");
-    events.purge().expect("purge the event pool");
-    dali_streams
-        .purge()
-        .expect("purge the DALI-style stream pool");
-    dali_events
-        .purge()
-        .expect("purge the DALI-style event pool");
-    mv_streams
-        .purge()
-        .expect("purge the Mutex<Vec> stream pool");
-    mv_events.purge().expect("purge the Mutex<Vec> event pool");
+    pools.purge();
 }
 
 /// One scratch round of a variant, with its state.

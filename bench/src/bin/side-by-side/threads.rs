@@ -13,6 +13,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use gpupool_bench::baselines::DaliScratchpad;
+use gpupool_bench::scoped::on_threads;
 use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_core::{AccessOrder, DeviceId, MemoryKind, ScratchSizes, Scratchpad, StreamOptions};
 
@@ -111,41 +112,37 @@ fn run_threads<B: Machine>(
     between: &dyn Fn(),
 ) -> Vec<f64> {
     let d = DeviceId(0);
-    let barrier = Barrier::new(streams.len() + 1);
-    std::thread::scope(|scope| {
-        let threads: Vec<_> = streams
-            .iter()
-            .map(|&stream| {
-                let barrier = &barrier;
-                scope.spawn(move || {
-                    // SAFETY: `stream` was created on `d` by `backend` and is
-                    // destroyed only after every thread of this scope ended.
-                    let order = unsafe { AccessOrder::from_raw(backend, stream, d) };
-                    let mut w = Worker {
-                        backend,
-                        order,
-                        sizes: ScratchSizes::new(),
-                        kept: Scratchpad::new(backend, order).expect("a gpupool scratchpad"),
-                    };
-                    w.rounds(variant, kind, warm);
-                    barrier.wait();
-                    barrier.wait();
-                    let t = Instant::now();
-                    w.rounds(variant, kind, n);
-                    t.elapsed().as_nanos() as f64 / n as f64
-                })
-            })
-            .collect();
-        // Every thread warm: the counters read between the two waits cover
-        // the timed rounds only.
+    let barrier = &Barrier::new(streams.len() + 1);
+    let thread = move |stream| {
+        // SAFETY: `stream` was created on `d` by `backend` and is destroyed
+        // only after every thread of this scope ended.
+        let order = unsafe { AccessOrder::from_raw(backend, stream, d) };
+        let mut w = Worker {
+            backend,
+            order,
+            sizes: ScratchSizes::new(),
+            kept: Scratchpad::new(backend, order).expect("a gpupool scratchpad"),
+        };
+        w.rounds(variant, kind, warm);
+        barrier.wait();
+        barrier.wait();
+        let t = Instant::now();
+        w.rounds(variant, kind, n);
+        t.elapsed().as_nanos() as f64 / n as f64
+    };
+    // Every thread warm: the counters read between the two waits cover the
+    // timed rounds only.
+    let meanwhile = || {
         barrier.wait();
         between();
         barrier.wait();
-        threads
-            .into_iter()
-            .map(|t| t.join().expect("a scratch thread panicked"))
-            .collect()
-    })
+    };
+    on_threads(
+        streams.iter().copied(),
+        "a scratch thread",
+        thread,
+        meanwhile,
+    )
 }
 
 /// Measures `counts` thread counts: calibrates each (rounds per thread for
@@ -200,31 +197,21 @@ fn control_round(x: u64) -> u64 {
 /// The control on `threads` threads: each runs `n` control rounds after a
 /// barrier; their times per round.
 fn run_control(threads: usize, n: usize) -> Vec<f64> {
-    let barrier = Barrier::new(threads);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|i| {
-                let barrier = &barrier;
-                scope.spawn(move || {
-                    let mut x = black_box(0x2545_F491_4F6C_DD1D ^ i as u64);
-                    for _ in 0..WARM_ROUNDS {
-                        x = control_round(x);
-                    }
-                    barrier.wait();
-                    let t = Instant::now();
-                    for _ in 0..n {
-                        x = black_box(control_round(x));
-                    }
-                    black_box(x);
-                    t.elapsed().as_nanos() as f64 / n as f64
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a control thread panicked"))
-            .collect()
-    })
+    let barrier = &Barrier::new(threads);
+    let thread = move |i| {
+        let mut x = black_box(0x2545_F491_4F6C_DD1D ^ i as u64);
+        for _ in 0..WARM_ROUNDS {
+            x = control_round(x);
+        }
+        barrier.wait();
+        let t = Instant::now();
+        for _ in 0..n {
+            x = black_box(control_round(x));
+        }
+        black_box(x);
+        t.elapsed().as_nanos() as f64 / n as f64
+    };
+    on_threads(0..threads, "a control thread", thread, || {})
 }
 
 /// The many-thread rounds and the control measured beside them.
