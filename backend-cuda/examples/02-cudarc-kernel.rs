@@ -104,11 +104,14 @@ fn run() -> Result<(), Outcome> {
     let host_y = scratch.to_host(&y)?;
     drop(scratch);
 
+    // Element by element against its input (zipped: a result of the wrong
+    // length is reported below, not indexed past `host_x`'s end).
     let wrong: Vec<(usize, f32)> = host_y
         .iter()
+        .zip(&host_x)
         .enumerate()
-        .filter(|&(i, &y)| y != 2.0 * host_x[i] + 1.0)
-        .map(|(i, &y)| (i, y))
+        .filter(|&(_, (&y, &x))| y != 2.0 * x + 1.0)
+        .map(|(i, (&y, _))| (i, y))
         .take(5)
         .collect();
     if host_y.len() != N as usize || !wrong.is_empty() {
