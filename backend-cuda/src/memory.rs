@@ -168,7 +168,6 @@ mod state;
 mod stats;
 
 use core::ptr::NonNull;
-use std::alloc::Layout;
 
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryBackend, MemoryKind, StreamHandle};
@@ -176,12 +175,13 @@ use gpupool_core::{DeviceId, MemoryBackend, MemoryKind, StreamHandle};
 use crate::backend::CudaBackend;
 use crate::block_pool::ThreadBlocks;
 use crate::driver::{driver, Driver};
-use crate::error::{invalid_value, CudaError};
-use crate::graph::{no_capture_ends, unrestricted};
+use crate::error::CudaError;
+use crate::graph::no_capture_ends;
 use crate::raw;
 use crate::shards::LocalShards;
 pub(crate) use capture::current_capture;
 use capture::GiveBack;
+use kinds::{allocate_in, deallocate_in};
 use state::{state, DeviceMemory};
 
 thread_local! {
@@ -251,26 +251,6 @@ impl CudaBackend {
     }
 }
 
-/// A size and alignment every kind accepts: nonzero size, power-of-two
-/// alignment, and both together within `isize::MAX`.
-fn check_layout(size: usize, align: usize) -> Result<(), CudaError> {
-    if size == 0 || Layout::from_size_align(size, align).is_err() {
-        return Err(invalid_value());
-    }
-    Ok(())
-}
-
-/// The layout checked ([`check_layout`]), then the driver and `device`'s
-/// memory state: what every allocation and free starts with.
-fn checked_state(
-    device: DeviceId,
-    size: usize,
-    align: usize,
-) -> Result<(&'static Driver, &'static DeviceMemory), CudaError> {
-    check_layout(size, align)?;
-    state(device)
-}
-
 /// Memory of the four kinds; see the [module documentation](self).
 ///
 /// Sizes must be nonzero and alignments powers of two
@@ -314,9 +294,8 @@ impl MemoryBackend for CudaBackend {
         size: usize,
         align: usize,
     ) -> Result<NonNull<u8>, CudaError> {
-        let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: no stream.
-        unrestricted(move || unsafe { mem.allocate(drv, kind, device, size, align, None) })
+        unsafe { allocate_in(kind, device, size, align, None) }
     }
 
     /// Device memory: `cuMemFreeAsync` on the backend's private stream (no
@@ -333,9 +312,8 @@ impl MemoryBackend for CudaBackend {
         size: usize,
         align: usize,
     ) -> Result<(), CudaError> {
-        let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: the caller's contract (the trait's).
-        unrestricted(move || unsafe { mem.deallocate(drv, kind, device, ptr, size, align, None) })
+        unsafe { deallocate_in(kind, device, ptr, size, align, None) }
     }
 
     /// Device memory: a block of the device cache freed on the same stream
@@ -354,9 +332,8 @@ impl MemoryBackend for CudaBackend {
         align: usize,
         stream: StreamHandle,
     ) -> Result<NonNull<u8>, CudaError> {
-        let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: this call's contract.
-        unrestricted(move || unsafe { mem.allocate(drv, kind, device, size, align, Some(stream)) })
+        unsafe { allocate_in(kind, device, size, align, Some(stream)) }
     }
 
     /// Device memory: kept by the device cache for `stream` (a created
@@ -388,11 +365,8 @@ impl MemoryBackend for CudaBackend {
         align: usize,
         stream: StreamHandle,
     ) -> Result<(), CudaError> {
-        let (drv, mem) = checked_state(device, size, align)?;
         // SAFETY: the caller's contract (the trait's).
-        unrestricted(move || unsafe {
-            mem.deallocate(drv, kind, device, ptr, size, align, Some(stream))
-        })
+        unsafe { deallocate_in(kind, device, ptr, size, align, Some(stream)) }
     }
 
     /// `cuMemcpyAsync` on `stream`: unified addressing tells the driver what
@@ -570,31 +544,5 @@ impl CudaBackend {
                 )
             }
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn layouts_are_checked_before_the_driver() {
-        assert_eq!(check_layout(0, 1), Err(invalid_value()));
-        assert_eq!(check_layout(1, 0), Err(invalid_value()));
-        assert_eq!(check_layout(1, 3), Err(invalid_value()));
-        assert_eq!(check_layout(isize::MAX as usize, 2), Err(invalid_value()));
-        assert_eq!(check_layout(isize::MAX as usize, 1), Ok(()));
-        assert_eq!(check_layout(1, 1 << 20), Ok(()));
-        let gpu = CudaBackend::new();
-        for kind in MemoryKind::ALL {
-            assert_eq!(
-                gpu.allocate(kind, DeviceId(0), 0, 8).map(drop),
-                Err(invalid_value())
-            );
-            // SAFETY: the null stream is a usable stream of every device
-            // (and the layout is refused before the driver is asked).
-            let r = unsafe { gpu.allocate_async(kind, DeviceId(0), 8, 12, StreamHandle::NULL) };
-            assert_eq!(r.map(drop), Err(invalid_value()));
-        }
     }
 }

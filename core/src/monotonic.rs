@@ -48,6 +48,30 @@ pub struct Block {
     pub align: usize,
 }
 
+impl Block {
+    /// Gives the block to [`MemoryBackend::keep_for_graph`]: used in capture
+    /// `capture` of `stream`, never reused while a graph may use it.
+    ///
+    /// # Safety
+    /// The contract of `keep_for_graph` for this block, allocated by
+    /// `backend` with its size and alignment, `kind` and `device`.
+    pub(crate) unsafe fn keep_for_graph<B: MemoryBackend>(
+        self,
+        backend: &B,
+        kind: MemoryKind,
+        device: DeviceId,
+        stream: StreamHandle,
+        capture: u64,
+    ) -> Result<(), B::Error> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            backend.keep_for_graph(
+                kind, device, self.ptr, self.size, self.align, stream, capture,
+            )
+        }
+    }
+}
+
 /// Checks an alignment and a size the way every allocation path does, and
 /// says whether there is anything to allocate: `Ok(false)` for zero bytes.
 pub(crate) fn check_request<E>(bytes: usize, align: usize) -> Result<bool, Error<E>> {
@@ -481,18 +505,8 @@ pub(crate) unsafe fn release_in_order<B: MemoryBackend + StreamBackend>(
         if let Some(capture) = unsafe { order.capture(backend) }? {
             // SAFETY: the caller's contract; `stream` was in `capture` just
             // now (the backend checks that it still is).
-            return unsafe {
-                backend.keep_for_graph(
-                    kind,
-                    device,
-                    block.ptr,
-                    block.size,
-                    block.align,
-                    stream,
-                    capture,
-                )
-            }
-            .map_err(Error::backend(BackendOp::KeepForGraph));
+            return unsafe { block.keep_for_graph(backend, kind, device, stream, capture) }
+                .map_err(Error::backend(BackendOp::KeepForGraph));
         }
     }
     // SAFETY: the caller's contract.

@@ -9,11 +9,12 @@ use std::sync::atomic::Ordering;
 use gpupool_core::{DeviceId, MemoryKind, StreamBackend, StreamHandle};
 
 use super::host_shelf::{with_shelf, Kept};
-use super::state::DeviceMemory;
+use super::state::{state, DeviceMemory};
 use super::LOCAL_BLOCKS;
 use crate::backend::CudaBackend;
 use crate::driver::Driver;
 use crate::error::{invalid_value, out_of_memory, CudaError};
+use crate::graph::unrestricted;
 use crate::shards::LocalShards;
 
 impl DeviceMemory {
@@ -203,6 +204,93 @@ impl DeviceMemory {
                 align,
                 stream,
             )
+        }
+    }
+}
+
+/// A size and alignment every kind accepts: nonzero size, power-of-two
+/// alignment, and both together within `isize::MAX`.
+pub(super) fn check_layout(size: usize, align: usize) -> Result<(), CudaError> {
+    if size == 0 || Layout::from_size_align(size, align).is_err() {
+        return Err(invalid_value());
+    }
+    Ok(())
+}
+
+/// The layout checked ([`check_layout`]), then the driver and `device`'s
+/// memory state: what every allocation and free starts with.
+pub(super) fn checked_state(
+    device: DeviceId,
+    size: usize,
+    align: usize,
+) -> Result<(&'static Driver, &'static DeviceMemory), CudaError> {
+    check_layout(size, align)?;
+    state(device)
+}
+
+/// An allocation of the trait: in host order (`stream: None`) or in
+/// `stream`'s order.
+///
+/// # Safety
+/// `stream`, if any, is a usable stream of `device` (the contract of
+/// [`MemoryBackend::allocate_async`]).
+#[inline(always)]
+pub(super) unsafe fn allocate_in(
+    kind: MemoryKind,
+    device: DeviceId,
+    size: usize,
+    align: usize,
+    stream: Option<StreamHandle>,
+) -> Result<NonNull<u8>, CudaError> {
+    let (drv, mem) = checked_state(device, size, align)?;
+    // SAFETY: this function's contract.
+    unrestricted(move || unsafe { mem.allocate(drv, kind, device, size, align, stream) })
+}
+
+/// A free of the trait: in host order (`stream: None`) or in `stream`'s
+/// order.
+///
+/// # Safety
+/// The contract of [`MemoryBackend::deallocate`] (no stream) or
+/// [`MemoryBackend::deallocate_async`].
+#[inline(always)]
+pub(super) unsafe fn deallocate_in(
+    kind: MemoryKind,
+    device: DeviceId,
+    ptr: NonNull<u8>,
+    size: usize,
+    align: usize,
+    stream: Option<StreamHandle>,
+) -> Result<(), CudaError> {
+    let (drv, mem) = checked_state(device, size, align)?;
+    // SAFETY: the caller's contract (the trait's).
+    unrestricted(move || unsafe { mem.deallocate(drv, kind, device, ptr, size, align, stream) })
+}
+
+#[cfg(test)]
+mod tests {
+    use gpupool_core::MemoryBackend;
+
+    use super::*;
+
+    #[test]
+    fn layouts_are_checked_before_the_driver() {
+        assert_eq!(check_layout(0, 1), Err(invalid_value()));
+        assert_eq!(check_layout(1, 0), Err(invalid_value()));
+        assert_eq!(check_layout(1, 3), Err(invalid_value()));
+        assert_eq!(check_layout(isize::MAX as usize, 2), Err(invalid_value()));
+        assert_eq!(check_layout(isize::MAX as usize, 1), Ok(()));
+        assert_eq!(check_layout(1, 1 << 20), Ok(()));
+        let gpu = CudaBackend::new();
+        for kind in MemoryKind::ALL {
+            assert_eq!(
+                gpu.allocate(kind, DeviceId(0), 0, 8).map(drop),
+                Err(invalid_value())
+            );
+            // SAFETY: the null stream is a usable stream of every device
+            // (and the layout is refused before the driver is asked).
+            let r = unsafe { gpu.allocate_async(kind, DeviceId(0), 8, 12, StreamHandle::NULL) };
+            assert_eq!(r.map(drop), Err(invalid_value()));
         }
     }
 }

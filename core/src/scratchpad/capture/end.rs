@@ -212,15 +212,7 @@ impl<'b, B: ScratchBackend> Scratchpad<'b, B> {
                     // is the stream of a scratchpad order (usable for the
                     // scratchpad's life), of the scratchpad's device.
                     self.count_release(unsafe {
-                        self.backend.keep_for_graph(
-                            kind,
-                            device,
-                            block.ptr,
-                            block.size,
-                            block.align,
-                            stream,
-                            capture,
-                        )
+                        block.keep_for_graph(self.backend, kind, device, stream, capture)
                     })
                 }
                 // SAFETY: the block came from this upstream with these
