@@ -13,7 +13,7 @@ use std::mem::MaybeUninit;
 use super::common::{
     capturing, complete_and_assert_clean, complete_and_assert_no_hazards,
     complete_drop_and_assert_clean, fill_and_use, forked, forked_and_joined, join, leases,
-    mock_rig, with_lost_error_hook,
+    mock_rig, race, with_lost_error_hook,
 };
 use gpupool_core::{
     lost_errors, AccessOrder, BackendOp, CaptureMode, CaptureStatus, DeviceId, Error, EventPool,
@@ -159,10 +159,8 @@ fn a_null_stream_scratchpad_while_the_per_thread_stream_captures() {
 #[test]
 fn a_quarantined_capturing_stream_is_destroyed_by_purge() {
     mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
-    let side = streams.get(0).unwrap();
+    let side = forked_and_joined(&streams, &origin, &events);
     let side_stream = side.handle();
-    side.order().wait(&origin.order(), &events).unwrap();
-    join(&origin, &side, &events);
     gpu.fail_nth(BackendOp::CaptureStatus, 1);
     drop(side); // the status question fails: quarantined
     assert!(streams.take_error().is_some());
@@ -224,15 +222,10 @@ fn a_wait_racing_begin_capture_joins_unseen() {
     let mut hit = None;
     for round in 0..RACE_ROUNDS {
         let [origin, side] = leases(&streams);
-        let barrier = std::sync::Barrier::new(2);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                barrier.wait();
-                side.order().wait(&origin.order(), &events).unwrap();
-            });
-            barrier.wait();
-            origin.begin_capture(CaptureMode::Relaxed).unwrap();
-        });
+        race(
+            || side.order().wait(&origin.order(), &events).unwrap(),
+            || origin.begin_capture(CaptureMode::Relaxed).unwrap(),
+        );
         let joined = gpu.capture_status_of(side.handle()) == Ok(CaptureStatus::Active);
         if joined {
             join(&origin, &side, &events); // join back
@@ -267,15 +260,10 @@ fn a_wait_event_racing_a_captured_record_joins_unseen() {
         let [origin] = capturing(&streams, CaptureMode::Relaxed);
         let side = streams.get(0).unwrap();
         let e = events.get_shared(0).unwrap();
-        let barrier = std::sync::Barrier::new(2);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                barrier.wait();
-                side.order().wait_event(&e).unwrap();
-            });
-            barrier.wait();
-            e.record(&origin.order()).unwrap();
-        });
+        race(
+            || side.order().wait_event(&e).unwrap(),
+            || e.record(&origin.order()).unwrap(),
+        );
         let joined = gpu.capture_status_of(side.handle()) == Ok(CaptureStatus::Active);
         if joined {
             join(&origin, &side, &events);
@@ -448,15 +436,7 @@ fn a_side_scratchpad_dropped_while_the_origin_ends_the_capture() {
         let p = scratch.pinned::<u8>(256).unwrap();
         fill_and_use(&gpu, side.handle(), p, 1, 256);
         join(&origin, &side, &events);
-        let barrier = std::sync::Barrier::new(2);
-        let graph = std::thread::scope(|s| {
-            s.spawn(|| {
-                barrier.wait();
-                drop(scratch);
-            });
-            barrier.wait();
-            origin.end_capture()
-        });
+        let ((), graph) = race(|| drop(scratch), || origin.end_capture());
         // (A drop that won the race gave the block to the graph with an
         // item on the side stream after the join, which the mock counts as
         // unjoined: that round proves nothing.)
@@ -494,17 +474,14 @@ fn a_scratchpad_dropped_while_its_capture_ends_and_another_begins() {
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
         let p = scratch.pinned::<u8>(256).unwrap();
         fill_and_use(&gpu, origin.handle(), p, 1, 256);
-        let barrier = std::sync::Barrier::new(2);
-        let first = std::thread::scope(|s| {
-            s.spawn(|| {
-                barrier.wait();
-                drop(scratch);
-            });
-            barrier.wait();
-            let first = origin.end_capture();
-            origin.begin_capture(CaptureMode::Relaxed).unwrap();
-            first
-        });
+        let ((), first) = race(
+            || drop(scratch),
+            || {
+                let first = origin.end_capture();
+                origin.begin_capture(CaptureMode::Relaxed).unwrap();
+                first
+            },
+        );
         let second = origin.end_capture();
         let (Ok(first), Ok(second)) = (first, second) else {
             gpu.clear_hazards();
@@ -790,10 +767,8 @@ fn same_thread_reuse_and_a_capture() {
     );
     let events = EventPool::new(gpu.clone());
     let [origin] = capturing(&streams, CaptureMode::Relaxed);
-    let side = streams.get(0).unwrap();
+    let side = forked_and_joined(&streams, &origin, &events);
     let s = side.handle();
-    side.order().wait(&origin.order(), &events).unwrap();
-    join(&origin, &side, &events);
     drop(side);
     let next = streams.get(0).unwrap();
     assert_ne!(next.handle(), s, "a capturing stream is leased again");

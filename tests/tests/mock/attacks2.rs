@@ -14,9 +14,9 @@
 use std::sync::{Barrier, Mutex};
 
 use super::common::{
-    capturing, complete_and_assert_clean, complete_and_assert_no_hazards,
-    complete_drop_and_assert_clean, fill_and_use, forked, join, leases, lock_noise, mock_rig,
-    with_lost_error_hook,
+    assert_scratchpads_refuse, capturing, complete_and_assert_clean,
+    complete_and_assert_no_hazards, complete_drop_and_assert_clean, fill_and_use, forked, join,
+    leases, lock_noise, mock_rig, race, with_lost_error_hook,
 };
 use gpupool_core::{
     lost_errors, AccessOrder, BackendOp, CaptureMode, CaptureStatus, DeviceId, Error, EventPool,
@@ -253,16 +253,10 @@ fn a_wait_racing_the_end_of_the_waiters_capture_joins_the_next_unseen() {
         let p = scratch.pinned::<u8>(256).unwrap();
         fill_and_use(&gpu, side.handle(), p, 1, 256); // X's graph reads it
         join(&x_origin, &side, &events); // joined back
-        let barrier = Barrier::new(2);
-        let (waited, gx) = std::thread::scope(|s| {
-            let t = s.spawn(|| {
-                barrier.wait();
-                side.order().wait(&y_origin.order(), &events)
-            });
-            barrier.wait();
-            let gx = x_origin.end_capture();
-            (t.join().unwrap(), gx)
-        });
+        let (waited, gx) = race(
+            || side.order().wait(&y_origin.order(), &events),
+            || x_origin.end_capture(),
+        );
         let in_y = gpu.capture_status_of(side.handle()) == Ok(CaptureStatus::Active);
         let (Ok(()), Ok(gx), true) = (waited, gx, in_y) else {
             // The wait came first (isolation: both captures broken), or
@@ -310,16 +304,11 @@ fn a_host_wait_racing_begin_capture_breaks_the_capture() {
     let mut hit = None;
     for round in 0..RACE_ROUNDS {
         let origin = streams.get(0).unwrap();
-        let barrier = Barrier::new(2);
         let before = misuses_of(&gpu, BackendOp::SynchronizeStream);
-        let waited = std::thread::scope(|s| {
-            s.spawn(|| {
-                barrier.wait();
-                origin.begin_capture(CaptureMode::Relaxed).unwrap();
-            });
-            barrier.wait();
-            AccessOrder::host().wait(&origin.order(), &events)
-        });
+        let ((), waited) = race(
+            || origin.begin_capture(CaptureMode::Relaxed).unwrap(),
+            || AccessOrder::host().wait(&origin.order(), &events),
+        );
         let ended = origin.end_capture();
         if misuses_of(&gpu, BackendOp::SynchronizeStream) > before || ended.is_err() {
             hit = Some((round, waited, ended.map(drop)));
@@ -459,9 +448,8 @@ fn dropping_a_pool_that_holds_a_capturing_stream() {
     let (gpu, streams, events) = mock_pools(1);
     let other = StreamPool::new(gpu.clone());
     let [origin, replay] = capturing(&streams, CaptureMode::Global);
-    let side = other.get(0).unwrap();
+    let side = forked(&other, &origin, &events);
     let s = side.handle();
-    side.order().wait(&origin.order(), &events).unwrap();
     gpu.enqueue_work(side.handle()).unwrap();
     join(&origin, &side, &events);
     drop(side); // held
@@ -534,18 +522,7 @@ fn the_per_thread_stream_in_a_capture() {
         AccessOrder::null_stream(D0).wait_event(&e),
         Err(Error::CapturedEvent)
     );
-    assert!(matches!(
-        Scratchpad::new(&gpu, pt),
-        Err(Error::PerThreadStream)
-    ));
-    let config = ScratchpadConfig {
-        pinned_release: Some(pt),
-        ..ScratchpadConfig::default()
-    };
-    assert!(matches!(
-        Scratchpad::with_config(&gpu, origin.order(), config),
-        Err(Error::PerThreadStream)
-    ));
+    assert_scratchpads_refuse(&gpu, pt, origin.order());
     // A lease that waits on the captured event joins (and is held).
     let side = streams.get(0).unwrap();
     let side_h = side.handle();
@@ -891,9 +868,8 @@ fn a_panic_on_a_worker_inside_a_capture() {
     mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::ThreadLocal));
     let side_handle = std::thread::scope(|s| {
         s.spawn(|| {
-            let side = streams.get(0).unwrap();
+            let side = forked(&streams, &origin, &events);
             let h = side.handle();
-            side.order().wait(&origin.order(), &events).unwrap();
             let scratch = Scratchpad::new(&gpu, side.order()).unwrap();
             let x = scratch.to_device(&[1u64; 64]).unwrap();
             gpu.launch_map(&side.order(), &x, &x, |v| v + 1).unwrap();
@@ -1096,15 +1072,7 @@ fn a_record_racing_end_capture() {
     for _ in 0..rounds {
         let [origin] = capturing(&streams, CaptureMode::Relaxed);
         let e = events.get(0).unwrap();
-        let barrier = Barrier::new(2);
-        let graph = std::thread::scope(|s| {
-            s.spawn(|| {
-                barrier.wait();
-                let _ = e.record(&origin.order());
-            });
-            barrier.wait();
-            origin.end_capture()
-        });
+        let (_, graph) = race(|| e.record(&origin.order()), || origin.end_capture());
         drop(graph);
         drop(e);
         let f = events.get(0).unwrap();

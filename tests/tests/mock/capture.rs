@@ -13,7 +13,10 @@
 #![cfg(not(feature = "cuda"))]
 #![forbid(unsafe_code)]
 
-use super::common::{busy_lease, capturing, complete_and_assert_clean, join, leases, mock_rig};
+use super::common::{
+    busy_lease, capturing, complete_and_assert_clean, forked, forked_and_joined, join, leases,
+    mock_rig,
+};
 use gpupool_core::{
     AccessOrder, BackendOp, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad,
 };
@@ -33,9 +36,8 @@ const D0: DeviceId = DeviceId(0);
 fn fork_join_inside_a_capture_returns_the_side_stream_after_the_end() {
     mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Global));
 
-    let side = streams.get(0).unwrap();
+    let side = forked(&streams, &origin, &events);
     let side_stream = side.handle();
-    side.order().wait(&origin.order(), &events).unwrap();
     assert_eq!(
         gpu.capture_status_of(side_stream),
         Ok(CaptureStatus::Active)
@@ -316,10 +318,8 @@ fn a_get_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
 #[test]
 fn a_purge_during_a_capture_keeps_the_streams_held_for_it() {
     mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
-    let side = streams.get(0).unwrap();
+    let side = forked_and_joined(&streams, &origin, &events);
     let side_handle = side.handle();
-    side.order().wait(&origin.order(), &events).unwrap();
-    join(&origin, &side, &events);
     drop(side);
     let purged = streams.purge();
     assert!(gpu.misuses().is_empty(), "{:?} {purged:?}", gpu.misuses());

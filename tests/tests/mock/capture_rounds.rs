@@ -10,12 +10,12 @@
 #![forbid(unsafe_code)]
 
 use super::common::{
-    capturing, complete_and_assert_clean, drop_and_assert_all_freed, forked, forked_and_joined,
-    join, mock_rig,
+    assert_scratchpads_refuse, capturing, complete_and_assert_clean, drop_and_assert_all_freed,
+    forked, forked_and_joined, join, mock_rig,
 };
 use gpupool_core::{
     lost_errors, AccessOrder, CaptureMode, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad,
-    ScratchpadConfig, StreamPool,
+    StreamPool,
 };
 use gpupool_mock::MockBackend;
 use gpupool_tests::assert_clean;
@@ -261,18 +261,7 @@ fn a_scratchpad_refuses_the_per_thread_default_stream() {
     let gpu = MockBackend::new(1);
     let per_thread = AccessOrder::per_thread_stream(D0);
     let calls = gpu.total_calls();
-    assert!(matches!(
-        Scratchpad::new(&gpu, per_thread),
-        Err(Error::PerThreadStream)
-    ));
-    let config = ScratchpadConfig {
-        pinned_release: Some(per_thread),
-        ..ScratchpadConfig::default()
-    };
-    assert!(matches!(
-        Scratchpad::with_config(&gpu, AccessOrder::host(), config),
-        Err(Error::PerThreadStream)
-    ));
+    assert_scratchpads_refuse(&gpu, per_thread, AccessOrder::host());
     // Only the device count was asked (the special stream's device).
     assert!(gpu.total_calls() - calls <= 2);
     assert!(gpu.misuses().is_empty());
@@ -287,10 +276,8 @@ fn a_pool_dropped_during_a_capture_leaves_the_captured_stream_alone() {
     let events = gpupool_core::EventPool::new(gpu.clone());
     let streams = StreamPool::new(gpu.clone());
     let [origin] = capturing(&streams, CaptureMode::Global);
-    let side = streams.get(0).unwrap();
+    let side = forked_and_joined(&streams, &origin, &events);
     let side_stream = side.handle();
-    side.order().wait(&origin.order(), &events).unwrap();
-    join(&origin, &side, &events);
     drop(side); // held by the pool: still in the capture
     let origin = origin.detach(); // the capture goes on, outside the pool
     let lost = lost_errors();

@@ -5,9 +5,11 @@
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
 
 use gpupool_core::{
-    set_lost_error_hook, CaptureMode, EventPool, StreamHandle, StreamLease, StreamPool,
+    set_lost_error_hook, AccessOrder, CaptureMode, Error, EventPool, Scratchpad, ScratchpadConfig,
+    StreamHandle, StreamLease, StreamPool,
 };
 use gpupool_mock::MockBackend;
 
@@ -58,6 +60,29 @@ pub(crate) fn two_capturing<const N: usize>(
     let taken = capturing(streams, mode);
     taken[1].begin_capture(mode).unwrap();
     taken
+}
+
+/// Scratchpads refuse the per-thread stream `per_thread` as their device
+/// order, and as their pinned release order (with `device` as the device
+/// order): `Error::PerThreadStream` both times.
+#[track_caller]
+pub(crate) fn assert_scratchpads_refuse(
+    gpu: &MockBackend,
+    per_thread: AccessOrder<'_>,
+    device: AccessOrder<'_>,
+) {
+    assert!(matches!(
+        Scratchpad::new(gpu, per_thread),
+        Err(Error::PerThreadStream)
+    ));
+    let config = ScratchpadConfig {
+        pinned_release: Some(per_thread),
+        ..ScratchpadConfig::default()
+    };
+    assert!(matches!(
+        Scratchpad::with_config(gpu, device, config),
+        Err(Error::PerThreadStream)
+    ));
 }
 
 /// The mock's stream pool.
@@ -132,6 +157,24 @@ pub(crate) fn with_lost_error_hook<R>(
     let out = f();
     set_lost_error_hook(previous);
     out
+}
+
+/// A race: `there` runs on a scoped thread and `here` on this one, both
+/// released at once by a barrier; what each returned comes back.
+pub(crate) fn race<T: Send, R>(
+    there: impl FnOnce() -> T + Send,
+    here: impl FnOnce() -> R,
+) -> (T, R) {
+    let barrier = Barrier::new(2);
+    std::thread::scope(|s| {
+        let there = s.spawn(|| {
+            barrier.wait();
+            there()
+        });
+        barrier.wait();
+        let here = here();
+        (there.join().unwrap(), here)
+    })
 }
 
 /// Contention on the mock's lock until `done` is set: work queued on
