@@ -230,7 +230,7 @@ pub(crate) fn clean_up(env: Env, out: &mut CellOut) {
 /// did) and reads its outcome.
 pub(crate) fn run_op(row: &Row, env: &Env) -> CellOut {
     take_lost();
-    let r = catch_unwind(AssertUnwindSafe(|| (row.op)(env)));
+    let r = catch_unwind(AssertUnwindSafe(|| row.op.run(env)));
     let mut out = CellOut::default();
     if !env.began.get() {
         out.details

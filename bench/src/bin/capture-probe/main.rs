@@ -212,7 +212,7 @@ fn main() {
                 continue;
             }
             let mut out = if row.fresh_process {
-                run_cell_in_child(row.id, col)
+                run_cell_in_child(&row.id, col)
             } else {
                 run_cell(i, col, buf, launch, true)
             };

@@ -15,19 +15,28 @@ use crate::{Lease, D0, GPU};
 type Pad = Scratchpad<'static, CudaBackend>;
 
 pub(crate) struct Row {
-    pub(crate) id: &'static str,
-    pub(crate) name: &'static str,
-    pub(crate) op: fn(&Env) -> Res,
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) op: Op,
     /// Run in a fresh process (process-wide first use).
     pub(crate) fresh_process: bool,
 }
 
-pub(crate) fn row(id: &'static str, name: &'static str, op: fn(&Env) -> Res) -> Row {
-    Row {
-        id,
-        name,
-        op,
-        fresh_process: false,
+/// A row's operation: a function of its own, or a host-visible scratch row
+/// ([`op_host_visible`] with these arguments: the kind, what is in the pool
+/// before, whether the round resets).
+#[derive(Clone, Copy)]
+pub(crate) enum Op {
+    Fn(fn(&Env) -> Res),
+    HostVisible(MemoryKind, Before, bool),
+}
+
+impl Op {
+    pub(crate) fn run(self, env: &Env) -> Res {
+        match self {
+            Op::Fn(op) => op(env),
+            Op::HostVisible(kind, before, reset) => op_host_visible(env, kind, before, reset),
+        }
     }
 }
 
@@ -396,82 +405,87 @@ pub(crate) fn op_raw_stream_create(env: &Env) -> Res {
     )
 }
 
+/// A row of its own operation: id, name, operation.
+type Plain = (&'static str, &'static str, fn(&Env) -> Res);
+
+/// The rows of their own operations, in order; the host-visible ones (12
+/// and 13) go between the first [`BEFORE_HOST_VISIBLE`] and the rest.
+#[rustfmt::skip] // a table: one row a line
+const PLAIN: [Plain; 26] = [
+    ("1a", "stream get (empty pool: creates)", op_get_empty),
+    ("1b", "stream get (ready stream: pops)", op_get_ready),
+    ("2", "drop origin lease", op_drop_origin),
+    ("3", "drop joined side (not joined back)", op_drop_joined_side),
+    ("4", "drop side after join", op_drop_side_after_join),
+    ("5", "drop lease not in capture", op_drop_other),
+    ("6", "event get (empty: creates) + drop", op_events),
+    ("7", "fork + join (order.wait)", op_fork_join),
+    ("8", "host.wait(origin)", op_host_wait),
+    ("9", "host wait_event (rec. on origin)", op_host_wait_event),
+    ("10a", "scratch device 4K + drop", op_dev_cold),
+    ("10b", "scratch device 4K + drop (cached block)", op_dev_cached),
+    ("10c", "scratch device 4K + drop (first in process)", op_dev_cold),
+    ("11a", "scratch device alloc, reset, alloc", op_dev_reset),
+    ("11b", "scratch device reset (2 blocks)", op_dev_reset_grown),
+    // 12a-13c: HOST_VISIBLE_KINDS and HOST_VISIBLE_ROUNDS.
+    ("14a", "scratch to_device + drop", op_to_device),
+    ("14b", "scratch to_host", op_to_host),
+    ("15a", "raw cuStreamQuery (other stream)", op_raw_stream_query),
+    ("15b", "raw cuEventQuery (other stream's)", op_raw_event_query),
+    ("15c", "raw cuStreamSynchronize (other)", op_raw_stream_sync),
+    ("15d", "raw cuMemAlloc_v2", op_raw_mem_alloc),
+    ("15e", "raw cuMemHostAlloc", op_raw_host_alloc),
+    ("15f", "raw cuMemAllocAsync (other stream)", op_raw_mem_alloc_async),
+    ("15g", "raw cuEventRecord (other stream)", op_raw_event_record),
+    ("15h", "raw cuEventCreate", op_raw_event_create),
+    ("15i", "raw cuStreamCreate", op_raw_stream_create),
+];
+
+/// How many rows of [`PLAIN`] come before the host-visible ones.
+const BEFORE_HOST_VISIBLE: usize = 15;
+
+/// The row run in a fresh process (the process's first device scratch).
+const FRESH: &str = "10c";
+
+/// The host-visible rows, 12 (pinned) and 13 (managed): each kind's id and
+/// name.
+const HOST_VISIBLE_KINDS: [(&str, MemoryKind, &str); 2] = [
+    ("12", MemoryKind::Pinned, "pinned"),
+    ("13", MemoryKind::Managed, "managed"),
+];
+
+/// The three host-visible rows of each kind: the id's letter, the name's
+/// end, what is in the pool before, whether the round resets.
+const HOST_VISIBLE_ROUNDS: [(&str, &str, Before, bool); 3] = [
+    ("a", "+ drop (empty pool)", Before::Nothing, false),
+    ("b", "+ drop (free block)", Before::FreeBlock, false),
+    ("c", "alloc, reset, alloc", Before::Nothing, true),
+];
+
+/// Every row, in the table's order.
 pub(crate) fn rows() -> Vec<Row> {
-    vec![
-        row("1a", "stream get (empty pool: creates)", op_get_empty),
-        row("1b", "stream get (ready stream: pops)", op_get_ready),
-        row("2", "drop origin lease", op_drop_origin),
-        row(
-            "3",
-            "drop joined side (not joined back)",
-            op_drop_joined_side,
-        ),
-        row("4", "drop side after join", op_drop_side_after_join),
-        row("5", "drop lease not in capture", op_drop_other),
-        row("6", "event get (empty: creates) + drop", op_events),
-        row("7", "fork + join (order.wait)", op_fork_join),
-        row("8", "host.wait(origin)", op_host_wait),
-        row("9", "host wait_event (rec. on origin)", op_host_wait_event),
-        row("10a", "scratch device 4K + drop", op_dev_cold),
-        row(
-            "10b",
-            "scratch device 4K + drop (cached block)",
-            op_dev_cached,
-        ),
-        Row {
-            fresh_process: true,
-            ..row(
-                "10c",
-                "scratch device 4K + drop (first in process)",
-                op_dev_cold,
+    let row = |id: String, name: String, op| Row {
+        fresh_process: id == FRESH,
+        id,
+        name,
+        op,
+    };
+    let plain = |&(id, name, op): &Plain| row(id.into(), name.into(), Op::Fn(op));
+    let host_visible = HOST_VISIBLE_KINDS.iter().flat_map(|&(n, kind, kind_name)| {
+        HOST_VISIBLE_ROUNDS.map(|(letter, what, before, reset)| {
+            let op = Op::HostVisible(kind, before, reset);
+            row(
+                format!("{n}{letter}"),
+                format!("scratch {kind_name} {what}"),
+                op,
             )
-        },
-        row("11a", "scratch device alloc, reset, alloc", op_dev_reset),
-        row("11b", "scratch device reset (2 blocks)", op_dev_reset_grown),
-        row("12a", "scratch pinned + drop (empty pool)", |env| {
-            op_host_visible(env, MemoryKind::Pinned, Before::Nothing, false)
-        }),
-        row("12b", "scratch pinned + drop (free block)", |env| {
-            op_host_visible(env, MemoryKind::Pinned, Before::FreeBlock, false)
-        }),
-        row("12c", "scratch pinned alloc, reset, alloc", |env| {
-            op_host_visible(env, MemoryKind::Pinned, Before::Nothing, true)
-        }),
-        row("13a", "scratch managed + drop (empty pool)", |env| {
-            op_host_visible(env, MemoryKind::Managed, Before::Nothing, false)
-        }),
-        row("13b", "scratch managed + drop (free block)", |env| {
-            op_host_visible(env, MemoryKind::Managed, Before::FreeBlock, false)
-        }),
-        row("13c", "scratch managed alloc, reset, alloc", |env| {
-            op_host_visible(env, MemoryKind::Managed, Before::Nothing, true)
-        }),
-        row("14a", "scratch to_device + drop", op_to_device),
-        row("14b", "scratch to_host", op_to_host),
-        row(
-            "15a",
-            "raw cuStreamQuery (other stream)",
-            op_raw_stream_query,
-        ),
-        row(
-            "15b",
-            "raw cuEventQuery (other stream's)",
-            op_raw_event_query,
-        ),
-        row("15c", "raw cuStreamSynchronize (other)", op_raw_stream_sync),
-        row("15d", "raw cuMemAlloc_v2", op_raw_mem_alloc),
-        row("15e", "raw cuMemHostAlloc", op_raw_host_alloc),
-        row(
-            "15f",
-            "raw cuMemAllocAsync (other stream)",
-            op_raw_mem_alloc_async,
-        ),
-        row(
-            "15g",
-            "raw cuEventRecord (other stream)",
-            op_raw_event_record,
-        ),
-        row("15h", "raw cuEventCreate", op_raw_event_create),
-        row("15i", "raw cuStreamCreate", op_raw_stream_create),
-    ]
+        })
+    });
+    let (first, last) = PLAIN.split_at(BEFORE_HOST_VISIBLE);
+    first
+        .iter()
+        .map(plain)
+        .chain(host_visible)
+        .chain(last.iter().map(plain))
+        .collect()
 }
