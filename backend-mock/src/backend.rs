@@ -428,19 +428,10 @@ impl EventBackend for MockBackend {
     }
 }
 
-#[cfg(not(loom))]
-std::thread_local! {
+crate::sync::thread_flag! {
     /// The calling thread asks about events in the background (the
     /// completion engine's thread).
-    static QUERY_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
-// Loom's threads share an OS thread: the mark must be per loom thread (and
-// per execution).
-#[cfg(loom)]
-loom::thread_local! {
-    /// As above.
-    static QUERY_THREAD: Cell<bool> = Cell::new(false);
+    static QUERY_THREAD;
 }
 
 mod memory;

@@ -419,18 +419,10 @@ impl Captures {
     }
 }
 
-#[cfg(not(loom))]
-std::thread_local! {
+crate::sync::thread_flag! {
     /// The calling thread's capture interaction mode is relaxed (CUDA's
     /// `cuThreadExchangeStreamCaptureMode`): no capture refuses its calls.
-    static RELAXED_THREAD: Cell<bool> = const { Cell::new(false) };
-}
-
-// Loom's threads share an OS thread: the mode must be per loom thread.
-#[cfg(loom)]
-loom::thread_local! {
-    /// As above.
-    static RELAXED_THREAD: Cell<bool> = Cell::new(false);
+    static RELAXED_THREAD;
 }
 
 /// Sets the calling thread's capture interaction mode to relaxed (`true`)

@@ -35,6 +35,26 @@ pub(crate) fn current_thread() -> ThreadId {
     return loom::thread::current().id();
 }
 
+/// Declares a thread-local `Cell<bool>` flag, false on every new thread:
+/// per operating-system thread, or under loom per loom thread (and per
+/// execution), since loom's threads share one operating-system thread.
+macro_rules! thread_flag {
+    ($(#[$doc:meta])* static $name:ident;) => {
+        #[cfg(not(loom))]
+        std::thread_local! {
+            $(#[$doc])*
+            static $name: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+        }
+
+        #[cfg(loom)]
+        loom::thread_local! {
+            $(#[$doc])*
+            static $name: core::cell::Cell<bool> = core::cell::Cell::new(false);
+        }
+    };
+}
+pub(crate) use thread_flag;
+
 /// Locks `lock` for writing, recovering the data if a thread panicked while
 /// holding it.
 ///
