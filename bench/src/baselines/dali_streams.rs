@@ -203,15 +203,15 @@ impl<B: StreamBackend> Drop for DaliStreamLease<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::baselines::tests::D;
     use gpupool_mock::MockBackend;
 
     #[test]
     fn dali_stream_pool_reuses_ready_then_finished_busy_then_creates() {
         let gpu = MockBackend::new(1);
         let pool = DaliStreamPool::new(gpu.clone());
-        let d = DeviceId(0);
-        let a = pool.get(d).unwrap();
-        let b = pool.get(d).unwrap();
+        let a = pool.get(D).unwrap();
+        let b = pool.get(D).unwrap();
         let (sa, sb) = (a.handle(), b.handle());
         assert_eq!(pool.live_leases(), 2);
         gpu.enqueue_work(sa).unwrap();
@@ -221,14 +221,14 @@ mod tests {
         assert_eq!(gpu.live_streams(), 2);
         gpu.complete_all(sa).unwrap();
         // Ready list empty: the busy scan finds `sa` (`sb` is still pending).
-        let c = pool.get(d).unwrap();
+        let c = pool.get(D).unwrap();
         assert_eq!(c.handle(), sa);
         // Nothing ready, `sb` pending: a new stream.
-        let e = pool.get(d).unwrap();
+        let e = pool.get(D).unwrap();
         assert_ne!(e.handle(), sb);
         assert_eq!(gpu.live_streams(), 3);
         drop(c); // idle: ready
-        let f = pool.get(d).unwrap();
+        let f = pool.get(D).unwrap();
         assert_eq!(f.handle(), sa);
         drop((e, f));
         assert_eq!(pool.live_leases(), 0);

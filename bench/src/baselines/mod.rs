@@ -74,3 +74,9 @@ pub fn lock_yielding<T>(lock: &spin::Mutex<T>) -> spin::MutexGuard<'_, T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The device the baselines' tests use.
+    pub(super) const D: gpupool_core::DeviceId = gpupool_core::DeviceId(0);
+}

@@ -146,29 +146,29 @@ pub fn event_create_destroy<B: EventBackend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::baselines::tests::D;
     use gpupool_mock::MockBackend;
 
     #[test]
     fn mutex_vec_pools_and_create_destroy_leave_nothing_behind() {
         let gpu = MockBackend::new(1);
-        let d = DeviceId(0);
         let streams = MutexVecStreamPool::new(gpu.clone(), 1);
         let events = MutexVecEventPool::new(gpu.clone(), EventFlags::DISABLE_TIMING, 1);
-        let s = streams.get(d).unwrap();
-        // SAFETY: (each put) a stream or event its pool gave out on `d`,
+        let s = streams.get(D).unwrap();
+        // SAFETY: (each put) a stream or event its pool gave out on `D`,
         // handed back once before it is taken again.
-        unsafe { streams.put(s, d) };
-        assert_eq!(streams.get(d).unwrap(), s);
+        unsafe { streams.put(s, D) };
+        assert_eq!(streams.get(D).unwrap(), s);
         // SAFETY: as above.
-        unsafe { streams.put(s, d) };
-        let e = events.get(d).unwrap();
+        unsafe { streams.put(s, D) };
+        let e = events.get(D).unwrap();
         // SAFETY: as above.
-        unsafe { events.put(e, d) };
-        assert_eq!(events.get(d).unwrap(), e);
+        unsafe { events.put(e, D) };
+        assert_eq!(events.get(D).unwrap(), e);
         // SAFETY: as above.
-        unsafe { events.put(e, d) };
-        stream_create_destroy(&gpu, d).unwrap();
-        event_create_destroy(&gpu, d, EventFlags::DISABLE_TIMING).unwrap();
+        unsafe { events.put(e, D) };
+        stream_create_destroy(&gpu, D).unwrap();
+        event_create_destroy(&gpu, D, EventFlags::DISABLE_TIMING).unwrap();
         assert_eq!(streams.purge().unwrap(), 1);
         assert_eq!(events.purge().unwrap(), 1);
         assert_eq!(gpu.live_streams(), 0);

@@ -231,6 +231,7 @@ impl<B: MemoryBackend> Drop for DaliScratchpad<'_, B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::baselines::tests::D;
     use crate::baselines::{bumpalo_round, raw_round};
     use gpupool_core::{StreamBackend, StreamOptions};
     use gpupool_mock::MockBackend;
@@ -238,15 +239,14 @@ mod tests {
     #[test]
     fn dali_scratchpad_grows_by_doubling_and_frees_everything() {
         let gpu = MockBackend::new(1);
-        let d = DeviceId(0);
-        let s = gpu.create_stream(d, StreamOptions::default()).unwrap();
-        // SAFETY: a stream of `gpu` on `d`, destroyed only at the end of the
+        let s = gpu.create_stream(D, StreamOptions::default()).unwrap();
+        // SAFETY: a stream of `gpu` on `D`, destroyed only at the end of the
         // test, after the last use of the order.
-        let order = unsafe { AccessOrder::from_raw(&gpu, s, d) };
+        let order = unsafe { AccessOrder::from_raw(&gpu, s, D) };
         let sizes = [1, 24, 100, 512, 4096, 65536, 17, 3000, 8192, 40000];
         for kind in [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Device] {
-            // SAFETY: `order` is a stream of `gpu` on `d`.
-            let mut pad = unsafe { DaliScratchpad::new(&gpu, d, order) };
+            // SAFETY: `order` is a stream of `gpu` on `D`.
+            let mut pad = unsafe { DaliScratchpad::new(&gpu, D, order) };
             let mut last_end = 0;
             for &n in &sizes {
                 let p = pad.alloc(kind, n, 8).unwrap().unwrap();
@@ -260,13 +260,13 @@ mod tests {
             drop(pad);
             let mut blocks = Vec::new();
             // SAFETY: as above.
-            unsafe { raw_round(&gpu, kind, d, order, &sizes, 8, &mut blocks) }.unwrap();
+            unsafe { raw_round(&gpu, kind, D, order, &sizes, 8, &mut blocks) }.unwrap();
         }
-        // SAFETY: the test owns `s`, a live stream of `gpu` on `d`.
-        unsafe { gpu.synchronize_stream(s, d) }.unwrap();
+        // SAFETY: the test owns `s`, a live stream of `gpu` on `D`.
+        unsafe { gpu.synchronize_stream(s, D) }.unwrap();
         assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
         // SAFETY: as above; nothing uses `s` after this.
-        unsafe { gpu.destroy_stream(s, d) }.unwrap();
+        unsafe { gpu.destroy_stream(s, D) }.unwrap();
         let mut bump = bumpalo::Bump::new();
         bumpalo_round(&mut bump, &sizes, 8);
     }
