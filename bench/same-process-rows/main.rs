@@ -12,7 +12,7 @@
 //! Built by `scripts/same-process-rows.sh REV`, which writes the two copies
 //! of the rows crate and the manifest that names them. Environment: `PAIRS`
 //! (default 61), `BLOCK_MS` (default 5), `ROWS` (only the rows whose name
-//! contains it), `OUT` (writes `same-process-rows.json` there). With
+//! contains it), `ROW` (only the row of exactly that name), `OUT` (writes `same-process-rows.json` there). With
 //! `--mock`, on the mock backend (no GPU; the mock's own costs are not
 //! CUDA's); with `--bare`, on a backend that only allocates host memory
 //! (`bench/rows/src/bare.rs`: what the core's own code costs, on any
@@ -58,10 +58,11 @@ fn compare(
         "the builds' rows differ"
     );
     let only = std::env::var("ROWS").unwrap_or_default();
+    let exact = std::env::var("ROW").ok();
     let mut out = Vec::new();
     for ((name, b), (name_after, a)) in before_rows.iter_mut().zip(after_rows.iter_mut()) {
         assert_eq!(name, name_after, "the builds' rows differ");
-        if !name.contains(only.as_str()) {
+        if !name.contains(only.as_str()) || exact.as_ref().is_some_and(|e| e != name) {
             continue;
         }
         // One count for both builds (the before build's), so a pair's two
