@@ -34,7 +34,7 @@ for row in "${rows[@]}"; do
     "$bin" > /dev/null 2>&1
   # The calls of the row's closures (from `calibrate` and `time`): inclusive
   # cost and count of each, summed per build.
-  { callgrind_annotate --inclusive=yes --tree=calling "$work/cg.out" 2> /dev/null || true; } |
+  { callgrind_annotate --threshold=100 --inclusive=yes --tree=calling "$work/cg.out" 2> /dev/null || true; } |
     { grep -E '^ *[0-9,]+ .*>   .*gpupool_rows_(before|after)::.*with_rows::\{\{closure\}\} \(' || true; } |
     sed -E 's/^ *([0-9,]+) .*gpupool_rows_(before|after)::.*\(([0-9,]+)x\).*/\2 \1 \3/' | tr -d , |
     awk -v row="$row" '{ir[$1] += $2; n[$1] += $3}

@@ -18,7 +18,16 @@
 //! (`bench/rows/src/bare.rs`: what the core's own code costs, on any
 //! machine). Otherwise on CUDA: without a driver or a GPU it says "skipped"
 //! and exits 0.
+//!
+//! `THREADS` (default 1): that many threads, each with its own rows (its own
+//! pools, stream and scratchpads, on the same backend), time the same row
+//! together: every block starts on all threads at once (a barrier), and a
+//! pair's figure of each build is the median thread's. What the threads
+//! share is each build's process-wide state (the CUDA backend's memory and
+//! block caches, the driver), so this compares how the two builds scale.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Barrier;
 use std::time::Duration;
 
 // The timing helpers of the rows crate, from one build: the same code times
@@ -46,7 +55,16 @@ struct Figures {
     after: Vec<f64>,
 }
 
+/// What the timing threads share: the barrier each block starts behind, and
+/// the count the leading thread calibrated for the row being timed.
+struct Crew {
+    barrier: Barrier,
+    count: AtomicUsize,
+}
+
 fn compare(
+    crew: &Crew,
+    leader: bool,
     before_rows: &mut [rows_before::Row<'_>],
     after_rows: &mut [rows_after::Row<'_>],
     pairs: usize,
@@ -65,10 +83,17 @@ fn compare(
         if !name.contains(only.as_str()) || exact.as_ref().is_some_and(|e| e != name) {
             continue;
         }
-        // One count for both builds (the before build's), so a pair's two
-        // blocks do the same work; warm both first.
-        let n = calibrate(b, block);
-        calibrate(a, block);
+        // One count for both builds and every thread (the leader's before
+        // build's), so a pair's two blocks do the same work; warm both first.
+        if leader {
+            let n = calibrate(b, block);
+            calibrate(a, block);
+            // Relaxed: the barrier below orders the store before every
+            // thread's load.
+            crew.count.store(n, Ordering::Relaxed);
+        }
+        crew.barrier.wait();
+        let n = crew.count.load(Ordering::Relaxed);
         time(b, n);
         time(a, n);
         let mut fig = Figures {
@@ -78,34 +103,81 @@ fn compare(
         };
         for i in 0..pairs {
             let per = |t: Duration| t.as_nanos() as f64 / n as f64;
+            crew.barrier.wait();
             if i % 2 == 0 {
                 fig.before.push(per(time(b, n)));
+                crew.barrier.wait();
                 fig.after.push(per(time(a, n)));
             } else {
                 fig.after.push(per(time(a, n)));
+                crew.barrier.wait();
                 fig.before.push(per(time(b, n)));
             }
         }
+        // The leader calibrates the next row alone.
+        crew.barrier.wait();
         out.push(fig);
     }
     out
 }
 
-/// Both builds' rows, each on its own backend, compared.
-fn both<B, A>(before_backend: &B, after_backend: &A, pairs: usize, block: Duration) -> Vec<Figures>
+/// Both builds' rows, each on its own backend, compared on `threads`
+/// threads: each pair's figure of a build is the median thread's.
+fn both<B, A>(
+    before_backend: &B,
+    after_backend: &A,
+    pairs: usize,
+    block: Duration,
+    threads: usize,
+) -> Vec<Figures>
 where
-    B: rows_before::gpupool_core::ScratchBackend,
-    A: rows_after::gpupool_core::ScratchBackend,
+    B: rows_before::gpupool_core::ScratchBackend + Sync,
+    A: rows_after::gpupool_core::ScratchBackend + Sync,
 {
-    rows_before::with_rows(before_backend, |b| {
-        rows_after::with_rows(after_backend, |a| compare(b, a, pairs, block))
-    })
+    let crew = Crew {
+        barrier: Barrier::new(threads),
+        count: AtomicUsize::new(0),
+    };
+    let per_thread: Vec<Vec<Figures>> = std::thread::scope(|s| {
+        let crew = &crew;
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    rows_before::with_rows(before_backend, |b| {
+                        rows_after::with_rows(after_backend, |a| {
+                            compare(crew, t == 0, b, a, pairs, block)
+                        })
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a timing thread panicked"))
+            .collect()
+    });
+    let median_thread = |row: usize, pair: usize, of: fn(&Figures) -> &Vec<f64>| {
+        let v: Vec<f64> = per_thread.iter().map(|f| of(&f[row])[pair]).collect();
+        quantile(&v, 0.5)
+    };
+    (0..per_thread[0].len())
+        .map(|row| Figures {
+            name: per_thread[0][row].name.clone(),
+            before: (0..pairs)
+                .map(|i| median_thread(row, i, |f| &f.before))
+                .collect(),
+            after: (0..pairs)
+                .map(|i| median_thread(row, i, |f| &f.after))
+                .collect(),
+        })
+        .collect()
 }
 
 fn main() {
     use rows_after::gpupool_core::Backend as _;
     let pairs = env_usize("PAIRS", 61).max(1);
     let block = Duration::from_millis(env_usize("BLOCK_MS", 5) as u64);
+    let threads = env_usize("THREADS", 1).max(1);
     let mock = std::env::args().any(|a| a == "--mock");
     let bare = std::env::args().any(|a| a == "--bare");
     let figures = if bare {
@@ -114,6 +186,7 @@ fn main() {
             &rows_after::Bare::new(),
             pairs,
             block,
+            threads,
         )
     } else if mock {
         both(
@@ -121,6 +194,7 @@ fn main() {
             &rows_after::Mock::new(1),
             pairs,
             block,
+            threads,
         )
     } else {
         let before_gpu = rows_before::Gpu::new();
@@ -132,10 +206,15 @@ fn main() {
                 return;
             }
         }
-        both(&before_gpu, &after_gpu, pairs, block)
+        both(&before_gpu, &after_gpu, pairs, block, threads)
+    };
+    let on = if threads > 1 {
+        format!("{threads} threads at once (the median thread's figures)")
+    } else {
+        "one thread".to_string()
     };
     println!(
-        "{pairs} pairs of {} ms blocks, same process, {}; after/before per pair:",
+        "{pairs} pairs of {} ms blocks, same process, {on}, {}; after/before per pair:",
         block.as_millis(),
         if bare {
             "bare backend (the core's own cost)"
