@@ -138,32 +138,6 @@ impl DeviceMemory {
     }
 
     /// # Safety
-    /// `stream`, if any, is a usable stream of `device` (the contract of
-    /// [`MemoryBackend::allocate_async`]).
-    pub(super) unsafe fn allocate(
-        &'static self,
-        drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
-        size: usize,
-        align: usize,
-        stream: Option<StreamHandle>,
-    ) -> Result<NonNull<u8>, CudaError> {
-        match kind {
-            MemoryKind::Host => self.host_allocate(size, align),
-            // Host-visible: allocated in host order, whatever the stream.
-            MemoryKind::Pinned | MemoryKind::Managed => {
-                // SAFETY: no stream.
-                unsafe { self.allocate_aligned(drv, kind, device, size, align, None) }
-            }
-            // SAFETY: this function's contract.
-            MemoryKind::Device => unsafe {
-                self.allocate_aligned(drv, kind, device, size, align, stream)
-            },
-        }
-    }
-
-    /// # Safety
     /// The contract of [`MemoryBackend::deallocate`] (`stream: None`) or
     /// [`MemoryBackend::deallocate_async`].
     #[allow(clippy::too_many_arguments)]
@@ -210,7 +184,7 @@ impl DeviceMemory {
 
 /// A size and alignment every kind accepts: nonzero size, power-of-two
 /// alignment, and both together within `isize::MAX`.
-pub(super) fn check_layout(size: usize, align: usize) -> Result<(), CudaError> {
+fn check_layout(size: usize, align: usize) -> Result<(), CudaError> {
     if size == 0 || Layout::from_size_align(size, align).is_err() {
         return Err(invalid_value());
     }
@@ -219,7 +193,7 @@ pub(super) fn check_layout(size: usize, align: usize) -> Result<(), CudaError> {
 
 /// The layout checked ([`check_layout`]), then the driver and `device`'s
 /// memory state: what every allocation and free starts with.
-pub(super) fn checked_state(
+fn checked_state(
     device: DeviceId,
     size: usize,
     align: usize,
@@ -243,8 +217,18 @@ pub(super) unsafe fn allocate_in(
     stream: Option<StreamHandle>,
 ) -> Result<NonNull<u8>, CudaError> {
     let (drv, mem) = checked_state(device, size, align)?;
-    // SAFETY: this function's contract.
-    unrestricted(move || unsafe { mem.allocate(drv, kind, device, size, align, stream) })
+    unrestricted(move || match kind {
+        MemoryKind::Host => mem.host_allocate(size, align),
+        // Host-visible: allocated in host order, whatever the stream.
+        // SAFETY: no stream.
+        MemoryKind::Pinned | MemoryKind::Managed => unsafe {
+            mem.allocate_aligned(drv, kind, device, size, align, None)
+        },
+        // SAFETY: this function's contract.
+        MemoryKind::Device => unsafe {
+            mem.allocate_aligned(drv, kind, device, size, align, stream)
+        },
+    })
 }
 
 /// A free of the trait: in host order (`stream: None`) or in `stream`'s
