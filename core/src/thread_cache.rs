@@ -19,13 +19,15 @@
 //! the load would also be correct today; the CAS keeps that from resting on
 //! who else writes the slot.)
 //!
-//! The event pool leases *in place* ([`Cell::lease`]): the owner's CAS
-//! replaces the handle in its slot with the [`LEASED`] marker, and the lease
-//! ends with one plain store of the handle back into that slot
-//! ([`InPlace::unlease`]), or of 0 ([`InPlace::vacate`]), from whichever thread holds it. While a slot holds the
-//! marker nobody else writes it: `give` claims only empty slots, and `lease`,
-//! `take` and the drains take only handles (each with a CAS, so a handle has
-//! one taker). A get+put is then one read-modify-write instead of two.
+//! The event pool leases *in place* ([`Cell::lease`]): the owner replaces
+//! the handle in its slot with the [`LEASED`] marker by a plain store (a
+//! drain, the one thread that may compete for it, settles the race with an
+//! asymmetric barrier: see [`in_place`]), and the lease ends with one plain
+//! store of the handle back into that slot ([`InPlace::unlease`]), or of 0
+//! ([`InPlace::vacate`]), from whichever thread holds it. While a slot holds
+//! the marker nobody else writes it: `give` claims only empty slots, and
+//! `lease`, `take` and the drains take only handles. A get+put is then no
+//! read-modify-write at all.
 //!
 //! A thread that exits marks its cells orphaned; the next thread that
 //! registers with the pool adopts an orphaned cell, handles included, so a
@@ -37,6 +39,9 @@ use std::sync::atomic::AtomicU64;
 use std::vec::Vec;
 
 use crate::sync::{const_thread_local, Arc, AtomicBool, AtomicUsize, Mutex, Ordering};
+
+mod in_place;
+pub(crate) use in_place::InPlace;
 
 /// Handles one cell keeps.
 pub(crate) const SLOTS: usize = 4;
@@ -80,6 +85,10 @@ pub(crate) struct Cell {
     /// Leases served in place (written by its owner only); those no longer
     /// marked [`LEASED`] have ended.
     in_place: AtomicUsize,
+    /// Drains of this cell (see [`in_place`]): `DRAINING` while one takes
+    /// handles, and below it a bit per slot that each take from the slot
+    /// flips. Written by drains only.
+    drain: AtomicUsize,
     /// Whether a live thread owns this cell.
     owned: AtomicBool,
     /// Whether the pool is gone (set by the pool's drop).
@@ -98,6 +107,7 @@ impl Cell {
             served: AtomicUsize::new(0),
             kept: AtomicUsize::new(0),
             in_place: AtomicUsize::new(0),
+            drain: AtomicUsize::new(0),
             owned: AtomicBool::new(true),
             dead: AtomicBool::new(false),
         }
@@ -127,34 +137,6 @@ impl Cell {
             if let Some(h) = take_slot(s) {
                 Self::bump(&self.served);
                 return Some(h);
-            }
-        }
-        None
-    }
-
-    /// Leases the most recently kept handle *in place*: its slot stays
-    /// claimed, marked [`LEASED`], so that a drain passes it by, and the lease
-    /// ends with one plain store ([`InPlace::unlease`] or [`InPlace::vacate`]) instead of a second
-    /// read-modify-write. Owner only; the returned slot belongs to the lease
-    /// (whichever thread holds it) until one of those two calls.
-    #[inline]
-    pub(crate) fn lease(&self) -> Option<(usize, InPlace<'_>)> {
-        // Last filled first, as `take`.
-        for s in self.slots.iter().rev() {
-            // Relaxed pre-check: only the owner makes a slot hold an unleased
-            // handle; a drain may empty it meanwhile, which the CAS settles.
-            let h = s.load(Ordering::Relaxed);
-            // Acquire on success: pairs with the Release store that put the
-            // handle in (this thread's `keep`, a lease's `unlease` from any
-            // thread, or an exited owner's, handed over through the registry).
-            if h != 0
-                && h != LEASED
-                && s.compare_exchange(h, LEASED, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
-                // Counted as served by `counts` (one tally, not two).
-                Self::bump(&self.in_place);
-                return Some((h, InPlace(s)));
             }
         }
         None
@@ -229,35 +211,6 @@ fn take_slot(slot: &AtomicUsize) -> Option<usize> {
     None
 }
 
-/// The cell slot of an in-place lease ([`Cell::lease`]): marked [`LEASED`]
-/// until the lease ends it, on whichever thread holds the lease.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct InPlace<'a>(&'a AtomicUsize);
-
-impl InPlace<'_> {
-    /// Ends the lease: `handle` (the leased one) is back in its slot, ready to
-    /// be leased again or drained.
-    #[inline]
-    pub(crate) fn unlease(self, handle: usize) {
-        // (No assertion on the slot: this runs in a lease's drop, which never
-        // panics; the loom models check where every handle is.)
-        // A plain store: while the slot is marked leased nobody else writes
-        // it (the owner's `keep` claims only empty slots, `lease` and every
-        // taker only unleased ones). Release: publishes the handle, and what
-        // the lease holder did with it, to whoever leases or takes it next.
-        self.0.store(handle, Ordering::Release);
-    }
-
-    /// Ends the lease without returning the handle (released to the caller,
-    /// or destroyed): the slot is empty again.
-    #[inline]
-    pub(crate) fn vacate(self) {
-        // A plain store, as in `unlease`. Release: orders the holder's last
-        // use of the slot before the owner's next `keep` into it.
-        self.0.store(0, Ordering::Release);
-    }
-}
-
 /// The calling thread's cells; marks them orphaned when the thread exits.
 struct Owned(Vec<(u64, usize, Arc<Cell>)>);
 
@@ -317,6 +270,7 @@ impl ThreadCache {
     /// A registry; `adopt_handles` says whether an adopted cell's handles may
     /// be served to its new owner.
     pub(crate) fn with_adoption(adopt_handles: bool) -> Self {
+        in_place::choose_barriers();
         ThreadCache {
             adopt_handles,
             orphans: Mutex::new(Vec::new()),
@@ -454,12 +408,38 @@ impl ThreadCache {
     /// handle)` pairs.
     pub(crate) fn drain(&self) -> Vec<(usize, usize)> {
         let mut out = core::mem::take(&mut *self.orphans.lock().unwrap_or_else(|e| e.into_inner()));
+        // Drains are serialised by the registry lock.
         let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
         for c in cells.iter() {
-            // The CAS in `take_slot` makes this drain the handle's only
-            // taker; a handle leased in place is out, and comes back to its
-            // slot (or leaves it) when its lease ends.
-            out.extend(c.slots.iter().filter_map(take_slot).map(|h| (c.device, h)));
+            // Relaxed: ordered before the takes by the heavy barrier.
+            c.drain.fetch_or(in_place::DRAINING, Ordering::Relaxed);
+        }
+        // Owners claim handles for in-place leases with a plain store: with
+        // the barrier, each either sees `DRAINING` or has its store seen by
+        // the takes below (see `in_place`). Without it, live owners' cells
+        // are left alone.
+        let raced_owners_seen = in_place::heavy();
+        for c in cells.iter() {
+            // Acquire: as in `register`.
+            if raced_owners_seen || !c.owned.load(Ordering::Acquire) {
+                // The CAS in `take_slot` makes this drain the handle's only
+                // taker among the drains and the owner's `take`; a handle
+                // leased in place is out, and comes back to its slot (or
+                // leaves it) when its lease ends.
+                for (i, s) in c.slots.iter().enumerate() {
+                    if let Some(h) = take_slot(s) {
+                        // Release: an owner that reads the flip reads the
+                        // slot emptied.
+                        c.drain.fetch_xor(1 << i, Ordering::Release);
+                        out.push((c.device, h));
+                    }
+                }
+            }
+        }
+        for c in cells.iter() {
+            // Release: an owner that reads `DRAINING` lowered sees the flips
+            // and the takes above (see `Cell::lease`).
+            c.drain.fetch_and(!in_place::DRAINING, Ordering::Release);
         }
         out
     }
@@ -476,7 +456,9 @@ impl ThreadCache {
                 // In-place leases end without a tally: those not marked any
                 // more have ended.
                 let out = c.slots.iter().filter(|x| r(x) == LEASED).count();
-                let ended = r(&c.in_place).wrapping_sub(out);
+                // (Saturating: an owner's `lease` marks a slot before it
+                // counts the lease, and may mark one it then gives up.)
+                let ended = r(&c.in_place).saturating_sub(out);
                 (
                     s.wrapping_add(r(&c.served)).wrapping_add(r(&c.in_place)),
                     k.wrapping_add(r(&c.kept)).wrapping_add(ended),

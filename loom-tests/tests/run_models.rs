@@ -64,6 +64,7 @@ models! {
         adopter_is_not_served_the_orphans
     }
     in_place {
+        owner_lease_races_a_drain,
         lease_ends_on_another_thread_racing_a_drain,
         vacate_races_give_and_drain,
         lease_ends_after_its_owner_exits

@@ -63,6 +63,27 @@ fn lease_ends_on_another_thread_racing_a_drain() {
     });
 }
 
+/// This thread keeps one event in its cell and leases it in place (its
+/// claim of the slot a plain store) while another thread purges: the drain
+/// takes the event first (the lease is then a new one), or passes the
+/// leased slot by; in between it may take the event after this thread read
+/// the slot and before its store landed, which this thread must detect. Both
+/// outcomes must be reached: the lease got the kept event, and got a new one.
+#[test]
+fn owner_lease_races_a_drain() {
+    Outcomes::model_deep(|| {
+        let (mock, pool, [e1], ledger) = idle_events_with_ledger();
+        ledger.put(&pool, e1);
+        let (pool, ledger, mock) = (&pool, &ledger, &mock);
+        let purge = spawn_scoped(move || ledger.purge(pool, mock));
+        let reused = lease_once(pool, ledger);
+        purge.join();
+        // One detached, this thread's lease.
+        ledger.finish(pool, mock, 2);
+        reused
+    });
+}
+
 /// This thread keeps two events and leases the second in place; the lease
 /// goes to another thread, which detaches it (`vacate`: the event leaves the
 /// pool) and destroys it, while a third thread purges and this one puts two

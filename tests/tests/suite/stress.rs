@@ -146,3 +146,70 @@ fn many_threads_never_alias_and_leak_nothing() {
     assert_count(gpu.live_events(), 0, "events left after purge and drop");
     assert_no_misuse(&gpu);
 }
+
+/// Threads lease events in place from their own cells (leased on one
+/// device, recorded, returned), while another thread purges over and over:
+/// a purge takes a handle from a live thread's cell only when no lease of
+/// it can be out (the lease's claim is a plain store; the purge's barrier
+/// settles the race). Asserts that no event is held twice, that no record
+/// meets a destroyed event (the record would fail, or the machine count it
+/// as a misuse), and that nothing is left alive after purge and drop.
+#[test]
+fn in_place_leases_race_purges() {
+    let Some(gpu) = machine(1, MOCK_DEVICES) else {
+        return;
+    };
+    let (threads, iterations) = if cfg!(miri) {
+        (2, 20)
+    } else if cfg!(feature = "cuda") {
+        (THREADS, 5_000)
+    } else {
+        (THREADS, 20_000)
+    };
+    let backend = gpu.backend();
+    let streams = StreamPool::new(gpu.backend());
+    let events = EventPool::new(gpu.backend());
+    let in_use = InUse::new();
+    let working = std::sync::atomic::AtomicUsize::new(threads);
+    let purges = std::thread::scope(|scope| {
+        let purger = scope.spawn(|| {
+            let mut purges = 0usize;
+            // Relaxed: a stop signal; the scope's join orders the rest.
+            while working.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                events.purge().unwrap();
+                purges += 1;
+            }
+            purges
+        });
+        for _ in 0..threads {
+            let (backend, streams, events, in_use, working) =
+                (&backend, &streams, &events, &in_use, &working);
+            scope.spawn(move || {
+                let stream = streams.get(0).unwrap();
+                for _ in 0..iterations {
+                    let event = events.get(0).unwrap();
+                    in_use.claim(event.handle().as_raw());
+                    // SAFETY: the leases hold this live event and stream of
+                    // the backend, both on device 0.
+                    unsafe { backend.record_event(event.handle(), stream.handle(), DeviceId(0)) }
+                        .unwrap();
+                    in_use.free(event.handle().as_raw());
+                    drop(event);
+                }
+                drop(stream);
+                working.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            });
+        }
+        purger.join().unwrap()
+    });
+    assert!(purges > 0, "the purges ran");
+    assert_eq!(events.live_leases(), 0);
+    assert!(events.take_error().is_none());
+    assert_eq!(events.total_stats().leases, threads * iterations);
+    streams.purge().unwrap();
+    events.purge().unwrap();
+    drop((streams, events));
+    assert_count(gpu.live_streams(), 0, "streams left after purge and drop");
+    assert_count(gpu.live_events(), 0, "events left after purge and drop");
+    assert_no_misuse(&gpu);
+}
