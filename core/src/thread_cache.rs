@@ -5,19 +5,18 @@
 //! point at sixteen. A runtime thread usually returns what it leased and leases
 //! again soon after, so each thread keeps a few handles of one device in a
 //! [`Cell`] of its own: `take` and `give` touch only that thread's cell (plain
-//! loads and one uncontended compare-and-swap or store), no epoch, no allocation, no shared
-//! counter. A cell holds handles of one device for its whole life; a thread
+//! loads and stores, no read-modify-write), no epoch, no allocation, no
+//! shared counter. A cell holds handles of one device for its whole life; a thread
 //! that leases on several devices has a cell per device.
 //!
 //! Every handle in a cell stays reachable by the pool: cells are registered in
 //! the pool's [`ThreadCache`], and [`ThreadCache::drain`] (purge, drop) takes
 //! every handle out of every cell. A handle is in at most one place: a cell
-//! slot holds it until exactly one compare-and-swap (the owner's `take` or a
-//! drain) takes it out, and `give` claims an empty slot with a compare-and-swap, so no
-//! handle is ever overwritten. (Only the owner turns an empty slot into a
-//! full one, and no other thread writes an empty slot, so a plain store after
-//! the load would also be correct today; the CAS keeps that from resting on
-//! who else writes the slot.)
+//! slot holds it until one taker takes it out (a drain with a
+//! compare-and-swap; the owner's `take` with a plain store, the race between
+//! the two settled as described in [`in_place`]), and `give` fills only an
+//! empty slot, which no other thread writes, so no handle is ever
+//! overwritten.
 //!
 //! The event pool leases *in place* ([`Cell::lease`]): the owner replaces
 //! the handle in its slot with the [`LEASED`] marker by a plain store (a
@@ -129,19 +128,6 @@ impl Cell {
         c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
     }
 
-    /// Takes a handle, if the cell holds one. Owner only.
-    #[inline]
-    pub(crate) fn take(&self) -> Option<usize> {
-        // Last filled first: `give` fills from the front, so this is LIFO.
-        for s in self.slots.iter().rev() {
-            if let Some(h) = take_slot(s) {
-                Self::bump(&self.served);
-                return Some(h);
-            }
-        }
-        None
-    }
-
     /// Keeps `handle` (of the cell's device) if there is room, counting it as
     /// a returned lease. Owner only.
     #[inline]
@@ -164,14 +150,14 @@ impl Cell {
             return false;
         }
         for s in &self.slots {
-            // Relaxed pre-check: skips full slots without a read-modify-write.
-            // The CAS then claims the slot only if it is still empty (see the
-            // module documentation for why a CAS and not a plain store).
-            // Release on success: publishes the handle to whoever takes it out.
-            if s.load(Ordering::Relaxed) == 0
-                && s.compare_exchange(0, handle, Ordering::Release, Ordering::Relaxed)
-                    .is_ok()
-            {
+            // A plain store into an empty slot: only the owner turns an empty
+            // slot into a full one, and no other thread writes an empty slot
+            // (drains and `take_slot` empty full ones, a lease's end writes
+            // only the slot it holds marked). Acquire: after the Release
+            // that emptied it (a drain's take, a lease's `vacate`). Release:
+            // publishes the handle to whoever takes it out.
+            if s.load(Ordering::Acquire) == 0 {
+                s.store(handle, Ordering::Release);
                 return true;
             }
         }

@@ -1,24 +1,26 @@
-//! In-place leases of a cell's slots ([`Cell::lease`], [`InPlace`]) and the
-//! asymmetric barrier that lets the owner claim a slot with a plain store.
+//! The owner's claims of its cell's handles ([`Cell::take`], and
+//! [`Cell::lease`] with its [`InPlace`] slot) and the asymmetric barrier that
+//! lets the owner claim a handle with a plain store.
 //!
 //! Only one other kind of thread competes with the owner for a handle in its
 //! cell while the owner lives: a drain (purge). So the owner's claim is a
-//! plain store of [`LEASED`] over the handle it read, and a drain pays for
-//! both sides: it raises the cell's `DRAINING` bit, then runs the heavy
-//! barrier (on Linux `membarrier`, which makes every running thread of the
-//! process execute a full barrier), then takes handles. The owner, after its
-//! store, runs the light barrier (a compiler fence) and reads the cell's
-//! drain word again. It is the store-buffering pattern with a fence on each
-//! side: either the drain sees `LEASED` (and passes the slot by), or the
-//! owner sees the drain (and finds out, below, whether its handle was taken
-//! before its store landed).
+//! plain store over the handle it read (0 for a take, [`LEASED`] for an
+//! in-place lease), and a drain pays for both sides: it raises the cell's
+//! `DRAINING` bit, then runs the heavy barrier (on Linux `membarrier`, which
+//! makes every running thread of the process execute a full barrier), then
+//! takes handles. The owner, after its store, runs the light barrier (a
+//! compiler fence) and reads the cell's drain word again. It is the
+//! store-buffering pattern with a fence on each side: either the drain sees
+//! the owner's store (and passes the slot by), or the owner sees the drain
+//! (and finds out, below, whether its handle was taken before its store
+//! landed).
 //!
 //! Each take by a drain flips the slot's bit in the drain word. Between the
 //! owner's first read of the word and its store, a slot can lose its handle
 //! to a drain at most once (after a take the slot is empty, and only the
-//! owner, busy in `lease`, fills empty slots), so a flipped bit says exactly
-//! that the handle was taken: the lease is abandoned, and the slot (which the
-//! owner's store marked leased) is emptied again.
+//! owner, busy claiming, fills empty slots), so a flipped bit says exactly
+//! that the handle was taken: the claim is abandoned, and the slot (which the
+//! owner's store may have marked leased) is emptied again.
 //!
 //! Where `membarrier` cannot be had (a kernel without it, a target that is
 //! not Linux), the light barrier is a sequentially consistent fence and so is
@@ -124,6 +126,15 @@ mod membarrier {
 }
 
 impl Cell {
+    /// Takes a handle, if the cell holds one: the most recently kept (`give`
+    /// fills from the front, so this is LIFO). Owner only.
+    #[inline(always)] // the whole of a memo hit's get: inlined into it
+    pub(crate) fn take(&self) -> Option<usize> {
+        let (h, _) = self.claim(0)?;
+        Self::bump(&self.served);
+        Some(h)
+    }
+
     /// Leases the most recently kept handle *in place*: its slot stays
     /// claimed, marked [`LEASED`], so that a drain passes it by, and the lease
     /// ends with one plain store ([`InPlace::unlease`] or [`InPlace::vacate`])
@@ -131,13 +142,22 @@ impl Cell {
     /// to the lease (whichever thread holds it) until one of those two calls.
     #[inline(always)] // the whole of a memo hit's get: inlined into it
     pub(crate) fn lease(&self) -> Option<(usize, InPlace<'_>)> {
+        let (h, s) = self.claim(LEASED)?;
+        // Counted as served by `counts` (one tally, not two).
+        Self::bump(&self.in_place);
+        Some((h, InPlace(s)))
+    }
+
+    /// Claims the newest handle for the owner, leaving `mark` in its slot: 0
+    /// (taken out) or [`LEASED`] (leased in place). Owner only.
+    #[inline(always)]
+    fn claim(&self, mark: usize) -> Option<(usize, &AtomicUsize)> {
         // Acquire: a handle read below is checked against drains that began
         // after this read (see the module documentation).
         let before = self.drain.load(Ordering::Acquire);
         if before & DRAINING != 0 {
-            return self.lease_while_draining();
+            return self.claim_while_draining(mark);
         }
-        // Last filled first, as `take`.
         for (i, s) in self.slots.iter().enumerate().rev() {
             // Acquire: pairs with the Release store that put the handle in
             // (this thread's `keep`, a lease's `unlease` from any thread, or
@@ -148,21 +168,21 @@ impl Cell {
             }
             // A plain store: only a drain competes for an unleased handle in
             // a live owner's slot (nobody else writes a slot holding one), and
-            // the barrier and the read below settle that race.
-            s.store(LEASED, Ordering::Relaxed);
+            // the barrier and the read below settle that race. (Relaxed:
+            // nobody takes anything from `mark`.)
+            s.store(mark, Ordering::Relaxed);
             light();
             // Acquire: with the drain's Release when it lowers `DRAINING`,
             // the flipped bit of a take is seen.
             let after = self.drain.load(Ordering::Acquire);
             if after != before && self.taken_by_drain(i, before) {
-                // The drain took `h` before the store above, which marked
-                // the empty slot leased: empty again (Release: as `vacate`).
+                // The drain took `h` before the store above, which may have
+                // marked the empty slot leased: empty again (Release: as
+                // `vacate`).
                 s.store(0, Ordering::Release);
                 continue;
             }
-            // Counted as served by `counts` (one tally, not two).
-            Self::bump(&self.in_place);
-            return Some((h, InPlace(s)));
+            return Some((h, s));
         }
         None
     }
@@ -183,20 +203,19 @@ impl Cell {
         }
     }
 
-    /// [`lease`](Self::lease) while a drain runs: each slot claimed with a
+    /// [`claim`](Self::claim) while a drain runs: the slot claimed with a
     /// compare-and-swap, which a drain's own compare-and-swap excludes.
     #[cold]
-    fn lease_while_draining(&self) -> Option<(usize, InPlace<'_>)> {
+    fn claim_while_draining(&self, mark: usize) -> Option<(usize, &AtomicUsize)> {
         for s in self.slots.iter().rev() {
             let h = s.load(Ordering::Relaxed);
-            // Acquire on success: as in `lease`.
+            // Acquire on success: as in `claim`.
             if h != 0
                 && h != LEASED
-                && s.compare_exchange(h, LEASED, Ordering::Acquire, Ordering::Relaxed)
+                && s.compare_exchange(h, mark, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
-                Self::bump(&self.in_place);
-                return Some((h, InPlace(s)));
+                return Some((h, s));
             }
         }
         None
