@@ -266,10 +266,10 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
         self.devices.total_of(|d| self.stats(d))
     }
 
-    /// Moves every handle the per-thread cells hold to the shared lists
-    /// ([`PoolKind::flushed`]), so that purge and drop reach them.
-    fn flush_caches(&self) {
-        for (d, h) in self.cache.drain() {
+    /// Moves the handles `drained` from the per-thread cells to the shared
+    /// lists ([`PoolKind::flushed`]), so that purge and drop reach them.
+    fn flush_caches(&self, drained: alloc::vec::Vec<(usize, usize)>) {
+        for (d, h) in drained {
             if let Some(slot) = self.devices.slot_of(DeviceId(d as u32)) {
                 // SAFETY: cells hold only the raw words of live handles of
                 // this pool, of device `d`; the drain took `h` out of its cell.
@@ -329,7 +329,7 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
         if !self.pinning.owns(guard) {
             return Err(Error::ForeignGuard);
         }
-        self.flush_caches();
+        self.flush_caches(self.cache.drain());
         let mut first_error = None;
         let destroyed = self.destroy_pooled(guard, |slot, h, e| {
             // Not destroyed: set aside (never leased again) for the next
@@ -351,7 +351,8 @@ impl<B: Backend, K: PoolKind<B>> Pool<B, K> {
 
 impl<B: Backend, K: PoolKind<B>> Drop for Pool<B, K> {
     fn drop(&mut self) {
-        self.flush_caches();
+        let drained = self.cache.drain_all();
+        self.flush_caches(drained);
         // An error parked and never taken has nobody left to take it now.
         if let Some(e) = self.parked.take() {
             lost::report(&e);

@@ -74,8 +74,10 @@ pub(crate) struct Cell {
     /// Written only while no thread owns the cell (creation, adoption under
     /// the registry lock, which also publishes it to the new owner).
     owner_mark: AtomicUsize,
-    /// Handles, 0 for an empty slot. Nonzero values are written only by the
-    /// owner; drains write 0 with a compare-and-swap.
+    /// Handles, 0 for an empty slot, or [`LEASED`]. The owner fills empty
+    /// slots and claims handles (see [`in_place`]); an in-place lease ends
+    /// by writing its handle back (or 0) from any thread; drains take
+    /// handles with a compare-and-swap.
     slots: [AtomicUsize; SLOTS],
     /// Leases served from this cell by `take` (written by its owner only).
     served: AtomicUsize,
@@ -94,12 +96,16 @@ pub(crate) struct Cell {
     dead: AtomicBool,
     /// The registry's "a cell was orphaned" flag, raised when the owner exits.
     orphaned: Arc<AtomicBool>,
+    /// The registry's drain lock, held by a drain while it runs: an owner
+    /// that must wait for a drain's verdict sleeps on it.
+    drain_lock: Arc<Mutex<()>>,
 }
 
 impl Cell {
-    fn new(device: usize, orphaned: Arc<AtomicBool>) -> Self {
+    fn new(device: usize, orphaned: Arc<AtomicBool>, drain_lock: Arc<Mutex<()>>) -> Self {
         Cell {
             orphaned,
+            drain_lock,
             device,
             owner_mark: AtomicUsize::new(next_owner_mark()),
             slots: [(); SLOTS].map(|_| AtomicUsize::new(0)),
@@ -153,9 +159,9 @@ impl Cell {
             // A plain store into an empty slot: only the owner turns an empty
             // slot into a full one, and no other thread writes an empty slot
             // (drains and `take_slot` empty full ones, a lease's end writes
-            // only the slot it holds marked). Acquire: after the Release
-            // that emptied it (a drain's take, a lease's `vacate`). Release:
-            // publishes the handle to whoever takes it out.
+            // only the slot it holds marked). Acquire: after whatever emptied
+            // it (a lease's Release `vacate`, say). Release: publishes the
+            // handle to whoever takes it out.
             if s.load(Ordering::Acquire) == 0 {
                 s.store(handle, Ordering::Release);
                 return true;
@@ -247,6 +253,9 @@ pub(crate) struct ThreadCache {
     orphans: Mutex<Vec<(usize, usize)>>,
     /// Raised when a cell's owner exits (its cell is orphaned).
     orphaned: Arc<AtomicBool>,
+    /// Held by a drain from before it raises its cells' `DRAINING` bits to
+    /// after it lowers them (see [`Cell::lease`]).
+    drain_lock: Arc<Mutex<()>>,
     /// Every cell ever handed to a thread of this pool. Locked only to
     /// register a thread, and by drains and statistics: never on a hit.
     cells: Mutex<Vec<Arc<Cell>>>,
@@ -261,6 +270,7 @@ impl ThreadCache {
             adopt_handles,
             orphans: Mutex::new(Vec::new()),
             orphaned: Arc::new(AtomicBool::new(false)),
+            drain_lock: Arc::new(Mutex::new(())),
             // Relaxed: a unique id; nothing is published with it. (A std
             // atomic also under loom: it orders nothing the models check.)
             id: NEXT_POOL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -361,7 +371,11 @@ impl ThreadCache {
                 return c.clone();
             }
         }
-        let c = Arc::new(Cell::new(device, self.orphaned.clone()));
+        let c = Arc::new(Cell::new(
+            device,
+            self.orphaned.clone(),
+            self.drain_lock.clone(),
+        ));
         cells.push(c.clone());
         c
     }
@@ -391,28 +405,33 @@ impl ThreadCache {
     }
 
     /// Takes every handle out of every cell (and the orphans): `(device,
-    /// handle)` pairs.
+    /// handle)` pairs. Handles in the cells of live threads are taken only
+    /// if the heavy barrier can be made (it fails only where the kernel
+    /// refuses `membarrier` after registering the process for it: a seccomp
+    /// filter on the calling thread, say); then they stay for a later drain.
     pub(crate) fn drain(&self) -> Vec<(usize, usize)> {
         let mut out = core::mem::take(&mut *self.orphans.lock().unwrap_or_else(|e| e.into_inner()));
         // Drains are serialised by the registry lock.
         let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        // Taken before any `DRAINING` is raised, released after all are
+        // lowered: an owner that sees the bit can sleep on it.
+        let draining = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
         for c in cells.iter() {
             // Relaxed: ordered before the takes by the heavy barrier.
             c.drain.fetch_or(in_place::DRAINING, Ordering::Relaxed);
         }
-        // Owners claim handles for in-place leases with a plain store: with
-        // the barrier, each either sees `DRAINING` or has its store seen by
-        // the takes below (see `in_place`). Without it, live owners' cells
-        // are left alone.
+        // Owners claim handles with a plain store: with the barrier, each
+        // either sees `DRAINING` or has its store seen by the takes below
+        // (see `in_place`). Without it, live owners' cells are left alone.
         let raced_owners_seen = in_place::heavy();
         for c in cells.iter() {
             // Acquire: as in `register`.
             if raced_owners_seen || !c.owned.load(Ordering::Acquire) {
-                // The CAS in `take_slot` makes this drain the handle's only
-                // taker among the drains and the owner's `take`; a handle
-                // leased in place is out, and comes back to its slot (or
-                // leaves it) when its lease ends.
                 for (i, s) in c.slots.iter().enumerate() {
+                    // The CAS in `take_slot` makes this drain the handle's
+                    // only taker among drains; a handle leased in place is
+                    // out, and comes back to its slot (or leaves it) when its
+                    // lease ends.
                     if let Some(h) = take_slot(s) {
                         // Release: an owner that reads the flip reads the
                         // slot emptied.
@@ -426,6 +445,19 @@ impl ThreadCache {
             // Release: an owner that reads `DRAINING` lowered sees the flips
             // and the takes above (see `Cell::lease`).
             c.drain.fetch_and(!in_place::DRAINING, Ordering::Release);
+        }
+        drop(draining);
+        out
+    }
+
+    /// [`drain`](Self::drain) when no other thread can use the pool (its
+    /// drop): every handle of every cell, with no barrier.
+    pub(crate) fn drain_all(&mut self) -> Vec<(usize, usize)> {
+        let mut out = core::mem::take(&mut *self.orphans.lock().unwrap_or_else(|e| e.into_inner()));
+        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
+        for c in cells.iter() {
+            // (No owner is inside `claim`: every get borrows the pool.)
+            out.extend(c.slots.iter().filter_map(take_slot).map(|h| (c.device, h)));
         }
         out
     }

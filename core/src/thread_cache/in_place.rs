@@ -22,6 +22,11 @@
 //! that the handle was taken: the claim is abandoned, and the slot (which the
 //! owner's store may have marked leased) is emptied again.
 //!
+//! A claim is a load and a store, so it is not async-signal-safe: a `get`
+//! from a signal handler on the owner's thread, between the two, would be
+//! served the same handle (pool methods are not async-signal-safe anyway:
+//! the slow paths allocate and lock).
+//!
 //! Where `membarrier` cannot be had (a kernel without it, a target that is
 //! not Linux), the light barrier is a sequentially consistent fence and so is
 //! the heavy one; under loom and Miri too, so that the protocol is
@@ -188,8 +193,8 @@ impl Cell {
     }
 
     /// Whether a drain took the handle of slot `i` since the drain word read
-    /// `before` (no drain running then): waits for the drain that may have
-    /// (short: it holds the registry lock and takes a few handles).
+    /// `before` (no drain running then): waits for the drain that may have,
+    /// asleep on the lock it holds while it runs.
     #[cold]
     fn taken_by_drain(&self, i: usize, before: usize) -> bool {
         loop {
@@ -199,7 +204,9 @@ impl Cell {
             if now & DRAINING == 0 {
                 return (now ^ before) & (1 << i) != 0;
             }
-            crate::sync::thread::yield_now();
+            // The drain took the lock before it raised the bit and releases
+            // it after it lowers it.
+            drop(self.drain_lock.lock().unwrap_or_else(|e| e.into_inner()));
         }
     }
 
