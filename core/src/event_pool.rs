@@ -190,7 +190,9 @@ impl<B: EventBackend> EventPool<B> {
         /// Destroys every pooled event. Leases that are out come back normally
         /// later. Returns how many were destroyed. An event whose destroy fails
         /// stays pooled for the next purge; the first failure is returned after the
-        /// others were tried, later ones are parked.
+        /// others were tried, later ones are parked. (On Linux a purge runs one
+        /// `membarrier` call to take the events other threads keep; where the
+        /// kernel refuses it, those stay pooled for a later purge or the drop.)
     }
 
     /// The flags every event of this pool is created with.

@@ -225,7 +225,9 @@ impl<B: StreamBackend> StreamPool<B> {
         /// Returns how many streams were destroyed. A failed destroy does not stop
         /// the purge: that stream stays in the pool (so it is not lost and the next
         /// purge tries again) but is never leased again; the first error is
-        /// returned, later ones are parked.
+        /// returned, later ones are parked. (On Linux a purge runs one
+        /// `membarrier` call to take the streams other threads keep; where the
+        /// kernel refuses it, those stay pooled for a later purge or the drop.)
         ///
         /// ```
         /// use gpupool_core::StreamPool;
