@@ -95,9 +95,7 @@ pub(crate) mod thread {
     #[cfg(loom)]
     pub(crate) use loom::thread::{current, park, yield_now, Builder, JoinHandle, Thread};
     #[cfg(not(loom))]
-    pub(crate) use std::thread::{
-        current, park, park_timeout, yield_now, Builder, JoinHandle, Thread,
-    };
+    pub(crate) use std::thread::{current, park, park_timeout, Builder, JoinHandle, Thread};
 
     /// A timed park: loom cannot model time, so there it lets the other
     /// threads run instead.
