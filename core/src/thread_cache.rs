@@ -94,18 +94,24 @@ pub(crate) struct Cell {
     owned: AtomicBool,
     /// Whether the pool is gone (set by the pool's drop).
     dead: AtomicBool,
-    /// The registry's "a cell was orphaned" flag, raised when the owner exits.
-    orphaned: Arc<AtomicBool>,
-    /// The registry's drain lock, held by a drain while it runs: an owner
-    /// that must wait for a drain's verdict sleeps on it.
-    drain_lock: Arc<Mutex<()>>,
+    /// What the cell shares with its registry.
+    registry: Arc<Shared>,
+}
+
+/// What a registry shares with its cells.
+struct Shared {
+    /// Raised when a cell's owner exits (its cell is orphaned).
+    orphaned: AtomicBool,
+    /// Held by a drain from before it raises its cells' `DRAINING` bits to
+    /// after it lowers them: an owner that must wait for a drain's verdict
+    /// sleeps on it (see [`in_place`]).
+    drain_lock: Mutex<()>,
 }
 
 impl Cell {
-    fn new(device: usize, orphaned: Arc<AtomicBool>, drain_lock: Arc<Mutex<()>>) -> Self {
+    fn new(device: usize, registry: Arc<Shared>) -> Self {
         Cell {
-            orphaned,
-            drain_lock,
+            registry,
             device,
             owner_mark: AtomicUsize::new(next_owner_mark()),
             slots: [(); SLOTS].map(|_| AtomicUsize::new(0)),
@@ -179,7 +185,7 @@ impl Cell {
         // lock.
         self.owned.store(false, Ordering::Release);
         // Release: pairs with the Acquire swap in `take_orphans`.
-        self.orphaned.store(true, Ordering::Release);
+        self.registry.orphaned.store(true, Ordering::Release);
     }
 }
 
@@ -251,11 +257,8 @@ pub(crate) struct ThreadCache {
     adopt_handles: bool,
     /// Handles taken out of orphaned cells when `adopt_handles` is off.
     orphans: Mutex<Vec<(usize, usize)>>,
-    /// Raised when a cell's owner exits (its cell is orphaned).
-    orphaned: Arc<AtomicBool>,
-    /// Held by a drain from before it raises its cells' `DRAINING` bits to
-    /// after it lowers them (see [`Cell::lease`]).
-    drain_lock: Arc<Mutex<()>>,
+    /// The orphan flag and the drain lock, shared with the cells.
+    shared: Arc<Shared>,
     /// Every cell ever handed to a thread of this pool. Locked only to
     /// register a thread, and by drains and statistics: never on a hit.
     cells: Mutex<Vec<Arc<Cell>>>,
@@ -269,8 +272,10 @@ impl ThreadCache {
         ThreadCache {
             adopt_handles,
             orphans: Mutex::new(Vec::new()),
-            orphaned: Arc::new(AtomicBool::new(false)),
-            drain_lock: Arc::new(Mutex::new(())),
+            shared: Arc::new(Shared {
+                orphaned: AtomicBool::new(false),
+                drain_lock: Mutex::new(()),
+            }),
             // Relaxed: a unique id; nothing is published with it. (A std
             // atomic also under loom: it orders nothing the models check.)
             id: NEXT_POOL_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -366,16 +371,12 @@ impl ThreadCache {
                     // handle.)
                     orphans.extend(c.slots.iter().filter_map(take_slot).map(|h| (c.device, h)));
                     // Release: the next `take_orphans` collects them.
-                    self.orphaned.store(true, Ordering::Release);
+                    self.shared.orphaned.store(true, Ordering::Release);
                 }
                 return c.clone();
             }
         }
-        let c = Arc::new(Cell::new(
-            device,
-            self.orphaned.clone(),
-            self.drain_lock.clone(),
-        ));
+        let c = Arc::new(Cell::new(device, self.shared.clone()));
         cells.push(c.clone());
         c
     }
@@ -388,7 +389,8 @@ impl ThreadCache {
         // visible to the takes below.
         // Relaxed pre-check: a plain load keeps the common case (no thread
         // exited) off the flag's line; a flag raised meanwhile is seen next time.
-        if !self.orphaned.load(Ordering::Relaxed) || !self.orphaned.swap(false, Ordering::Acquire) {
+        let orphaned = &self.shared.orphaned;
+        if !orphaned.load(Ordering::Relaxed) || !orphaned.swap(false, Ordering::Acquire) {
             return Vec::new();
         }
         if !self.adopt_handles {
@@ -410,20 +412,40 @@ impl ThreadCache {
     /// refuses `membarrier` after registering the process for it: a seccomp
     /// filter on the calling thread, say); then they stay for a later drain.
     pub(crate) fn drain(&self) -> Vec<(usize, usize)> {
+        self.drain_cells(true)
+    }
+
+    /// [`drain`](Self::drain) when no other thread can use the pool (its
+    /// drop; every get borrows the pool, so no owner is claiming): every
+    /// handle of every cell, with no barrier.
+    pub(crate) fn drain_all(&mut self) -> Vec<(usize, usize)> {
+        self.drain_cells(false)
+    }
+
+    /// The drains; `owners_may_race`: live owners may be claiming handles
+    /// meanwhile (see `in_place`).
+    fn drain_cells(&self, owners_may_race: bool) -> Vec<(usize, usize)> {
         let mut out = core::mem::take(&mut *self.orphans.lock().unwrap_or_else(|e| e.into_inner()));
         // Drains are serialised by the registry lock.
         let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
         // Taken before any `DRAINING` is raised, released after all are
         // lowered: an owner that sees the bit can sleep on it.
-        let draining = self.drain_lock.lock().unwrap_or_else(|e| e.into_inner());
-        for c in cells.iter() {
-            // Relaxed: ordered before the takes by the heavy barrier.
-            c.drain.fetch_or(in_place::DRAINING, Ordering::Relaxed);
+        let draining = owners_may_race.then(|| {
+            self.shared
+                .drain_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+        });
+        if owners_may_race {
+            for c in cells.iter() {
+                // Relaxed: ordered before the takes by the heavy barrier.
+                c.drain.fetch_or(in_place::DRAINING, Ordering::Relaxed);
+            }
         }
         // Owners claim handles with a plain store: with the barrier, each
         // either sees `DRAINING` or has its store seen by the takes below
         // (see `in_place`). Without it, live owners' cells are left alone.
-        let raced_owners_seen = in_place::heavy();
+        let raced_owners_seen = !owners_may_race || in_place::heavy();
         for c in cells.iter() {
             // Acquire: as in `register`.
             if raced_owners_seen || !c.owned.load(Ordering::Acquire) {
@@ -441,24 +463,14 @@ impl ThreadCache {
                 }
             }
         }
-        for c in cells.iter() {
-            // Release: an owner that reads `DRAINING` lowered sees the flips
-            // and the takes above (see `Cell::lease`).
-            c.drain.fetch_and(!in_place::DRAINING, Ordering::Release);
+        if owners_may_race {
+            for c in cells.iter() {
+                // Release: an owner that reads `DRAINING` lowered sees the
+                // flips and the takes above (see `Cell::lease`).
+                c.drain.fetch_and(!in_place::DRAINING, Ordering::Release);
+            }
         }
         drop(draining);
-        out
-    }
-
-    /// [`drain`](Self::drain) when no other thread can use the pool (its
-    /// drop): every handle of every cell, with no barrier.
-    pub(crate) fn drain_all(&mut self) -> Vec<(usize, usize)> {
-        let mut out = core::mem::take(&mut *self.orphans.lock().unwrap_or_else(|e| e.into_inner()));
-        let cells = self.cells.lock().unwrap_or_else(|e| e.into_inner());
-        for c in cells.iter() {
-            // (No owner is inside `claim`: every get borrows the pool.)
-            out.extend(c.slots.iter().filter_map(take_slot).map(|h| (c.device, h)));
-        }
         out
     }
 

@@ -206,7 +206,8 @@ impl Cell {
             }
             // The drain took the lock before it raised the bit and releases
             // it after it lowers it.
-            drop(self.drain_lock.lock().unwrap_or_else(|e| e.into_inner()));
+            let lock = &self.registry.drain_lock;
+            drop(lock.lock().unwrap_or_else(|e| e.into_inner()));
         }
     }
 
