@@ -147,7 +147,7 @@ use crate::raw;
 use crate::shards::{LocalShards, ShardState, Shards};
 
 pub(crate) use self::shelf::Shelf;
-pub(crate) use self::thread_shelf::ThreadShelf;
+pub(crate) use self::thread_shelf::{CacheTallies, ThreadShelf};
 // For the unit tests' `use super::*`.
 #[cfg(test)]
 use self::shelf::Put;
@@ -254,9 +254,7 @@ pub(crate) struct DeviceCache {
 pub(crate) struct CacheCounts {
     pub(crate) blocks: usize,
     pub(crate) bytes: usize,
-    pub(crate) hits: u64,
-    pub(crate) misses: u64,
-    pub(crate) evictions: u64,
+    pub(crate) tallies: CacheTallies,
 }
 
 thread_local! {
@@ -288,9 +286,7 @@ impl DeviceCache {
         self.shards.each(|t| {
             c.blocks += t.shelf.len();
             c.bytes += t.shelf.bytes();
-            c.hits += t.hits;
-            c.misses += t.misses;
-            c.evictions += t.evictions;
+            c.tallies += t.tallies;
         });
         c
     }
@@ -324,10 +320,10 @@ impl DeviceCache {
             };
             match found {
                 Some(_) => {
-                    mine.hits += 1;
+                    mine.tallies.hits += 1;
                     mine.release_surplus(RESERVE_CHUNK, self.reserved());
                 }
-                None => mine.misses += 1,
+                None => mine.tallies.misses += 1,
             }
             found
         })
@@ -381,7 +377,7 @@ impl DeviceCache {
         let Some(put) = self.with_shard(|mine| {
             mine.reserve_for(size, self.reserved());
             let put = mine.shelf.put(id, size, addr);
-            mine.evictions += put.evicted.len() as u64 + u64::from(put.refused.is_some());
+            mine.tallies.evictions += put.evicted.len() as u64 + u64::from(put.refused.is_some());
             put
         }) else {
             return false;

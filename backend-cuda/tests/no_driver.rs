@@ -16,11 +16,12 @@
 use std::time::Duration;
 
 use gpupool_core::{
-    AccessOrder, Backend, BackendId, BackendOp, Completion, DeviceId, Error, EventBackend,
-    EventFlags, EventHandle, EventPool, MemoryBackend, MemoryKind, OwnedStream, Scratchpad,
-    StreamBackend, StreamHandle, StreamOptions, StreamPool,
+    AccessOrder, Backend, BackendId, BackendOp, DeviceId, Error, EventBackend, EventFlags,
+    EventHandle, EventPool, MemoryBackend, MemoryKind, OwnedStream, Scratchpad, StreamBackend,
+    StreamHandle, StreamPool,
 };
 use gpupool_cuda::{testing, CudaBackend, CudaError};
+use gpupool_mock::MockBackend;
 
 const D0: DeviceId = DeviceId(0);
 
@@ -252,60 +253,16 @@ fn every_cuda_backend_shares_one_id_without_a_driver_call() {
     assert_eq!(pool.backend().id(), b.id());
 }
 
-/// A backend that is not CUDA's, for the testing helpers to refuse.
-struct Elsewhere(BackendId);
-
-// SAFETY: a fresh id of its own; it hands out no handle at all.
-unsafe impl Backend for Elsewhere {
-    type Error = CudaError;
-    fn id(&self) -> BackendId {
-        self.0
-    }
-    fn device_count(&self) -> Result<u32, CudaError> {
-        Ok(1)
-    }
-    fn current_device(&self) -> Result<DeviceId, CudaError> {
-        Ok(DeviceId(0))
-    }
-}
-
-/// `Elsewhere` makes no stream: every call fails, and none is ever made (the
-/// tests only need its id on an `OwnedStream`).
-impl StreamBackend for Elsewhere {
-    fn create_stream(&self, _: DeviceId, _: StreamOptions) -> Result<StreamHandle, CudaError> {
-        Err(CudaError::NoDriver)
-    }
-    unsafe fn destroy_stream(&self, _: StreamHandle, _: DeviceId) -> Result<(), CudaError> {
-        Err(CudaError::NoDriver)
-    }
-    unsafe fn query_stream(&self, _: StreamHandle, _: DeviceId) -> Result<Completion, CudaError> {
-        Err(CudaError::NoDriver)
-    }
-    unsafe fn synchronize_stream(&self, _: StreamHandle, _: DeviceId) -> Result<(), CudaError> {
-        Err(CudaError::NoDriver)
-    }
-    unsafe fn stream_wait_event(
-        &self,
-        _: StreamHandle,
-        _: DeviceId,
-        _: EventHandle,
-    ) -> Result<(), CudaError> {
-        Err(CudaError::NoDriver)
-    }
-    unsafe fn stream_device(&self, _: StreamHandle) -> Result<DeviceId, CudaError> {
-        Err(CudaError::NoDriver)
-    }
-}
-
 #[test]
 fn the_scoped_cudarc_interop_refuses_another_backends_stream_and_reports_no_driver() {
     // SAFETY: a made-up handle that never reaches a driver (below).
     let fake = unsafe { StreamHandle::from_raw(0x1000) };
     // Another backend's stream: refused before anything is called, with or
     // without a driver (the handle never reaches one).
-    let other = Elsewhere(BackendId::unique());
-    // SAFETY: `Elsewhere` checks nothing and the stream is only offered to
-    // `with_cudarc_owned_stream`, which must refuse it by its id.
+    // A backend that is not CUDA's: the mock, with an id of its own.
+    let other = MockBackend::new(1);
+    // SAFETY: the stream is only offered to `with_cudarc_owned_stream`,
+    // which must refuse it by its backend's id (no backend ever sees it).
     let foreign = unsafe { OwnedStream::from_raw_parts(&other, fake, DeviceId(0)) }.unwrap();
     let mut ran = false;
     let r = gpupool_cuda::with_cudarc_owned_stream(&foreign, |_| ran = true);
@@ -341,7 +298,8 @@ fn the_testing_kernels_refuse_host_order_and_another_backends_stream() {
         code(testing::Gate::hold(host, Duration::ZERO).map(drop)),
         invalid_value
     );
-    let other = Elsewhere(BackendId::unique());
+    // A backend that is not CUDA's: the mock, with an id of its own.
+    let other = MockBackend::new(1);
     // SAFETY: the order names a "stream" of `other`, which has none; it is
     // handed only to the testing helpers, which must refuse it because it is
     // not a CUDA backend's (no driver ever sees the handle).

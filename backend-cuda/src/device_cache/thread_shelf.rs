@@ -15,9 +15,24 @@ pub(crate) struct ThreadShelf {
     /// least `shelf.bytes()`, in whole [`RESERVE_CHUNK`]s while the thread
     /// lives (exactly the bytes held, for the orphans).
     pub(super) reserved: usize,
-    pub(super) hits: u64,
-    pub(super) misses: u64,
-    pub(super) evictions: u64,
+    pub(super) tallies: CacheTallies,
+}
+
+/// What a device cache (one thread's shard, or all of them summed) has done:
+/// allocations it answered and did not, and blocks it evicted.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CacheTallies {
+    pub(crate) hits: u64,
+    pub(crate) misses: u64,
+    pub(crate) evictions: u64,
+}
+
+impl core::ops::AddAssign for CacheTallies {
+    fn add_assign(&mut self, other: CacheTallies) {
+        self.hits += other.hits;
+        self.misses += other.misses;
+        self.evictions += other.evictions;
+    }
 }
 
 impl Default for ThreadShelf {
@@ -25,9 +40,7 @@ impl Default for ThreadShelf {
         ThreadShelf {
             shelf: Shelf::new(MAX_BLOCKS, 0),
             reserved: 0,
-            hits: 0,
-            misses: 0,
-            evictions: 0,
+            tallies: CacheTallies::default(),
         }
     }
 }
@@ -49,9 +62,7 @@ impl ShardState for ThreadShelf {
             self.shelf.force(stream, size, addr);
         }
         self.reserved += core::mem::take(&mut from.reserved);
-        self.hits += core::mem::take(&mut from.hits);
-        self.misses += core::mem::take(&mut from.misses);
-        self.evictions += core::mem::take(&mut from.evictions);
+        self.tallies += core::mem::take(&mut from.tallies);
         self.release_surplus(0, budget);
     }
 }

@@ -119,10 +119,10 @@ impl CudaBackend {
         let i = MemoryKind::Device.index();
         s.cached_blocks[i] = cache.blocks;
         s.cached_bytes[i] = cache.bytes;
-        s.device_cache_hits = cache.hits;
-        s.reuses[i] += cache.hits;
-        s.device_cache_misses = cache.misses;
-        s.device_cache_evictions = cache.evictions;
+        s.device_cache_hits = cache.tallies.hits;
+        s.reuses[i] += cache.tallies.hits;
+        s.device_cache_misses = cache.tallies.misses;
+        s.device_cache_evictions = cache.tallies.evictions;
         (s.kept_for_graphs, s.kept_for_graphs_bytes) = mem.kept_for_graphs();
         Ok(s)
     }

@@ -10,14 +10,10 @@
 
 use std::mem::MaybeUninit;
 
-use super::common::{
-    capturing, complete_and_assert_clean, complete_and_assert_no_hazards,
-    complete_drop_and_assert_clean, fill_and_use, forked, forked_and_joined, join, leases,
-    mock_rig, race, with_lost_error_hook,
-};
+use super::common::*;
 use gpupool_core::{
     lost_errors, AccessOrder, BackendOp, CaptureMode, CaptureStatus, DeviceId, Error, EventPool,
-    MemoryKind, Scratchpad, ScratchpadConfig, StreamPool,
+    MemoryKind, Scratchpad, ScratchpadConfig, StreamLease, StreamPool,
 };
 use gpupool_mock::{MockBackend, MockError};
 use gpupool_tests::assert_clean;
@@ -208,6 +204,37 @@ fn capturing_queries(gpu: &MockBackend) -> usize {
         .count()
 }
 
+/// Joins `side` back into `origin`'s capture if it is in it, then returns it
+/// to its pool; true if the return queried a capturing stream (`side` had
+/// joined the capture unseen).
+fn return_joined_back(
+    gpu: &MockBackend,
+    origin: &StreamLease<'_, MockBackend>,
+    side: StreamLease<'_, MockBackend>,
+    events: &EventPool<MockBackend>,
+) -> bool {
+    let joined = gpu.capture_status_of(side.handle()) == Ok(CaptureStatus::Active);
+    if joined {
+        join(origin, &side, events); // join back
+    }
+    let before = capturing_queries(gpu);
+    drop(side);
+    capturing_queries(gpu) > before
+}
+
+/// Runs `round` up to `RACE_ROUNDS` times, until one says that its side
+/// stream joined a capture unseen, and asserts that none did.
+#[track_caller]
+fn assert_never_joined_unseen(gpu: &MockBackend, mut round: impl FnMut() -> bool) {
+    let hit = (0..RACE_ROUNDS).find(|_| round());
+    assert_eq!(
+        hit,
+        None,
+        "the side stream joined unseen in round {hit:?}: {:?}",
+        gpu.misuses()
+    );
+}
+
 /// Thread 1 makes `side` wait on `origin` while thread 2 begins a capture
 /// on `origin`. `wait` reads `origin`'s note (not bumped yet: `begin_capture`
 /// bumps it after the backend call), decides "not capturing", records a
@@ -219,34 +246,20 @@ fn capturing_queries(gpu: &MockBackend) -> usize {
 #[test]
 fn a_wait_racing_begin_capture_joins_unseen() {
     let (gpu, streams, events) = mock_pools(1);
-    let mut hit = None;
-    for round in 0..RACE_ROUNDS {
+    assert_never_joined_unseen(&gpu, || {
         let [origin, side] = leases(&streams);
         race(
             || side.order().wait(&origin.order(), &events).unwrap(),
             || origin.begin_capture(CaptureMode::Relaxed).unwrap(),
         );
-        let joined = gpu.capture_status_of(side.handle()) == Ok(CaptureStatus::Active);
-        if joined {
-            join(&origin, &side, &events); // join back
-        }
-        let before = capturing_queries(&gpu);
-        drop(side);
-        let unseen = capturing_queries(&gpu) > before;
+        let unseen = return_joined_back(&gpu, &origin, side, &events);
         let _ = origin.end_capture();
         drop(origin);
-        if unseen {
-            hit = Some(round);
-            break;
+        if !unseen {
+            gpu.complete_everything();
         }
-        gpu.complete_everything();
-    }
-    assert_eq!(
-        hit,
-        None,
-        "the side stream joined unseen in round {hit:?}: {:?}",
-        gpu.misuses()
-    );
+        unseen
+    });
 }
 
 /// Thread 1 makes `side` wait on an event while thread 2 records that event
@@ -255,8 +268,7 @@ fn a_wait_racing_begin_capture_joins_unseen() {
 #[test]
 fn a_wait_event_racing_a_captured_record_joins_unseen() {
     let (gpu, streams, events) = mock_pools(1);
-    let mut hit = None;
-    for round in 0..RACE_ROUNDS {
+    assert_never_joined_unseen(&gpu, || {
         let [origin] = capturing(&streams, CaptureMode::Relaxed);
         let side = streams.get(0).unwrap();
         let e = events.get_shared(0).unwrap();
@@ -264,27 +276,12 @@ fn a_wait_event_racing_a_captured_record_joins_unseen() {
             || side.order().wait_event(&e).unwrap(),
             || e.record(&origin.order()).unwrap(),
         );
-        let joined = gpu.capture_status_of(side.handle()) == Ok(CaptureStatus::Active);
-        if joined {
-            join(&origin, &side, &events);
-        }
-        let before = capturing_queries(&gpu);
-        drop(side);
-        let unseen = capturing_queries(&gpu) > before;
+        let unseen = return_joined_back(&gpu, &origin, side, &events);
         drop(e);
         let _ = origin.end_capture();
         drop(origin);
-        if unseen {
-            hit = Some(round);
-            break;
-        }
-    }
-    assert_eq!(
-        hit,
-        None,
-        "the side stream joined unseen in round {hit:?}: {:?}",
-        gpu.misuses()
-    );
+        unseen
+    });
 }
 
 // ---------------------------------------------------------------------------
@@ -428,8 +425,7 @@ fn keep_for_graph_after_the_capture_ended_in_the_middle_of_a_reset() {
 fn a_side_scratchpad_dropped_while_the_origin_ends_the_capture() {
     let (gpu, streams, events) = mock_pools(1);
     let replay = streams.get(0).unwrap();
-    let mut hit = None;
-    for round in 0..RACE_ROUNDS {
+    assert_no_hazard_in_rounds(&gpu, RACE_ROUNDS, "a use after free", |_| {
         let [origin] = capturing(&streams, CaptureMode::Relaxed);
         let side = forked(&streams, &origin, &events);
         let scratch = Scratchpad::new(&gpu, side.order()).unwrap();
@@ -441,20 +437,15 @@ fn a_side_scratchpad_dropped_while_the_origin_ends_the_capture() {
         // item on the side stream after the join, which the mock counts as
         // unjoined: that round proves nothing.)
         let Ok(graph) = graph else {
-            gpu.clear_hazards();
-            continue;
+            return false;
         };
         gpu.complete_everything();
         gpu.launch_graph(&graph, replay.handle()).unwrap();
         gpu.complete_everything();
         drop(graph);
         drop((side, origin));
-        if !gpu.hazards().is_empty() {
-            hit = Some(round);
-            break;
-        }
-    }
-    assert_eq!(hit, None, "round {hit:?}: {:?}", gpu.hazards());
+        true
+    });
 }
 
 /// Finding 7 with a second capture: thread 1 ends the capture and begins
@@ -468,8 +459,7 @@ fn a_side_scratchpad_dropped_while_the_origin_ends_the_capture() {
 fn a_scratchpad_dropped_while_its_capture_ends_and_another_begins() {
     let (gpu, streams, _events) = mock_pools(1);
     let replay = streams.get(0).unwrap();
-    let mut hit = None;
-    for round in 0..RACE_ROUNDS * 5 / 2 {
+    assert_no_hazard_in_rounds(&gpu, RACE_ROUNDS * 5 / 2, "a use after free", |_| {
         let [origin] = capturing(&streams, CaptureMode::Relaxed);
         let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
         let p = scratch.pinned::<u8>(256).unwrap();
@@ -484,8 +474,7 @@ fn a_scratchpad_dropped_while_its_capture_ends_and_another_begins() {
         );
         let second = origin.end_capture();
         let (Ok(first), Ok(second)) = (first, second) else {
-            gpu.clear_hazards();
-            continue;
+            return false;
         };
         drop(second);
         gpu.complete_everything();
@@ -493,12 +482,8 @@ fn a_scratchpad_dropped_while_its_capture_ends_and_another_begins() {
         gpu.complete_everything();
         drop(first);
         drop(origin);
-        if !gpu.hazards().is_empty() {
-            hit = Some(round);
-            break;
-        }
-    }
-    assert_eq!(hit, None, "round {hit:?}: {:?}", gpu.hazards());
+        true
+    });
 }
 
 // ---------------------------------------------------------------------------
@@ -633,8 +618,7 @@ fn an_origin_lease_dropped_inside_its_capture() {
 fn forgetting_things_inside_a_capture() {
     mock_rig!(gpu, streams, events; [origin, replay] = capturing(CaptureMode::Relaxed));
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
-    let x = scratch.to_device(&[1u32; 8]).unwrap();
-    gpu.launch_map(&origin.order(), &x, &x, |v| v + 1).unwrap();
+    let x = upload_and_increment(&gpu, &scratch, origin.order(), &[1u32; 8]);
     let _ = x; // (a slice has no drop: nothing to forget)
     core::mem::forget(scratch);
     let e = events.get(0).unwrap();
@@ -646,8 +630,7 @@ fn forgetting_things_inside_a_capture() {
     for _ in 0..2 {
         gpu.launch_graph(&graph, replay.handle()).unwrap();
         let s2 = Scratchpad::new(&gpu, replay.order()).unwrap();
-        let y = s2.to_device(&[2u32; 8]).unwrap();
-        gpu.launch_map(&replay.order(), &y, &y, |v| v + 1).unwrap();
+        upload_and_increment(&gpu, &s2, replay.order(), &[2u32; 8]);
     }
     complete_drop_and_assert_clean(&gpu, graph);
 }
@@ -659,11 +642,7 @@ fn special_streams_of_a_missing_device() {
     let (gpu, streams, events) = mock_pools(1);
     let lease = streams.get(0).unwrap();
     let e = events.get(0).unwrap();
-    for order in [
-        AccessOrder::null_stream(DeviceId(3)),
-        AccessOrder::legacy_stream(DeviceId(3)),
-        AccessOrder::per_thread_stream(DeviceId(3)),
-    ] {
+    for order in special_orders(DeviceId(3)) {
         let out_of_range = |r: Result<(), Error<MockError>>| {
             assert!(matches!(r, Err(Error::DeviceOutOfRange { .. })), "{r:?}");
         };
@@ -712,8 +691,7 @@ fn a_side_scratchpad_used_on_another_thread_inside_a_capture() {
     });
     std::thread::scope(|s| {
         s.spawn(|| {
-            let x = scratch.to_device(&[5u32; 16]).unwrap();
-            gpu.launch_map(&side.order(), &x, &x, |v| v + 1).unwrap();
+            upload_and_increment(&gpu, &scratch, side.order(), &[5u32; 16]);
             scratch.reset().unwrap();
             let y = scratch.device::<u32>(4).unwrap();
             gpu.launch_map(&side.order(), &y, &y, |v| v + 1).unwrap();
@@ -950,10 +928,5 @@ fn injected_failures_around_a_capture() {
 fn a_legacy_stream_wait_on_a_capture_breaks_it() {
     mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Relaxed));
     let waited = AccessOrder::null_stream(D0).wait(&origin.order(), &events);
-    let status = gpu.capture_status_of(origin.handle());
-    let ended = origin.end_capture();
-    assert!(waited.is_err());
-    assert_eq!(status, Ok(CaptureStatus::Active), "{waited:?}");
-    assert!(ended.is_ok(), "{ended:?}");
-    assert_clean(&gpu);
+    assert_refused_and_the_capture_intact(&gpu, &origin, waited);
 }

@@ -13,11 +13,7 @@
 
 use std::sync::{Barrier, Mutex};
 
-use super::common::{
-    assert_scratchpads_refuse, capturing, complete_and_assert_clean,
-    complete_and_assert_no_hazards, complete_drop_and_assert_clean, fill_and_use, forked, join,
-    leases, lock_noise, mock_rig, race, with_lost_error_hook,
-};
+use super::common::*;
 use gpupool_core::{
     lost_errors, AccessOrder, BackendOp, CaptureMode, CaptureStatus, DeviceId, Error, EventPool,
     MemoryKind, Scratchpad, ScratchpadConfig, StreamHandle, StreamLease, StreamPool,
@@ -193,8 +189,7 @@ fn a_rewound_device_block_goes_into_a_graph_while_older_work_uses_it() {
 fn a_rewound_device_block_on_a_joined_side_stream() {
     mock_rig!(gpu, streams, events; [origin, side, launch] = leases);
     let mut scratch = Scratchpad::new(&gpu, side.order()).unwrap();
-    let x = scratch.to_device(&[1u32; 256]).unwrap();
-    gpu.launch_map(&side.order(), &x, &x, |v| v + 1).unwrap(); // still running
+    let x = upload_and_increment(&gpu, &scratch, side.order(), &[1u32; 256]); // still running
     let _ = x;
     scratch.reset().unwrap();
     // What the side did before the capture, as an event: the launch waits
@@ -243,8 +238,8 @@ fn a_rewound_device_block_on_a_joined_side_stream() {
 fn a_wait_racing_the_end_of_the_waiters_capture_joins_the_next_unseen() {
     let (gpu, streams, events) = mock_pools(1);
     let replay = streams.get(0).unwrap();
-    let mut hit = None;
-    for round in 0..RACE_ROUNDS {
+    let what = "the pinned block went to the wrong graph";
+    assert_no_hazard_in_rounds(&gpu, RACE_ROUNDS, what, |_| {
         let [x_origin, y_origin, side] = leases(&streams);
         let mut scratch = Scratchpad::new(&gpu, side.order()).unwrap(); // quiet start
         x_origin.begin_capture(CaptureMode::Relaxed).unwrap();
@@ -264,8 +259,7 @@ fn a_wait_racing_the_end_of_the_waiters_capture_joins_the_next_unseen() {
             drop(scratch);
             let _ = y_origin.end_capture();
             gpu.complete_everything();
-            gpu.clear_hazards();
-            continue;
+            return false;
         };
         join(&y_origin, &side, &events); // joined back into Y
         scratch.reset().unwrap(); // Y is open: InCapture(Y) if unseen
@@ -277,12 +271,8 @@ fn a_wait_racing_the_end_of_the_waiters_capture_joins_the_next_unseen() {
         drop(gx);
         drop(scratch);
         gpu.complete_everything();
-        if !gpu.hazards().is_empty() {
-            hit = Some((round, gpu.hazards()));
-            break;
-        }
-    }
-    assert_eq!(hit, None, "the pinned block went to the wrong graph");
+        true
+    });
 }
 
 // ===========================================================================
@@ -413,12 +403,7 @@ fn a_capturing_stream_waiting_on_an_outside_stream_breaks_the_capture() {
     gpu.enqueue_work(outside.handle()).unwrap(); // e.g. an upload
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let waited = origin.order().wait(&outside.order(), &events);
-    let status = gpu.capture_status_of(origin.handle());
-    let graph = origin.end_capture();
-    assert!(waited.is_err());
-    assert_eq!(status, Ok(CaptureStatus::Active), "{waited:?}");
-    assert!(graph.is_ok(), "{graph:?}");
-    assert_clean(&gpu);
+    assert_refused_and_the_capture_intact(&gpu, &origin, waited);
 }
 
 /// The same across two captures: a stream of capture A waits on a stream
@@ -671,8 +656,7 @@ fn a_scratchpad_whose_orders_are_in_one_capture() {
     b.order().wait(&a.order(), &events).unwrap();
     let p = scratch.pinned::<u32>(64).unwrap();
     fill_and_use(&gpu, b.handle(), p, 3, 256);
-    let x = scratch.to_device(&[1u32; 64]).unwrap();
-    gpu.launch_map(&a.order(), &x, &x, |v| v + 1).unwrap();
+    let x = upload_and_increment(&gpu, &scratch, a.order(), &[1u32; 64]);
     let _ = x;
     a.order().wait(&b.order(), &events).unwrap();
     scratch.reset().unwrap();
@@ -906,8 +890,7 @@ fn a_panic_on_a_worker_inside_a_capture() {
 fn forgetting_after_the_capture_ended() {
     mock_rig!(gpu, streams, events; [origin, replay] = capturing(CaptureMode::Relaxed));
     let scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
-    let x = scratch.to_device(&[1u32; 64]).unwrap();
-    gpu.launch_map(&origin.order(), &x, &x, |v| v + 1).unwrap();
+    let x = upload_and_increment(&gpu, &scratch, origin.order(), &[1u32; 64]);
     let p = scratch.pinned::<u32>(64).unwrap();
     p[0].write(1);
     gpu.use_memory(origin.handle(), p.as_ptr().cast(), 4)
@@ -924,8 +907,7 @@ fn forgetting_after_the_capture_ended() {
     for _ in 0..3 {
         gpu.launch_graph(&graph, replay.handle()).unwrap();
         let s2 = Scratchpad::new(&gpu, replay.order()).unwrap();
-        let y = s2.to_device(&[2u32; 64]).unwrap();
-        gpu.launch_map(&replay.order(), &y, &y, |v| v + 1).unwrap();
+        upload_and_increment(&gpu, &s2, replay.order(), &[2u32; 64]);
         let q = s2.pinned::<u32>(64).unwrap();
         q[0].write(2);
         let w = events.get(0).unwrap();
@@ -954,8 +936,7 @@ fn two_threads_capture_at_once() {
                     {
                         let side = forked(streams, &origin, events);
                         let scratch = Scratchpad::new(gpu, side.order()).unwrap();
-                        let x = scratch.to_device(&[t; 128]).unwrap();
-                        gpu.launch_map(&side.order(), &x, &x, |v| v + 1).unwrap();
+                        upload_and_increment(gpu, &scratch, side.order(), &[t; 128]);
                         drop(scratch);
                         join(&origin, &side, events);
                     }

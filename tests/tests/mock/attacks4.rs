@@ -7,8 +7,10 @@
 use std::process::Command;
 use std::sync::Mutex;
 
-use super::common::{complete_and_assert_clean, join, leases, mock_rig};
-use gpupool_core::{AccessOrder, CaptureMode, DeviceId, Error, Scratchpad};
+use super::common::{complete_and_assert_clean, join, leases, mock_rig, special_orders};
+use gpupool_core::{
+    AccessOrder, CaptureMode, DeviceId, DeviceSlice, Error, EventPool, Scratchpad, StreamPool,
+};
 use gpupool_mock::{CallKind, MockBackend, MockError};
 use gpupool_tests::assert_clean;
 use gpupool_tests::mock_pools;
@@ -74,21 +76,13 @@ fn record_refuses_foreign_orders_and_wrong_devices() {
     assert!(matches!(r, Err(Error::WrongDevice { .. })), "{r:?}");
     eprintln!("wrong device: {r:?}");
     // Special streams: another device, a device out of range.
-    for o in [
-        AccessOrder::null_stream(DeviceId(1)),
-        AccessOrder::legacy_stream(DeviceId(1)),
-        AccessOrder::per_thread_stream(DeviceId(1)),
-    ] {
+    for o in special_orders(DeviceId(1)) {
         assert!(
             matches!(ev.record(&o), Err(Error::WrongDevice { .. })),
             "{o:?}"
         );
     }
-    for o in [
-        AccessOrder::null_stream(DeviceId(7)),
-        AccessOrder::legacy_stream(DeviceId(7)),
-        AccessOrder::per_thread_stream(DeviceId(7)),
-    ] {
+    for o in special_orders(DeviceId(7)) {
         assert!(
             matches!(ev.record(&o), Err(Error::DeviceOutOfRange { .. })),
             "{o:?}"
@@ -99,12 +93,10 @@ fn record_refuses_foreign_orders_and_wrong_devices() {
         );
     }
     // Special streams of the right device, and host order.
-    for o in [
-        AccessOrder::null_stream(DeviceId(0)),
-        AccessOrder::legacy_stream(DeviceId(0)),
-        AccessOrder::per_thread_stream(DeviceId(0)),
-        AccessOrder::host(),
-    ] {
+    for o in special_orders(DeviceId(0))
+        .into_iter()
+        .chain([AccessOrder::host()])
+    {
         ev.record(&o).unwrap();
         o.wait_event(&ev).unwrap();
         on1.order().wait_event(&ev).unwrap(); // another device's stream may wait
@@ -165,11 +157,7 @@ fn record_in_a_capture_then_wait_from_outside() {
         AccessOrder::host().wait_event(&ev),
         Err(Error::CapturedEvent)
     ));
-    for o in [
-        AccessOrder::null_stream(DeviceId(0)),
-        AccessOrder::legacy_stream(DeviceId(0)),
-        AccessOrder::per_thread_stream(DeviceId(0)),
-    ] {
+    for o in special_orders(DeviceId(0)) {
         assert!(
             matches!(o.wait_event(&ev), Err(Error::CapturedEvent)),
             "{o:?}"
@@ -271,14 +259,21 @@ fn gpupool_tests_live<B: gpupool_core::EventBackend>(_: &gpupool_core::EventPool
 // 3. Checking mode
 // ===========================================================================
 
+/// A one-device mock in checking mode (see `MockBackend::set_checking`),
+/// with a stream pool and an event pool over it.
+fn checking_pools() -> (MockBackend, StreamPool<MockBackend>, EventPool<MockBackend>) {
+    let gpu = MockBackend::new(1);
+    gpu.set_checking(true);
+    let streams = StreamPool::new(gpu.clone());
+    let events = EventPool::new(gpu.clone());
+    (gpu, streams, events)
+}
+
 /// Record once, wait many, and each reader reads back and computes on the
 /// uploaded buffer; drops in an order other than declaration order.
 #[test]
 fn checking_mode_record_once_with_kernels_and_odd_drop_orders() {
-    let gpu = MockBackend::new(1);
-    gpu.set_checking(true);
-    let streams = gpupool_core::StreamPool::new(gpu.clone());
-    let events = gpupool_core::EventPool::new(gpu.clone());
+    let (gpu, streams, events) = checking_pools();
     let data: Vec<u32> = (0..4096).collect();
     for round in 0..4 {
         let producer = streams.get(0).unwrap();
@@ -344,29 +339,37 @@ fn checking_mode_record_once_with_kernels_and_odd_drop_orders() {
     assert_clean(&gpu);
 }
 
+/// One round's work of the checking-mode loops, in `order`: `i` written by
+/// the host into pinned memory, uploaded, and a kernel from it into device
+/// memory (`i + 1` each), which is returned.
+fn pinned_upload_and_kernel<'s>(
+    gpu: &MockBackend,
+    scratch: &'s Scratchpad<'_, MockBackend>,
+    order: AccessOrder<'_>,
+    i: u32,
+) -> DeviceSlice<'s, u32> {
+    let staging = scratch.pinned::<u32>(1024).unwrap();
+    staging.iter_mut().for_each(|x| {
+        x.write(i);
+    });
+    let dev = scratch.to_device(&[i; 256]).unwrap();
+    let out = scratch.device::<u32>(256).unwrap();
+    gpu.launch_map(&order, &dev, &out, |v| v + 1).unwrap();
+    out
+}
+
 /// Scratchpad reset after waits, pinned memory written and read by the host
 /// each round: must neither panic nor grow without bound in checking mode
 /// (where work completes only when the host waits).
 #[test]
 fn checking_mode_scratchpad_reset_loop_with_pinned_and_waits() {
-    let gpu = MockBackend::new(1);
-    gpu.set_checking(true);
-    let (streams, events) = (
-        gpupool_core::StreamPool::new(gpu.clone()),
-        gpupool_core::EventPool::new(gpu.clone()),
-    );
+    let (gpu, streams, events) = checking_pools();
     let [a, b] = leases(&streams);
     let mut scratch = Scratchpad::new(&gpu, a.order()).unwrap();
     let ev = events.get(0).unwrap();
     let mut peak = 0;
     for i in 0..ROUNDS {
-        let staging = scratch.pinned::<u32>(1024).unwrap();
-        staging.iter_mut().for_each(|x| {
-            x.write(i);
-        });
-        let dev = scratch.to_device(&[i; 256]).unwrap();
-        let out = scratch.device::<u32>(256).unwrap();
-        gpu.launch_map(&a.order(), &dev, &out, |v| v + 1).unwrap();
+        let out = pinned_upload_and_kernel(&gpu, &scratch, a.order(), i);
         ev.record(&a.order()).unwrap();
         b.order().wait_event(&ev).unwrap();
         let back = scratch.to_host(&out).unwrap();
@@ -392,20 +395,12 @@ fn checking_mode_scratchpad_reset_loop_with_pinned_and_waits() {
 #[test]
 #[ignore = "limit: in checking mode work completes only when the host waits (MockBackend::set_checking), so stream-ordered releases of a loop that never waits pile up"]
 fn checking_mode_reset_loop_without_host_waits() {
-    let gpu = MockBackend::new(1);
-    gpu.set_checking(true);
-    let streams = gpupool_core::StreamPool::new(gpu.clone());
+    let (gpu, streams, _events) = checking_pools();
     let a = streams.get(0).unwrap();
     let mut scratch = Scratchpad::new(&gpu, a.order()).unwrap();
     let mut peak = 0;
     for i in 0..ROUNDS {
-        let staging = scratch.pinned::<u32>(1024).unwrap();
-        staging.iter_mut().for_each(|x| {
-            x.write(i);
-        });
-        let dev = scratch.to_device(&[i; 256]).unwrap();
-        let out = scratch.device::<u32>(256).unwrap();
-        gpu.launch_map(&a.order(), &dev, &out, |v| v + 1).unwrap();
+        pinned_upload_and_kernel(&gpu, &scratch, a.order(), i);
         scratch.reset().unwrap();
         peak = peak.max(gpu.live_bytes(gpupool_core::MemoryKind::Pinned));
     }
@@ -538,12 +533,7 @@ fn _unused(_: MockError) {}
 /// panic comes out of `Scratchpad::drop`, as documented for checking mode.
 #[test]
 fn checking_mode_hazard_inside_scratchpad_drop() {
-    let gpu = MockBackend::new(1);
-    gpu.set_checking(true);
-    let (streams, events) = (
-        gpupool_core::StreamPool::new(gpu.clone()),
-        gpupool_core::EventPool::new(gpu.clone()),
-    );
+    let (gpu, streams, events) = checking_pools();
     let [a, b] = leases(&streams);
     let scratch = Scratchpad::new(&gpu, a.order()).unwrap();
     let x = scratch.to_device(&[1u32; 64]).unwrap();

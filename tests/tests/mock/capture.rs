@@ -18,11 +18,24 @@ use super::common::{
     mock_rig,
 };
 use gpupool_core::{
-    AccessOrder, BackendOp, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad,
+    AccessOrder, BackendOp, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad, StreamLease,
+    StreamPool,
 };
-use gpupool_mock::CaptureMode;
+use gpupool_mock::{CaptureMode, MockBackend};
 use gpupool_tests::assert_clean;
 use gpupool_tests::mock_pools;
+
+/// Asserts that the capture begun on `origin` is still active (not
+/// invalidated by a refused call), showing the mock's misuses if not.
+#[track_caller]
+fn assert_capture_active(gpu: &MockBackend, origin: &StreamLease<'_, MockBackend>) {
+    assert_eq!(
+        gpu.capture_status_of(origin.handle()),
+        Ok(CaptureStatus::Active),
+        "{:?}",
+        gpu.misuses()
+    );
+}
 
 const D0: DeviceId = DeviceId(0);
 
@@ -46,10 +59,7 @@ fn fork_join_inside_a_capture_returns_the_side_stream_after_the_end() {
     join(&origin, &side, &events);
     drop(side); // inside the capture
     assert_clean(&gpu);
-    assert_eq!(
-        gpu.capture_status_of(origin.handle()),
-        Ok(CaptureStatus::Active)
-    );
+    assert_capture_active(&gpu, &origin);
 
     // While the capture is open nobody gets the side stream.
     let here = streams.get(0).unwrap();
@@ -87,10 +97,7 @@ fn a_host_wait_on_a_capturing_stream_is_a_typed_error() {
     mock_rig!(gpu, streams, events; [origin] = capturing(CaptureMode::Global));
     let waited = AccessOrder::host().wait(&origin.order(), &events);
     assert!(matches!(waited, Err(Error::StreamCapturing)), "{waited:?}");
-    assert_eq!(
-        gpu.capture_status_of(origin.handle()),
-        Ok(CaptureStatus::Active)
-    );
+    assert_capture_active(&gpu, &origin);
     assert_eq!(gpu.calls(BackendOp::SynchronizeStream), 0);
     origin.end_capture().unwrap();
     assert_clean(&gpu);
@@ -223,10 +230,7 @@ fn pinned_reset_inside_a_capture(batched: bool) {
         gpu.misuses()
     );
     assert_clean(&gpu);
-    assert_eq!(
-        gpu.capture_status_of(origin.handle()),
-        Ok(CaptureStatus::Active)
-    );
+    assert_capture_active(&gpu, &origin);
     let graph = origin.end_capture().unwrap();
 
     // The next round (outside the capture) gets another block; the old one
@@ -247,24 +251,31 @@ fn pinned_reset_inside_a_capture(batched: bool) {
 
 // ---- other threads during a capture ------------------------------------------
 
+/// Begins a capture in `mode` on a lease, returns another lease on another
+/// thread meanwhile, asserts that the capture stays active and ends it; then
+/// `check`s the machine and the pool (the capture's lease still out).
+fn lease_returned_on_another_thread_during_a_capture(
+    mode: CaptureMode,
+    check: impl FnOnce(&MockBackend, &StreamPool<MockBackend>),
+) {
+    mock_rig!(gpu, streams, _events; [origin] = capturing(mode));
+    std::thread::scope(|s| {
+        s.spawn(|| drop(streams.get(0).unwrap()));
+    });
+    assert_capture_active(&gpu, &origin);
+    origin.end_capture().unwrap();
+    check(&gpu, &streams);
+}
+
 /// A lease that never waited, returned on another thread while a capture is
 /// open, queries its stream. A Global capture forbids every thread that
 /// query (the driver's rule, measured on the H200); a ThreadLocal capture
 /// forbids it only to its own thread, so the capture stays valid.
 #[test]
 fn a_lease_returned_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
-    mock_rig!(gpu, streams, _events; [origin] = capturing(CaptureMode::ThreadLocal));
-    std::thread::scope(|s| {
-        s.spawn(|| drop(streams.get(0).unwrap()));
+    lease_returned_on_another_thread_during_a_capture(CaptureMode::ThreadLocal, |gpu, _| {
+        assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
     });
-    assert_eq!(
-        gpu.capture_status_of(origin.handle()),
-        Ok(CaptureStatus::Active),
-        "{:?}",
-        gpu.misuses()
-    );
-    origin.end_capture().unwrap();
-    assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());
 }
 
 /// The same return during a Global capture begun through gpupool: the
@@ -276,19 +287,10 @@ fn a_lease_returned_on_another_thread_during_a_thread_local_capture_leaves_it_va
 /// `gpupool_mock`'s own capture tests show.)
 #[test]
 fn a_lease_returned_on_another_thread_during_a_global_capture_leaves_it_valid() {
-    mock_rig!(gpu, streams, _events; [origin] = capturing(CaptureMode::Global));
-    std::thread::scope(|s| {
-        s.spawn(|| drop(streams.get(0).unwrap()));
+    lease_returned_on_another_thread_during_a_capture(CaptureMode::Global, |gpu, streams| {
+        assert!(streams.take_error().is_none());
+        assert_clean(gpu);
     });
-    assert_eq!(
-        gpu.capture_status_of(origin.handle()),
-        Ok(CaptureStatus::Active),
-        "{:?}",
-        gpu.misuses()
-    );
-    origin.end_capture().unwrap();
-    assert!(streams.take_error().is_none());
-    assert_clean(&gpu);
 }
 
 /// `get` with a pending stream in its busy list queries it; on another
@@ -302,12 +304,7 @@ fn a_get_on_another_thread_during_a_thread_local_capture_leaves_it_valid() {
     origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
     let other =
         std::thread::scope(|s| s.spawn(|| streams.get(0).unwrap().detach()).join().unwrap());
-    assert_eq!(
-        gpu.capture_status_of(origin.handle()),
-        Ok(CaptureStatus::Active),
-        "{:?}",
-        gpu.misuses()
-    );
+    assert_capture_active(&gpu, &origin);
     origin.end_capture().unwrap();
     streams.put(other, None).unwrap();
     assert!(gpu.misuses().is_empty(), "{:?}", gpu.misuses());

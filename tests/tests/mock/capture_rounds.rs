@@ -15,9 +15,9 @@ use super::common::{
 };
 use gpupool_core::{
     lost_errors, AccessOrder, CaptureMode, CaptureStatus, DeviceId, Error, MemoryKind, Scratchpad,
-    StreamPool,
+    StreamLease, StreamPool,
 };
-use gpupool_mock::MockBackend;
+use gpupool_mock::{MockBackend, MockGraph};
 use gpupool_tests::assert_clean;
 use gpupool_tests::mock_pools;
 
@@ -75,6 +75,56 @@ fn a_graph_allocation_is_never_read_or_handed_out_after_its_capture() {
     assert_eq!(gpu.live_bytes(MemoryKind::Device), 0);
 }
 
+/// A scratchpad on `origin`'s order whose first round used one device block
+/// and was reset, with all its work completed; and that block's range.
+fn scratchpad_with_a_used_block<'p>(
+    gpu: &'p MockBackend,
+    origin: &'p StreamLease<'_, MockBackend>,
+) -> (Scratchpad<'p, MockBackend>, Vec<(usize, usize)>) {
+    let mut scratch = Scratchpad::new(gpu, origin.order()).unwrap();
+    scratch.to_device(&[1u32; 64]).unwrap();
+    let block = device_blocks(&scratch);
+    scratch.reset().unwrap();
+    gpu.complete_everything();
+    (scratch, block)
+}
+
+/// Three rounds on `origin`'s order, each beside a replay of `graph` on
+/// `replay`: none gets memory of `graph_block`, and each reads back what it
+/// computed.
+#[track_caller]
+fn replays_beside_later_rounds(
+    gpu: &MockBackend,
+    scratch: &mut Scratchpad<'_, MockBackend>,
+    graph: &MockGraph,
+    [origin, replay]: [&StreamLease<'_, MockBackend>; 2],
+    graph_block: &[(usize, usize)],
+) {
+    for round in 0..3u32 {
+        gpu.launch_graph(graph, replay.handle()).unwrap();
+        let z = scratch.to_device(&[round; 64]).unwrap();
+        assert!(
+            !inside(graph_block, z.addr()),
+            "round {round} got the graph's block"
+        );
+        gpu.launch_map(&origin.order(), &z, &z, |v| v + 1).unwrap();
+        assert_eq!(scratch.to_host(&z).unwrap(), [round + 1; 64]);
+        scratch.reset().unwrap();
+    }
+}
+
+/// Completes and asserts clean, drops `graph_and_scratch` (first to last),
+/// then asserts that every device block came back (`what`) and that the
+/// mock is still clean.
+#[track_caller]
+fn drop_and_assert_device_memory_back<T>(gpu: &MockBackend, graph_and_scratch: T, what: &str) {
+    complete_and_assert_clean(gpu);
+    drop(graph_and_scratch);
+    gpu.complete_everything();
+    assert_eq!(gpu.live_bytes(MemoryKind::Device), 0, "{what}");
+    assert_clean(gpu);
+}
+
 /// A scratchpad made before a capture, whose block serves the capture (a
 /// bump from the block it already held) and which is reset inside the
 /// capture: the block goes to the graph, the later rounds never get it, and
@@ -82,13 +132,9 @@ fn a_graph_allocation_is_never_read_or_handed_out_after_its_capture() {
 #[test]
 fn a_block_used_before_and_inside_a_capture_goes_to_the_graph_at_a_reset_inside() {
     mock_rig!(gpu, streams, _events; [origin, replay] = leases);
-    let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
-    scratch.to_device(&[1u32; 64]).unwrap();
-    let block = device_blocks(&scratch);
-    scratch.reset().unwrap();
     // (The replays run on another stream: the work before the capture
     // that used the block is done by then.)
-    gpu.complete_everything();
+    let (mut scratch, block) = scratchpad_with_a_used_block(&gpu, &origin);
 
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let used = scratch.device::<u32>(64).unwrap(); // a bump in the old block
@@ -100,30 +146,11 @@ fn a_block_used_before_and_inside_a_capture_goes_to_the_graph_at_a_reset_inside(
     let graph = origin.end_capture().unwrap();
 
     // Replays run while later rounds work on other memory: no hazard.
-    for round in 0..3u32 {
-        gpu.launch_graph(&graph, replay.handle()).unwrap();
-        let z = scratch.to_device(&[round; 64]).unwrap();
-        assert!(
-            !inside(&block, z.addr()),
-            "round {round} got the graph's block"
-        );
-        gpu.launch_map(&origin.order(), &z, &z, |v| v + 1).unwrap();
-        assert_eq!(scratch.to_host(&z).unwrap(), [round + 1; 64]);
-        scratch.reset().unwrap();
-    }
+    replays_beside_later_rounds(&gpu, &mut scratch, &graph, [&origin, &replay], &block);
     // The rounds after the capture (the first began inside it, but took its
     // memory after it ended) kept nothing more.
     assert_eq!(scratch.stats().kept_for_graphs, 1);
-    complete_and_assert_clean(&gpu);
-    drop(graph);
-    drop(scratch);
-    gpu.complete_everything();
-    assert_eq!(
-        gpu.live_bytes(MemoryKind::Device),
-        0,
-        "the graph's block came back"
-    );
-    assert_clean(&gpu);
+    drop_and_assert_device_memory_back(&gpu, (graph, scratch), "the graph's block came back");
 }
 
 /// The same, but the round ends after the capture did (the reset comes
@@ -132,11 +159,7 @@ fn a_block_used_before_and_inside_a_capture_goes_to_the_graph_at_a_reset_inside(
 #[test]
 fn a_block_used_inside_a_capture_and_reset_after_it_is_never_reused() {
     mock_rig!(gpu, streams, _events; [origin, replay] = leases);
-    let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
-    scratch.to_device(&[1u32; 64]).unwrap();
-    let block = device_blocks(&scratch);
-    scratch.reset().unwrap();
-    gpu.complete_everything();
+    let (mut scratch, block) = scratchpad_with_a_used_block(&gpu, &origin);
 
     origin.begin_capture(CaptureMode::Global).unwrap();
     let used = scratch.device::<u32>(64).unwrap();
@@ -146,27 +169,8 @@ fn a_block_used_inside_a_capture_and_reset_after_it_is_never_reused() {
     scratch.reset().unwrap(); // after the capture
     assert_eq!(scratch.stats().kept_for_graphs, 1);
 
-    for round in 0..3u32 {
-        gpu.launch_graph(&graph, replay.handle()).unwrap();
-        let z = scratch.to_device(&[round; 64]).unwrap();
-        assert!(
-            !inside(&block, z.addr()),
-            "round {round} got the graph's block"
-        );
-        gpu.launch_map(&origin.order(), &z, &z, |v| v + 1).unwrap();
-        assert_eq!(scratch.to_host(&z).unwrap(), [round + 1; 64]);
-        scratch.reset().unwrap();
-    }
-    complete_and_assert_clean(&gpu);
-    drop(graph);
-    drop(scratch);
-    gpu.complete_everything();
-    assert_eq!(
-        gpu.live_bytes(MemoryKind::Device),
-        0,
-        "kept until the graph went"
-    );
-    assert_clean(&gpu);
+    replays_beside_later_rounds(&gpu, &mut scratch, &graph, [&origin, &replay], &block);
+    drop_and_assert_device_memory_back(&gpu, (graph, scratch), "kept until the graph went");
 }
 
 /// A scratchpad made inside a capture and dropped after it: its blocks

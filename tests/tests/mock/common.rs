@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 
 use gpupool_core::{
-    set_lost_error_hook, AccessOrder, CaptureMode, Error, EventPool, Scratchpad, ScratchpadConfig,
-    StreamHandle, StreamLease, StreamPool,
+    set_lost_error_hook, AccessOrder, CaptureMode, CaptureStatus, DeviceId, DeviceSlice, Error,
+    EventPool, Scratchpad, ScratchpadConfig, StreamHandle, StreamLease, StreamPool,
 };
-use gpupool_mock::MockBackend;
+use gpupool_mock::{MockBackend, MockError};
 
 /// Takes `N` leases of device 0 from `streams`, one after another (first
 /// element first), as `N` lines of `streams.get(0).unwrap()` would.
@@ -37,6 +37,16 @@ macro_rules! mock_rig {
     };
 }
 pub(crate) use mock_rig;
+
+/// The three special streams of `device` (null, legacy, per-thread), as
+/// orders.
+pub(crate) fn special_orders(device: DeviceId) -> [AccessOrder<'static>; 3] {
+    [
+        AccessOrder::null_stream(device),
+        AccessOrder::legacy_stream(device),
+        AccessOrder::per_thread_stream(device),
+    ]
+}
 
 /// Takes `N` leases (as [`leases`]), then begins a capture in `mode` on the
 /// first (the origin), as `begin_capture(mode).unwrap()` after the leases.
@@ -159,6 +169,37 @@ pub(crate) fn with_lost_error_hook<R>(
     out
 }
 
+/// Uploads `data` with `scratch` and queues, in `order`, a kernel that adds
+/// one to each element in place; returns the device slice.
+#[track_caller]
+pub(crate) fn upload_and_increment<'s>(
+    gpu: &MockBackend,
+    scratch: &'s Scratchpad<'_, MockBackend>,
+    order: AccessOrder<'_>,
+    data: &[u32],
+) -> DeviceSlice<'s, u32> {
+    let x = scratch.to_device(data).unwrap();
+    gpu.launch_map(&order, &x, &x, |v| v + 1).unwrap();
+    x
+}
+
+/// Asserts that `waited` (a wait issued during the capture on `origin`) was
+/// refused, and that the capture was still active after it and ends well;
+/// then that the mock is clean. Ends the capture.
+#[track_caller]
+pub(crate) fn assert_refused_and_the_capture_intact(
+    gpu: &MockBackend,
+    origin: &StreamLease<'_, MockBackend>,
+    waited: Result<(), Error<MockError>>,
+) {
+    let status = gpu.capture_status_of(origin.handle());
+    let ended = origin.end_capture();
+    assert!(waited.is_err());
+    assert_eq!(status, Ok(CaptureStatus::Active), "{waited:?}");
+    assert!(ended.is_ok(), "{ended:?}");
+    gpupool_tests::assert_clean(gpu);
+}
+
 /// A race: `there` runs on a scoped thread and `here` on this one, both
 /// released at once by a barrier; what each returned comes back.
 pub(crate) fn race<T: Send, R>(
@@ -175,6 +216,31 @@ pub(crate) fn race<T: Send, R>(
         let here = here();
         (there.join().unwrap(), here)
     })
+}
+
+/// Runs `round` (given its number) up to `rounds` times, until one leaves a
+/// hazard on `gpu`, then asserts that none did (`what` names the harm). A
+/// round that returns `false` proved nothing (the race went the other way):
+/// its hazards are cleared and the next round runs.
+#[track_caller]
+pub(crate) fn assert_no_hazard_in_rounds(
+    gpu: &MockBackend,
+    rounds: usize,
+    what: &str,
+    mut round: impl FnMut(usize) -> bool,
+) {
+    let mut hit = None;
+    for n in 0..rounds {
+        if !round(n) {
+            gpu.clear_hazards();
+            continue;
+        }
+        if !gpu.hazards().is_empty() {
+            hit = Some(n);
+            break;
+        }
+    }
+    assert_eq!(hit, None, "{what} in round {hit:?}: {:?}", gpu.hazards());
 }
 
 /// Contention on the mock's lock until `done` is set: work queued on

@@ -178,11 +178,16 @@ fn quantile(sorted: &[u64], p: f64) -> f64 {
     sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)] as f64
 }
 
-/// A pool operation's throughput at one thread count (medians over repeats).
-pub(crate) struct Throughput {
+/// Which pool operation was measured, in which variant, on how many threads.
+pub(crate) struct Case {
     pub(crate) op: &'static str,
     pub(crate) variant: &'static str,
     pub(crate) threads: usize,
+}
+
+/// A pool operation's throughput at one thread count (medians over repeats).
+pub(crate) struct Throughput {
+    pub(crate) case: Case,
     /// Time per operation of the median thread.
     pub(crate) ns_per_op: f64,
     /// Operations of all threads per second, over the wall time from the
@@ -194,9 +199,7 @@ pub(crate) struct Throughput {
 
 /// Latencies at the oversubscribed run (medians over repeats of each quantile).
 pub(crate) struct Latency {
-    pub(crate) op: &'static str,
-    pub(crate) variant: &'static str,
-    pub(crate) threads: usize,
+    pub(crate) case: Case,
     pub(crate) p50: f64,
     pub(crate) p99: f64,
     pub(crate) p999: f64,
@@ -225,13 +228,13 @@ impl Results {
     pub(crate) fn tput(&self, op: &str, variant: &str, threads: usize) -> Option<&Throughput> {
         self.throughput
             .iter()
-            .find(|t| t.op == op && t.variant == variant && t.threads == threads)
+            .find(|t| t.case.op == op && t.case.variant == variant && t.case.threads == threads)
     }
 
     pub(crate) fn lat(&self, op: &str, variant: &str) -> Option<&Latency> {
         self.latency
             .iter()
-            .find(|l| l.op == op && l.variant == variant)
+            .find(|l| l.case.op == op && l.case.variant == variant)
     }
 
     pub(crate) fn round(&self, kind: MemoryKind, variant: &str) -> Option<f64> {
@@ -285,9 +288,11 @@ pub(crate) fn measure_pools<B: Machine>(backend: &B, s: &Settings, results: &mut
             }
             for (i, &(op, variant, _)) in ops.iter().enumerate() {
                 results.throughput.push(Throughput {
-                    op,
-                    variant,
-                    threads,
+                    case: Case {
+                        op,
+                        variant,
+                        threads,
+                    },
                     ns_per_op: median(std::mem::take(&mut per_op[i])),
                     mops: median(std::mem::take(&mut mops[i])),
                     n: n[i],
@@ -321,9 +326,11 @@ pub(crate) fn measure_pools<B: Machine>(backend: &B, s: &Settings, results: &mut
         for (i, &(op, variant, _)) in ops.iter().enumerate() {
             let [p50, p99, p999] = std::mem::take(&mut q[i]).map(median);
             results.latency.push(Latency {
-                op,
-                variant,
-                threads,
+                case: Case {
+                    op,
+                    variant,
+                    threads,
+                },
                 p50,
                 p99,
                 p999,

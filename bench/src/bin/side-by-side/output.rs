@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::measure::{Results, Settings};
+use crate::measure::{Case, Results, Settings};
 use crate::report::{kind_name, tput_ratio, About, Target};
 use crate::{EVENT, POOL_BASELINES, SIZES, STICKY, STREAM};
 
@@ -21,6 +21,17 @@ fn json_str(s: &str) -> String {
     }
     o.push('"');
     o
+}
+
+/// A measured case's fields of a JSON object: its operation, variant and
+/// thread count.
+fn json_case(c: &Case) -> String {
+    format!(
+        "\"operation\": {}, \"variant\": {}, \"threads\": {}",
+        json_str(c.op),
+        json_str(c.variant),
+        c.threads
+    )
 }
 
 fn json_num(x: Option<f64>) -> String {
@@ -68,10 +79,8 @@ pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) 
     );
     json_array(&mut o, "throughput", ",", &r.throughput, |t| {
         format!(
-            "    {{\"operation\": {}, \"variant\": {}, \"threads\": {}, \"ns_per_op\": {}, \"mops\": {}, \"ops_per_thread\": {}}}",
-            json_str(t.op),
-            json_str(t.variant),
-            t.threads,
+            "    {{{}, \"ns_per_op\": {}, \"mops\": {}, \"ops_per_thread\": {}}}",
+            json_case(&t.case),
             json_num(Some(t.ns_per_op)),
             json_num(Some(t.mops)),
             t.n
@@ -79,10 +88,8 @@ pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) 
     });
     json_array(&mut o, "latency", ",", &r.latency, |l| {
         format!(
-            "    {{\"operation\": {}, \"variant\": {}, \"threads\": {}, \"p50_ns\": {}, \"p99_ns\": {}, \"p999_ns\": {}, \"samples\": {}}}",
-            json_str(l.op),
-            json_str(l.variant),
-            l.threads,
+            "    {{{}, \"p50_ns\": {}, \"p99_ns\": {}, \"p999_ns\": {}, \"samples\": {}}}",
+            json_case(&l.case),
             json_num(Some(l.p50)),
             json_num(Some(l.p99)),
             json_num(Some(l.p999)),

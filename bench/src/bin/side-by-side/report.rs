@@ -388,16 +388,16 @@ pub(crate) fn report(r: &Results, s: &Settings, a: &About, targets: &[Target]) -
     );
     let _ = writeln!(o, "|---|---|---|---|---|---|---|");
     for l in &r.latency {
-        let vs = if l.variant == GPUPOOL {
-            fmt_ratio(p999_ratio(r, l.op, DALI))
+        let vs = if l.case.variant == GPUPOOL {
+            fmt_ratio(p999_ratio(r, l.case.op, DALI))
         } else {
             String::new()
         };
         let _ = writeln!(
             o,
             "| {} | {} | {} | {} | {} | {vs} | {} |",
-            l.op,
-            l.variant,
+            l.case.op,
+            l.case.variant,
             fmt_ns(l.p50),
             fmt_ns(l.p99),
             fmt_ns(l.p999),
