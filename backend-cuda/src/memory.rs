@@ -181,7 +181,7 @@ use crate::raw;
 use crate::shards::LocalShards;
 pub(crate) use capture::current_capture;
 use capture::GiveBack;
-use kinds::{allocate_in, deallocate_in};
+use kinds::{allocate_in, deallocate_in, BlockLayout};
 use state::{state, DeviceMemory};
 
 thread_local! {
@@ -295,7 +295,7 @@ impl MemoryBackend for CudaBackend {
         align: usize,
     ) -> Result<NonNull<u8>, CudaError> {
         // SAFETY: no stream.
-        unsafe { allocate_in(kind, device, size, align, None) }
+        unsafe { allocate_in(BlockLayout::new(kind, device, size, align), None) }
     }
 
     /// Device memory: `cuMemFreeAsync` on the backend's private stream (no
@@ -313,7 +313,7 @@ impl MemoryBackend for CudaBackend {
         align: usize,
     ) -> Result<(), CudaError> {
         // SAFETY: the caller's contract (the trait's).
-        unsafe { deallocate_in(kind, device, ptr, size, align, None) }
+        unsafe { deallocate_in(BlockLayout::new(kind, device, size, align), ptr, None) }
     }
 
     /// Device memory: a block of the device cache freed on the same stream
@@ -333,7 +333,7 @@ impl MemoryBackend for CudaBackend {
         stream: StreamHandle,
     ) -> Result<NonNull<u8>, CudaError> {
         // SAFETY: this call's contract.
-        unsafe { allocate_in(kind, device, size, align, Some(stream)) }
+        unsafe { allocate_in(BlockLayout::new(kind, device, size, align), Some(stream)) }
     }
 
     /// Device memory: kept by the device cache for `stream` (a created
@@ -366,7 +366,13 @@ impl MemoryBackend for CudaBackend {
         stream: StreamHandle,
     ) -> Result<(), CudaError> {
         // SAFETY: the caller's contract (the trait's).
-        unsafe { deallocate_in(kind, device, ptr, size, align, Some(stream)) }
+        unsafe {
+            deallocate_in(
+                BlockLayout::new(kind, device, size, align),
+                ptr,
+                Some(stream),
+            )
+        }
     }
 
     /// `cuMemcpyAsync` on `stream`: unified addressing tells the driver what
@@ -467,7 +473,8 @@ impl MemoryBackend for CudaBackend {
                     // in its own capture (checked just now, and no capture
                     // gpupool ends ends meanwhile).
                     return unsafe {
-                        mem.deallocate(drv, kind, device, ptr, size, align, Some(stream))
+                        let b = BlockLayout::new(kind, device, size, align);
+                        mem.deallocate(drv, b, ptr, Some(stream))
                     };
                 }
                 // SAFETY: the caller's contract: `stream` is usable and in

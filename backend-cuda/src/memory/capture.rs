@@ -11,6 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use cudarc::driver::sys;
 use gpupool_core::{DeviceId, MemoryKind, StreamHandle};
 
+use super::kinds::BlockLayout;
 pub(super) use super::state::GiveBack;
 use super::state::{DeviceMemory, GraphAllocation, GraphHeld, KeptForGraphs};
 use crate::backend::CudaBackend;
@@ -224,7 +225,8 @@ impl DeviceMemory {
                 // that used it are destroyed and their work done, and the
                 // device's other work has finished (synchronized above).
                 (GiveBack::Block { align }, Some(ptr)) => unsafe {
-                    self.deallocate(drv, held.kind, held.device, ptr, held.size, align, None)
+                    let b = BlockLayout::new(held.kind, held.device, held.size, align);
+                    self.deallocate(drv, b, ptr, None)
                 },
                 // (A block handed out at this level is never at address 0.)
                 (GiveBack::Block { .. }, None) => Ok(()),

@@ -17,8 +17,49 @@ use crate::error::{invalid_value, out_of_memory, CudaError};
 use crate::graph::unrestricted;
 use crate::shards::LocalShards;
 
+/// What an allocation asks for and its free repeats: the kind, the device,
+/// the size and the alignment (a raw block of a kind has the kind's own
+/// alignment: there `align` is not looked at).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BlockLayout {
+    kind: MemoryKind,
+    device: DeviceId,
+    size: usize,
+    align: usize,
+}
+
+impl BlockLayout {
+    #[inline(always)]
+    pub(super) fn new(kind: MemoryKind, device: DeviceId, size: usize, align: usize) -> Self {
+        BlockLayout {
+            kind,
+            device,
+            size,
+            align,
+        }
+    }
+
+    pub(super) fn kind(self) -> MemoryKind {
+        self.kind
+    }
+
+    pub(super) fn size(self) -> usize {
+        self.size
+    }
+
+    pub(super) fn align(self) -> usize {
+        self.align
+    }
+
+    /// The same block with `size` bytes.
+    pub(super) fn with_size(self, size: usize) -> BlockLayout {
+        BlockLayout { size, ..self }
+    }
+}
+
 impl DeviceMemory {
-    /// A block of `kind` (not host) with the kind's own alignment.
+    /// A block of `b.kind` (not host) and `b.size` bytes on `b.device`, with
+    /// the kind's own alignment.
     ///
     /// # Safety
     /// `stream`, if any, is a usable stream of `device` (the contract of
@@ -27,11 +68,12 @@ impl DeviceMemory {
     pub(super) unsafe fn raw_allocate(
         &'static self,
         drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
-        size: usize,
+        b: BlockLayout,
         stream: Option<StreamHandle>,
     ) -> Result<usize, CudaError> {
+        let BlockLayout {
+            kind, device, size, ..
+        } = b;
         match kind {
             // SAFETY: this function's contract.
             MemoryKind::Device => unsafe { self.device_allocate(drv, device, size, stream) },
@@ -51,18 +93,19 @@ impl DeviceMemory {
     /// Frees a block of [`raw_allocate`](Self::raw_allocate).
     ///
     /// # Safety
-    /// `addr` came from `raw_allocate` with the same `kind`, `device` and
-    /// `size`, is freed once; with `stream`, only work already issued on it
+    /// `addr` came from `raw_allocate` with the same kind, device and size
+    /// in `b`, is freed once; with `stream`, only work already issued on it
     /// may still use the block; without, nothing does.
     pub(super) unsafe fn raw_free(
         &'static self,
         drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
+        b: BlockLayout,
         addr: usize,
-        size: usize,
         stream: Option<StreamHandle>,
     ) -> Result<(), CudaError> {
+        let BlockLayout {
+            kind, device, size, ..
+        } = b;
         if kind == MemoryKind::Device {
             // SAFETY: the caller's contract.
             return unsafe { self.device_free(drv, device, addr, size, stream) };
@@ -140,18 +183,14 @@ impl DeviceMemory {
     /// # Safety
     /// The contract of [`MemoryBackend::deallocate`] (`stream: None`) or
     /// [`MemoryBackend::deallocate_async`].
-    #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn deallocate(
         &'static self,
         drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
+        b: BlockLayout,
         ptr: NonNull<u8>,
-        size: usize,
-        align: usize,
         stream: Option<StreamHandle>,
     ) -> Result<(), CudaError> {
-        if kind == MemoryKind::Host {
+        if b.kind == MemoryKind::Host {
             if let Some(s) = stream {
                 // No capture question here (it would cost every host free
                 // `cuStreamIsCapturing`, 10 % of a host scratch round): a
@@ -161,24 +200,14 @@ impl DeviceMemory {
                 // with the driver's error and the block stays allocated.
                 // SAFETY: a usable stream of `device` (the contract of
                 // `deallocate_async`).
-                unsafe { CudaBackend::new().synchronize_stream(s, device) }?;
+                unsafe { CudaBackend::new().synchronize_stream(s, b.device) }?;
             }
             // SAFETY: the caller's contract; work issued on `stream` before
             // the free has finished.
-            return unsafe { self.host_free(ptr, size, align) };
+            return unsafe { self.host_free(ptr, b.size, b.align) };
         }
         // SAFETY: the caller's contract.
-        unsafe {
-            self.free_aligned(
-                drv,
-                kind,
-                device,
-                ptr.as_ptr() as usize,
-                size,
-                align,
-                stream,
-            )
-        }
+        unsafe { self.free_aligned(drv, b, ptr.as_ptr() as usize, stream) }
     }
 }
 
@@ -191,15 +220,11 @@ fn check_layout(size: usize, align: usize) -> Result<(), CudaError> {
     Ok(())
 }
 
-/// The layout checked ([`check_layout`]), then the driver and `device`'s
-/// memory state: what every allocation and free starts with.
-fn checked_state(
-    device: DeviceId,
-    size: usize,
-    align: usize,
-) -> Result<(&'static Driver, &'static DeviceMemory), CudaError> {
-    check_layout(size, align)?;
-    state(device)
+/// The layout checked ([`check_layout`]), then the driver and the block's
+/// device's memory state: what every allocation and free starts with.
+fn checked_state(b: BlockLayout) -> Result<(&'static Driver, &'static DeviceMemory), CudaError> {
+    check_layout(b.size, b.align)?;
+    state(b.device)
 }
 
 /// An allocation of the trait: in host order (`stream: None`) or in
@@ -210,24 +235,17 @@ fn checked_state(
 /// [`MemoryBackend::allocate_async`]).
 #[inline(always)]
 pub(super) unsafe fn allocate_in(
-    kind: MemoryKind,
-    device: DeviceId,
-    size: usize,
-    align: usize,
+    b: BlockLayout,
     stream: Option<StreamHandle>,
 ) -> Result<NonNull<u8>, CudaError> {
-    let (drv, mem) = checked_state(device, size, align)?;
-    unrestricted(move || match kind {
-        MemoryKind::Host => mem.host_allocate(size, align),
+    let (drv, mem) = checked_state(b)?;
+    unrestricted(move || match b.kind {
+        MemoryKind::Host => mem.host_allocate(b.size, b.align),
         // Host-visible: allocated in host order, whatever the stream.
         // SAFETY: no stream.
-        MemoryKind::Pinned | MemoryKind::Managed => unsafe {
-            mem.allocate_aligned(drv, kind, device, size, align, None)
-        },
+        MemoryKind::Pinned | MemoryKind::Managed => unsafe { mem.allocate_aligned(drv, b, None) },
         // SAFETY: this function's contract.
-        MemoryKind::Device => unsafe {
-            mem.allocate_aligned(drv, kind, device, size, align, stream)
-        },
+        MemoryKind::Device => unsafe { mem.allocate_aligned(drv, b, stream) },
     })
 }
 
@@ -239,16 +257,13 @@ pub(super) unsafe fn allocate_in(
 /// [`MemoryBackend::deallocate_async`].
 #[inline(always)]
 pub(super) unsafe fn deallocate_in(
-    kind: MemoryKind,
-    device: DeviceId,
+    b: BlockLayout,
     ptr: NonNull<u8>,
-    size: usize,
-    align: usize,
     stream: Option<StreamHandle>,
 ) -> Result<(), CudaError> {
-    let (drv, mem) = checked_state(device, size, align)?;
+    let (drv, mem) = checked_state(b)?;
     // SAFETY: the caller's contract (the trait's).
-    unrestricted(move || unsafe { mem.deallocate(drv, kind, device, ptr, size, align, stream) })
+    unrestricted(move || unsafe { mem.deallocate(drv, b, ptr, stream) })
 }
 
 #[cfg(test)]

@@ -9,8 +9,9 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
-use gpupool_core::{DeviceId, MemoryKind, StreamHandle};
+use gpupool_core::{MemoryKind, StreamHandle};
 
+use super::kinds::BlockLayout;
 use super::state::DeviceMemory;
 use crate::block_pool::MIN_BLOCK;
 use crate::driver::Driver;
@@ -38,7 +39,8 @@ impl DeviceMemory {
         self.overaligned.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A block of `kind` (not host) aligned to `align` (layout checked).
+    /// A block of `b`'s kind (not host) aligned to its alignment (layout
+    /// checked).
     ///
     /// # Safety
     /// `stream`, if any, is a usable stream of `device` (the contract of
@@ -46,29 +48,28 @@ impl DeviceMemory {
     pub(super) unsafe fn allocate_aligned(
         &'static self,
         drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
-        size: usize,
-        align: usize,
+        b: BlockLayout,
         stream: Option<StreamHandle>,
     ) -> Result<NonNull<u8>, CudaError> {
-        if align <= direct_align(kind) {
+        let align = b.align();
+        if align <= direct_align(b.kind()) {
             // SAFETY: this function's contract.
-            let addr = unsafe { self.raw_allocate(drv, kind, device, size, stream) }?;
+            let addr = unsafe { self.raw_allocate(drv, b, stream) }?;
             if addr % align == 0 {
                 return non_null(addr);
             }
             // Less aligned than expected: give it back, over-allocate.
             // SAFETY: allocated just now with these arguments, never handed
             // out; a stream-ordered free is ordered after the allocation.
-            unsafe { self.raw_free(drv, kind, device, addr, size, stream) }?;
+            unsafe { self.raw_free(drv, b, addr, stream) }?;
         }
-        let total = size.checked_add(align).ok_or_else(invalid_value)?;
+        let total = b.size().checked_add(align).ok_or_else(invalid_value)?;
+        let whole = b.with_size(total);
         // SAFETY: this function's contract.
-        let raw = unsafe { self.raw_allocate(drv, kind, device, total, stream) }?;
+        let raw = unsafe { self.raw_allocate(drv, whole, stream) }?;
         let Some(aligned) = raw.checked_add(align - 1).map(|a| a & !(align - 1)) else {
             // SAFETY: as above.
-            unsafe { self.raw_free(drv, kind, device, raw, total, stream) }?;
+            unsafe { self.raw_free(drv, whole, raw, stream) }?;
             return Err(invalid_value());
         };
         // `raw <= aligned < raw + align`, so `size` bytes from `aligned` lie
@@ -83,18 +84,14 @@ impl DeviceMemory {
     /// Frees a block of [`allocate_aligned`](Self::allocate_aligned).
     ///
     /// # Safety
-    /// `addr` came from `allocate_aligned` with the same `kind`, `device`,
-    /// `size` and `align`, and is freed once; with `stream`, only work
-    /// already issued on it may still use the block; without, nothing does.
-    #[allow(clippy::too_many_arguments)]
+    /// `addr` came from `allocate_aligned` with the same `b`, and is freed
+    /// once; with `stream`, only work already issued on it may still use the
+    /// block; without, nothing does.
     pub(super) unsafe fn free_aligned(
         &'static self,
         drv: &Driver,
-        kind: MemoryKind,
-        device: DeviceId,
+        b: BlockLayout,
         addr: usize,
-        size: usize,
-        align: usize,
         stream: Option<StreamHandle>,
     ) -> Result<(), CudaError> {
         // The allocation stored its entry before handing `addr` out, so a
@@ -110,12 +107,12 @@ impl DeviceMemory {
         let Some(raw) = raw else {
             // SAFETY: the caller's contract; not over-aligned, so `addr` is
             // the block `raw_allocate` returned, of `size` bytes.
-            return unsafe { self.raw_free(drv, kind, device, addr, size, stream) };
+            return unsafe { self.raw_free(drv, b, addr, stream) };
         };
-        let total = size.checked_add(align).ok_or_else(invalid_value);
+        let total = b.size().checked_add(b.align()).ok_or_else(invalid_value);
         // SAFETY: the caller's contract; `raw` is the block `raw_allocate`
         // returned for `addr`, of `size + align` bytes.
-        let freed = total.and_then(|t| unsafe { self.raw_free(drv, kind, device, raw, t, stream) });
+        let freed = total.and_then(|t| unsafe { self.raw_free(drv, b.with_size(t), raw, stream) });
         if freed.is_err() {
             // Still the caller's: keep the mapping for a later free.
             let mut table = self.overaligned();
