@@ -245,11 +245,13 @@ pub(crate) fn assert_no_hazard_in_rounds(
 
 /// Contention on the mock's lock until `done` is set: work queued on
 /// `noise` and completed, again and again (widens the gaps of a race run on
-/// other threads).
+/// other threads). Yields between turns: where the racing threads have no
+/// core of their own (CI's other jobs), they still run.
 pub(crate) fn lock_noise(gpu: &MockBackend, noise: StreamHandle, done: &AtomicBool) {
     while !done.load(Ordering::Relaxed) {
         gpu.enqueue_work(noise).unwrap();
         gpu.complete_all(noise).unwrap();
+        std::thread::yield_now();
     }
 }
 
