@@ -64,6 +64,18 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Runs `test` with device 0 current, one test at a time ([`serial`]), on a
+/// stream leased from a pool of `gpu`'s (more leases come from
+/// `lease.pool()`).
+fn on_a_leased_stream(test: impl FnOnce(CudaBackend, &StreamLease<'_, CudaBackend>)) {
+    let _serial = serial();
+    device_count();
+    make_current(D0);
+    let gpu = CudaBackend::new();
+    let streams = StreamPool::new(gpu);
+    test(gpu, &streams.get(0).unwrap());
+}
+
 /// Fails the test with the driver's error.
 fn ok(r: sys::CUresult, what: &str) {
     assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "{what}");
@@ -277,86 +289,83 @@ fn touch(p: NonNull<u8>, size: usize, byte: u8) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn every_kind_allocates_and_frees_in_both_orders_aligned_as_asked() {
-    let _serial = serial();
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let lease = streams.get(0).unwrap();
-    let s = lease.handle();
-    let managed_ok = concurrent_managed_access(D0);
-    for kind in MemoryKind::ALL {
-        for align in [1usize, 16, 256, 4096, 65536] {
-            for size in [1usize, 1000, 64 << 10, (1 << 20) + 3] {
-                let what = format!("{kind:?}, {size} bytes aligned to {align}");
-                // Host order.
-                let p = gpu.allocate(kind, D0, size, align).expect(&what);
-                assert_eq!(p.as_ptr() as usize % align, 0, "{what}");
-                match kind {
-                    MemoryKind::Device => {
-                        memset_bytes(p, size, lease.order());
-                        synchronize(lease.order());
+    on_a_leased_stream(|gpu, lease| {
+        let s = lease.handle();
+        let managed_ok = concurrent_managed_access(D0);
+        for kind in MemoryKind::ALL {
+            for align in [1usize, 16, 256, 4096, 65536] {
+                for size in [1usize, 1000, 64 << 10, (1 << 20) + 3] {
+                    let what = format!("{kind:?}, {size} bytes aligned to {align}");
+                    // Host order.
+                    let p = gpu.allocate(kind, D0, size, align).expect(&what);
+                    assert_eq!(p.as_ptr() as usize % align, 0, "{what}");
+                    match kind {
+                        MemoryKind::Device => {
+                            memset_bytes(p, size, lease.order());
+                            synchronize(lease.order());
+                        }
+                        MemoryKind::Managed if !managed_ok => {}
+                        _ => touch(p, size, 0xab),
                     }
-                    MemoryKind::Managed if !managed_ok => {}
-                    _ => touch(p, size, 0xab),
-                }
-                // SAFETY: allocated above with these arguments; the memset
-                // has finished.
-                unsafe { gpu.deallocate(kind, D0, p, size, align) }.expect(&what);
+                    // SAFETY: allocated above with these arguments; the memset
+                    // has finished.
+                    unsafe { gpu.deallocate(kind, D0, p, size, align) }.expect(&what);
 
-                // Stream order.
-                // SAFETY: `s` is the lease's live stream of device 0.
-                let p = unsafe { gpu.allocate_async(kind, D0, size, align, s) }.expect(&what);
-                assert_eq!(p.as_ptr() as usize % align, 0, "{what} (stream order)");
-                match kind {
-                    MemoryKind::Device => memset_bytes(p, size, lease.order()),
-                    MemoryKind::Managed if !managed_ok => {}
-                    _ => touch(p, size, 0xcd),
+                    // Stream order.
+                    // SAFETY: `s` is the lease's live stream of device 0.
+                    let p = unsafe { gpu.allocate_async(kind, D0, size, align, s) }.expect(&what);
+                    assert_eq!(p.as_ptr() as usize % align, 0, "{what} (stream order)");
+                    match kind {
+                        MemoryKind::Device => memset_bytes(p, size, lease.order()),
+                        MemoryKind::Managed if !managed_ok => {}
+                        _ => touch(p, size, 0xcd),
+                    }
+                    // SAFETY: allocated above with these arguments; only work on
+                    // `s` (the lease's live stream of device 0) uses it.
+                    unsafe { gpu.deallocate_async(kind, D0, p, size, align, s) }.expect(&what);
                 }
-                // SAFETY: allocated above with these arguments; only work on
-                // `s` (the lease's live stream of device 0) uses it.
-                unsafe { gpu.deallocate_async(kind, D0, p, size, align, s) }.expect(&what);
             }
+            synchronize(lease.order());
         }
-        synchronize(lease.order());
-    }
 
-    // The special streams, from a thread without a current context.
-    std::thread::scope(|scope| {
-        scope.spawn(|| {
-            for special in [
-                StreamHandle::NULL,
-                StreamHandle::LEGACY,
-                StreamHandle::PER_THREAD,
-            ] {
-                // SAFETY: a special stream is usable on every device.
-                let p = unsafe { gpu.allocate_async(MemoryKind::Device, D0, 4096, 256, special) }
-                    .expect("device memory on a special stream");
-                // SAFETY: freed on the (special) stream it was allocated on;
-                // unused.
-                unsafe { gpu.deallocate_async(MemoryKind::Device, D0, p, 4096, 256, special) }
-                    .unwrap();
-                // SAFETY: a special stream.
-                unsafe { gpu.synchronize_stream(special, D0) }.unwrap();
-            }
+        // The special streams, from a thread without a current context.
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                for special in [
+                    StreamHandle::NULL,
+                    StreamHandle::LEGACY,
+                    StreamHandle::PER_THREAD,
+                ] {
+                    // SAFETY: a special stream is usable on every device.
+                    let p =
+                        unsafe { gpu.allocate_async(MemoryKind::Device, D0, 4096, 256, special) }
+                            .expect("device memory on a special stream");
+                    // SAFETY: freed on the (special) stream it was allocated on;
+                    // unused.
+                    unsafe { gpu.deallocate_async(MemoryKind::Device, D0, p, 4096, 256, special) }
+                        .unwrap();
+                    // SAFETY: a special stream.
+                    unsafe { gpu.synchronize_stream(special, D0) }.unwrap();
+                }
+            });
         });
-    });
 
-    // Bad layouts are refused before anything is allocated.
-    for kind in MemoryKind::ALL {
-        let code = |r: Result<NonNull<u8>, CudaError>| r.map(drop).map_err(|e| e.code());
-        let invalid = Err(Some(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
-        assert_eq!(code(gpu.allocate(kind, D0, 0, 8)), invalid);
-        assert_eq!(code(gpu.allocate(kind, D0, 8, 3)), invalid);
-        // SAFETY: `s` is the lease's live stream of device 0.
-        let r = unsafe { gpu.allocate_async(kind, D0, 8, 0, s) };
-        assert_eq!(code(r), invalid);
-    }
-    let count = device_count();
-    assert!(matches!(
-        gpu.allocate(MemoryKind::Device, DeviceId(count), 8, 8),
-        Err(CudaError::DeviceOutOfRange { .. })
-    ));
+        // Bad layouts are refused before anything is allocated.
+        for kind in MemoryKind::ALL {
+            let code = |r: Result<NonNull<u8>, CudaError>| r.map(drop).map_err(|e| e.code());
+            let invalid = Err(Some(sys::CUresult::CUDA_ERROR_INVALID_VALUE));
+            assert_eq!(code(gpu.allocate(kind, D0, 0, 8)), invalid);
+            assert_eq!(code(gpu.allocate(kind, D0, 8, 3)), invalid);
+            // SAFETY: `s` is the lease's live stream of device 0.
+            let r = unsafe { gpu.allocate_async(kind, D0, 8, 0, s) };
+            assert_eq!(code(r), invalid);
+        }
+        let count = device_count();
+        assert!(matches!(
+            gpu.allocate(MemoryKind::Device, DeviceId(count), 8, 8),
+            Err(CudaError::DeviceOutOfRange { .. })
+        ));
+    });
 }
 
 /// `cuMemsetD8Async` over `size` bytes at `p` on the stream of `order`.
@@ -373,65 +382,61 @@ fn memset_bytes(p: NonNull<u8>, size: usize, order: AccessOrder<'_>) {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn copies_round_trip_host_device_pinned_managed_host() {
-    let _serial = serial();
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let lease = streams.get(0).unwrap();
-    let s = lease.handle();
-    let n = 1 << 18;
-    let bytes = n * 4;
-    let src: Vec<u32> = (0..n as u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) ^ 7)
-        .collect();
-    // SAFETY: `s` is the lease's live stream of device 0.
-    let d = unsafe { gpu.allocate_async(MemoryKind::Device, D0, bytes, 256, s) }.unwrap();
-    let p = gpu.allocate(MemoryKind::Pinned, D0, bytes, 256).unwrap();
-    let m = gpu.allocate(MemoryKind::Managed, D0, bytes, 256).unwrap();
-    let h = gpu.allocate(MemoryKind::Host, D0, bytes, 64).unwrap();
-    // SAFETY: `s` is the lease's live stream of device 0; every block is
-    // `bytes` long and live until the stream is synchronized below; `src`
-    // outlives the call (pageable: staged before it returns); no two ranges
-    // overlap.
-    unsafe {
-        gpu.copy_async(d, NonNull::from(src.as_slice()).cast(), bytes, s, D0)
-            .unwrap();
-        gpu.copy_async(p, d, bytes, s, D0).unwrap();
-        gpu.copy_async(m, p, bytes, s, D0).unwrap();
-        gpu.copy_async(h, m, bytes, s, D0).unwrap();
-    }
-    synchronize(lease.order());
-    for (name, block) in [("pinned", p), ("managed", m), ("host", h)] {
-        // SAFETY: `n` initialised u32s (the copies have run), aligned.
-        let got = unsafe { std::slice::from_raw_parts(block.as_ptr().cast::<u32>(), n) };
-        let wrong = got.iter().zip(&src).filter(|(a, b)| a != b).count();
-        assert_eq!(wrong, 0, "{wrong} of {n} words differ in the {name} copy");
-    }
-    // SAFETY: the stream (the lease's, live) is idle; each block is freed
-    // once with its layout.
-    unsafe {
-        gpu.deallocate_async(MemoryKind::Device, D0, d, bytes, 256, s)
-            .unwrap();
-        gpu.deallocate(MemoryKind::Pinned, D0, p, bytes, 256)
-            .unwrap();
-        gpu.deallocate(MemoryKind::Managed, D0, m, bytes, 256)
-            .unwrap();
-        gpu.deallocate(MemoryKind::Host, D0, h, bytes, 64).unwrap();
-    }
-    synchronize(lease.order());
+    on_a_leased_stream(|gpu, lease| {
+        let s = lease.handle();
+        let n = 1 << 18;
+        let bytes = n * 4;
+        let src: Vec<u32> = (0..n as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) ^ 7)
+            .collect();
+        // SAFETY: `s` is the lease's live stream of device 0.
+        let d = unsafe { gpu.allocate_async(MemoryKind::Device, D0, bytes, 256, s) }.unwrap();
+        let p = gpu.allocate(MemoryKind::Pinned, D0, bytes, 256).unwrap();
+        let m = gpu.allocate(MemoryKind::Managed, D0, bytes, 256).unwrap();
+        let h = gpu.allocate(MemoryKind::Host, D0, bytes, 64).unwrap();
+        // SAFETY: `s` is the lease's live stream of device 0; every block is
+        // `bytes` long and live until the stream is synchronized below; `src`
+        // outlives the call (pageable: staged before it returns); no two ranges
+        // overlap.
+        unsafe {
+            gpu.copy_async(d, NonNull::from(src.as_slice()).cast(), bytes, s, D0)
+                .unwrap();
+            gpu.copy_async(p, d, bytes, s, D0).unwrap();
+            gpu.copy_async(m, p, bytes, s, D0).unwrap();
+            gpu.copy_async(h, m, bytes, s, D0).unwrap();
+        }
+        synchronize(lease.order());
+        for (name, block) in [("pinned", p), ("managed", m), ("host", h)] {
+            // SAFETY: `n` initialised u32s (the copies have run), aligned.
+            let got = unsafe { std::slice::from_raw_parts(block.as_ptr().cast::<u32>(), n) };
+            let wrong = got.iter().zip(&src).filter(|(a, b)| a != b).count();
+            assert_eq!(wrong, 0, "{wrong} of {n} words differ in the {name} copy");
+        }
+        // SAFETY: the stream (the lease's, live) is idle; each block is freed
+        // once with its layout.
+        unsafe {
+            gpu.deallocate_async(MemoryKind::Device, D0, d, bytes, 256, s)
+                .unwrap();
+            gpu.deallocate(MemoryKind::Pinned, D0, p, bytes, 256)
+                .unwrap();
+            gpu.deallocate(MemoryKind::Managed, D0, m, bytes, 256)
+                .unwrap();
+            gpu.deallocate(MemoryKind::Host, D0, h, bytes, 64).unwrap();
+        }
+        synchronize(lease.order());
 
-    // Trim gives the cached pinned and managed blocks back.
-    let before = stats();
-    let freed = gpu.trim_memory(D0).unwrap();
-    let after = stats();
-    let (pi, mi) = (MemoryKind::Pinned.index(), MemoryKind::Managed.index());
-    assert!(freed >= 2 * bytes, "trim freed {freed} bytes");
-    assert_eq!(after.cached_blocks[pi], 0);
-    assert_eq!(after.cached_blocks[mi], 0);
-    assert_eq!(after.parked_blocks[pi], 0, "the stream is idle");
-    assert!(after.upstream_frees[pi] > before.upstream_frees[pi]);
-    eprintln!("trim freed {freed} bytes; stats {after:?}");
+        // Trim gives the cached pinned and managed blocks back.
+        let before = stats();
+        let freed = gpu.trim_memory(D0).unwrap();
+        let after = stats();
+        let (pi, mi) = (MemoryKind::Pinned.index(), MemoryKind::Managed.index());
+        assert!(freed >= 2 * bytes, "trim freed {freed} bytes");
+        assert_eq!(after.cached_blocks[pi], 0);
+        assert_eq!(after.cached_blocks[mi], 0);
+        assert_eq!(after.parked_blocks[pi], 0, "the stream is idle");
+        assert!(after.upstream_frees[pi] > before.upstream_frees[pi]);
+        eprintln!("trim freed {freed} bytes; stats {after:?}");
+    });
 }
 
 // ---------------------------------------------------------------------------
@@ -501,6 +506,30 @@ fn round(
     (expected, pinned.as_ptr() as usize)
 }
 
+/// Runs `work` in `kept`, reset after it (a resetting proof), or, without
+/// one, in a new scratchpad of `gpu`'s on `stream`, released in stream order
+/// after it (a dropping proof).
+fn in_kept_or_new<T>(
+    kept: Option<&mut Scratchpad<'_, CudaBackend>>,
+    gpu: &CudaBackend,
+    stream: AccessOrder<'_>,
+    work: impl FnOnce(&Scratchpad<'_, CudaBackend>) -> T,
+) -> T {
+    match kept {
+        Some(scratch) => {
+            let out = work(scratch);
+            scratch.reset().expect("reset");
+            out
+        }
+        None => {
+            let scratch = Scratchpad::new(gpu, stream).expect("a scratchpad");
+            let out = work(&scratch);
+            scratch.release().expect("release in stream order");
+            out
+        }
+    }
+}
+
 /// How many rounds the host may run ahead of the GPU after round `r`: 1 to 4,
 /// varying, so blocks are freed and reused right at the edge of completion.
 fn lag(r: usize) -> usize {
@@ -538,19 +567,9 @@ fn stream_order_proof(reset: bool) {
         let lease: &StreamLease<'_, CudaBackend> = if reset || r % 2 == 0 { &a } else { &b };
         let stream = lease.order();
         let result = results.addr() + 4 * r as u64;
-        let (sum, pinned_at) = match kept.as_mut() {
-            Some(scratch) => {
-                let out = round(scratch, stream, r, managed, SPIN, result);
-                scratch.reset().expect("reset");
-                out
-            }
-            None => {
-                let scratch = Scratchpad::new(&gpu, lease.order()).unwrap();
-                let out = round(&scratch, stream, r, managed, SPIN, result);
-                scratch.release().expect("release in stream order");
-                out
-            }
-        };
+        let (sum, pinned_at) = in_kept_or_new(kept.as_mut(), &gpu, stream, |scratch| {
+            round(scratch, stream, r, managed, SPIN, result)
+        });
         expected.push(sum);
         pinned_addrs.push(pinned_at);
 
@@ -684,19 +703,9 @@ impl<'p> Workers<'p> {
             let slot = t * THREAD_ROUNDS + r;
             let result = self.results + 4 * slot as u64;
             let managed = Some(self.zeros);
-            let (sum, _) = match kept.as_mut() {
-                Some(scratch) => {
-                    let out = round(scratch, stream, slot, managed, THREAD_SPIN, result);
-                    scratch.reset().expect("reset");
-                    out
-                }
-                None => {
-                    let scratch = Scratchpad::new(gpu, stream).expect("a scratchpad");
-                    let out = round(&scratch, stream, slot, managed, THREAD_SPIN, result);
-                    scratch.release().expect("release in stream order");
-                    out
-                }
-            };
+            let (sum, _) = in_kept_or_new(kept.as_mut(), gpu, stream, |scratch| {
+                round(scratch, stream, slot, managed, THREAD_SPIN, result)
+            });
             expected.push(sum);
 
             let done = self.events.get(0).expect("an event");
@@ -738,8 +747,7 @@ impl<'p> Workers<'p> {
 fn stream_order_proof_on_threads(reset: bool) {
     // One at a time, device 0 current, the device cache on and empty (so
     // blocks of earlier tests' streams do not fill it up).
-    let _serial = cache_test();
-    let gpu = CudaBackend::new();
+    let (_serial, gpu) = cache_test();
     let streams = StreamPool::new(gpu);
     let events = EventPool::new(gpu);
     consume_kernel();
@@ -872,155 +880,152 @@ const ITERATIONS: usize = 1500;
 const GATED_BUDGET: usize = 256;
 
 fn pool_never_hands_out_a_parked_block(kind: MemoryKind) {
-    let _serial = serial();
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let gated = streams.get(0).unwrap();
-    let g = gated.handle();
-    let align = 256;
+    on_a_leased_stream(|gpu, gated| {
+        let g = gated.handle();
+        let align = 256;
 
-    // Some free blocks to start with, so the threads find some at once.
-    let warm: Vec<_> = (0..16)
-        .map(|_| gpu.allocate(kind, D0, BLOCK, align).unwrap())
-        .collect();
-    for p in warm {
-        // SAFETY: allocated above, unused.
-        unsafe { gpu.deallocate(kind, D0, p, BLOCK, align) }.unwrap();
-    }
-
-    // Nothing cached from earlier tests: what the pool holds from here on is
-    // this test's.
-    gpu.trim_memory(D0).unwrap();
-    let gate = Gate::hold(gated.order(), GATE_TIMEOUT).unwrap();
-    let parked: Mutex<HashSet<usize>> = Mutex::new(HashSet::new());
-    let park = |p: NonNull<u8>| {
-        // Recorded as parked *before* the free, so any later hand-out of it
-        // while the gate is closed is caught.
-        parked.lock().unwrap().insert(p.as_ptr() as usize);
-        // SAFETY: allocated with these arguments; nothing uses it; the free
-        // is ordered after the gate kernel on `g`, the lease `gated`'s live
-        // stream of device 0.
-        unsafe { gpu.deallocate_async(kind, D0, p, BLOCK, align, g) }.unwrap();
-    };
-    for _ in 0..32 {
-        park(gpu.allocate(kind, D0, BLOCK, align).unwrap());
-    }
-    let before = stats();
-    assert!(before.parked_blocks[kind.index()] >= 32);
-
-    let gated_left = AtomicUsize::new(GATED_BUDGET - 32);
-    let violations = AtomicUsize::new(0);
-    let while_closed = AtomicUsize::new(0);
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        for t in 0..THREADS {
-            let (parked, park, gate) = (&parked, &park, &gate);
-            let (gated_left, violations, while_closed) = (&gated_left, &violations, &while_closed);
-            let streams = &streams;
-            scope.spawn(move || {
-                // An idle stream of this thread: blocks freed on it complete
-                // at once, so the pool's scans find completed blocks among
-                // the gated ones.
-                let idle = streams.get(0).unwrap();
-                let mut held = Vec::with_capacity(4);
-                for i in 0..ITERATIONS {
-                    for _ in 0..1 + (i + t) % 4 {
-                        let p = gpu.allocate(kind, D0, BLOCK, align).unwrap();
-                        let closed = !gate.is_done();
-                        if closed {
-                            while_closed.fetch_add(1, Ordering::Relaxed);
-                            if parked.lock().unwrap().contains(&(p.as_ptr() as usize)) {
-                                violations.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        // Written at once, as the scratchpad's users do.
-                        if kind == MemoryKind::Pinned {
-                            touch(p, BLOCK, t as u8);
-                        }
-                        held.push(p);
-                    }
-                    for (j, p) in held.drain(..).enumerate() {
-                        let gated_turn = (i + j + t) % 16 == 0
-                            && gated_left
-                                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                                    n.checked_sub(1)
-                                })
-                                .is_ok();
-                        if gated_turn {
-                            park(p);
-                        } else if (i + j) % 2 == 0 {
-                            // SAFETY: allocated above; the host's writes are
-                            // done, nothing else uses it.
-                            unsafe { gpu.deallocate(kind, D0, p, BLOCK, align) }.unwrap();
-                        } else {
-                            // SAFETY: as above; nothing on `idle` (the
-                            // lease's live stream of device 0) uses it.
-                            unsafe {
-                                gpu.deallocate_async(kind, D0, p, BLOCK, align, idle.handle())
-                            }
-                            .unwrap();
-                        }
-                    }
-                }
-            });
+        // Some free blocks to start with, so the threads find some at once.
+        let warm: Vec<_> = (0..16)
+            .map(|_| gpu.allocate(kind, D0, BLOCK, align).unwrap())
+            .collect();
+        for p in warm {
+            // SAFETY: allocated above, unused.
+            unsafe { gpu.deallocate(kind, D0, p, BLOCK, align) }.unwrap();
         }
-    });
-    let hammer_time = started.elapsed();
-    let still_closed = !gate.is_done();
-    let during = stats();
-    let i = kind.index();
-    eprintln!(
-        "{kind:?}: {} allocations while the gate was closed, in {hammer_time:?}; {} blocks \
-         parked behind it; {} from the driver, {} reused by the pool during the run",
-        while_closed.load(Ordering::Relaxed),
-        parked.lock().unwrap().len(),
-        during.upstream_allocations[i] - before.upstream_allocations[i],
-        during.reuses[i] - before.reuses[i],
-    );
-    assert_eq!(
-        violations.load(Ordering::Relaxed),
-        0,
-        "a block parked behind the gate was handed out before its event completed"
-    );
-    if !still_closed {
+
+        // Nothing cached from earlier tests: what the pool holds from here on is
+        // this test's.
+        gpu.trim_memory(D0).unwrap();
+        let gate = Gate::hold(gated.order(), GATE_TIMEOUT).unwrap();
+        let parked: Mutex<HashSet<usize>> = Mutex::new(HashSet::new());
+        let park = |p: NonNull<u8>| {
+            // Recorded as parked *before* the free, so any later hand-out of it
+            // while the gate is closed is caught.
+            parked.lock().unwrap().insert(p.as_ptr() as usize);
+            // SAFETY: allocated with these arguments; nothing uses it; the free
+            // is ordered after the gate kernel on `g`, the lease `gated`'s live
+            // stream of device 0.
+            unsafe { gpu.deallocate_async(kind, D0, p, BLOCK, align, g) }.unwrap();
+        };
+        for _ in 0..32 {
+            park(gpu.allocate(kind, D0, BLOCK, align).unwrap());
+        }
+        let before = stats();
+        assert!(before.parked_blocks[kind.index()] >= 32);
+
+        let gated_left = AtomicUsize::new(GATED_BUDGET - 32);
+        let violations = AtomicUsize::new(0);
+        let while_closed = AtomicUsize::new(0);
+        let started = Instant::now();
+        std::thread::scope(|scope| {
+            for t in 0..THREADS {
+                let (parked, park, gate) = (&parked, &park, &gate);
+                let (gated_left, violations, while_closed) =
+                    (&gated_left, &violations, &while_closed);
+                let streams = gated.pool();
+                scope.spawn(move || {
+                    // An idle stream of this thread: blocks freed on it complete
+                    // at once, so the pool's scans find completed blocks among
+                    // the gated ones.
+                    let idle = streams.get(0).unwrap();
+                    let mut held = Vec::with_capacity(4);
+                    for i in 0..ITERATIONS {
+                        for _ in 0..1 + (i + t) % 4 {
+                            let p = gpu.allocate(kind, D0, BLOCK, align).unwrap();
+                            let closed = !gate.is_done();
+                            if closed {
+                                while_closed.fetch_add(1, Ordering::Relaxed);
+                                if parked.lock().unwrap().contains(&(p.as_ptr() as usize)) {
+                                    violations.fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            // Written at once, as the scratchpad's users do.
+                            if kind == MemoryKind::Pinned {
+                                touch(p, BLOCK, t as u8);
+                            }
+                            held.push(p);
+                        }
+                        for (j, p) in held.drain(..).enumerate() {
+                            let gated_turn = (i + j + t) % 16 == 0
+                                && gated_left
+                                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                                        n.checked_sub(1)
+                                    })
+                                    .is_ok();
+                            if gated_turn {
+                                park(p);
+                            } else if (i + j) % 2 == 0 {
+                                // SAFETY: allocated above; the host's writes are
+                                // done, nothing else uses it.
+                                unsafe { gpu.deallocate(kind, D0, p, BLOCK, align) }.unwrap();
+                            } else {
+                                // SAFETY: as above; nothing on `idle` (the
+                                // lease's live stream of device 0) uses it.
+                                unsafe {
+                                    gpu.deallocate_async(kind, D0, p, BLOCK, align, idle.handle())
+                                }
+                                .unwrap();
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        let hammer_time = started.elapsed();
+        let still_closed = !gate.is_done();
+        let during = stats();
+        let i = kind.index();
         eprintln!(
-            "NOTE: the gate kernel ended (timed out) before the threads finished: \
+            "{kind:?}: {} allocations while the gate was closed, in {hammer_time:?}; {} blocks \
+         parked behind it; {} from the driver, {} reused by the pool during the run",
+            while_closed.load(Ordering::Relaxed),
+            parked.lock().unwrap().len(),
+            during.upstream_allocations[i] - before.upstream_allocations[i],
+            during.reuses[i] - before.reuses[i],
+        );
+        assert_eq!(
+            violations.load(Ordering::Relaxed),
+            0,
+            "a block parked behind the gate was handed out before its event completed"
+        );
+        if !still_closed {
+            eprintln!(
+                "NOTE: the gate kernel ended (timed out) before the threads finished: \
              the driver may have waited for it in an allocation; the check above covers \
              only the allocations made while it was closed"
+            );
+        }
+        assert!(
+            while_closed.load(Ordering::Relaxed) > 0,
+            "no allocation happened while the gate was closed"
         );
-    }
-    assert!(
-        while_closed.load(Ordering::Relaxed) > 0,
-        "no allocation happened while the gate was closed"
-    );
 
-    // Open the gate: the parked blocks become reusable, and are reused.
-    gate.open();
-    wait_gate(&gate);
-    synchronize(gated.order());
-    let parked = parked.into_inner().unwrap();
-    // Taking every cached and parked block (free ones come first) must reach
-    // the parked ones, now that their events have completed.
-    let held = stats();
-    let mut again = Vec::new();
-    let mut reused = 0;
-    for _ in 0..held.cached_blocks[i] + held.parked_blocks[i] + 8 {
-        let p = gpu.allocate(kind, D0, BLOCK, align).unwrap();
-        reused += usize::from(parked.contains(&(p.as_ptr() as usize)));
-        again.push(p);
-    }
-    assert!(
-        reused > 0,
-        "no parked block was reused after its event completed"
-    );
-    for p in again {
-        // SAFETY: allocated above, unused.
-        unsafe { gpu.deallocate(kind, D0, p, BLOCK, align) }.unwrap();
-    }
-    gpu.trim_memory(D0).unwrap();
-    assert_eq!(stats().parked_blocks[i], 0);
+        // Open the gate: the parked blocks become reusable, and are reused.
+        gate.open();
+        wait_gate(&gate);
+        synchronize(gated.order());
+        let parked = parked.into_inner().unwrap();
+        // Taking every cached and parked block (free ones come first) must reach
+        // the parked ones, now that their events have completed.
+        let held = stats();
+        let mut again = Vec::new();
+        let mut reused = 0;
+        for _ in 0..held.cached_blocks[i] + held.parked_blocks[i] + 8 {
+            let p = gpu.allocate(kind, D0, BLOCK, align).unwrap();
+            reused += usize::from(parked.contains(&(p.as_ptr() as usize)));
+            again.push(p);
+        }
+        assert!(
+            reused > 0,
+            "no parked block was reused after its event completed"
+        );
+        for p in again {
+            // SAFETY: allocated above, unused.
+            unsafe { gpu.deallocate(kind, D0, p, BLOCK, align) }.unwrap();
+        }
+        gpu.trim_memory(D0).unwrap();
+        assert_eq!(stats().parked_blocks[i], 0);
+    });
 }
 
 #[test]
@@ -1044,71 +1049,67 @@ fn a_reset_loop_makes_no_upstream_allocation_after_warm_up() {
     const WARM_UP: usize = 100;
     const MEASURED: usize = 1000;
     const LAG: usize = 2;
-    let _serial = serial();
-    device_count();
-    make_current(D0);
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let events = EventPool::new(gpu);
-    let a = streams.get(0).unwrap();
-    let s = a.order();
-    consume_kernel();
-    let results = DeviceBuffer::zeroed(WARM_UP + MEASURED);
-    let zeros = DeviceBuffer::zeroed(WORDS);
-    let managed = (!concurrent_managed_access(D0)).then(|| zeros.addr());
+    on_a_leased_stream(|gpu, a| {
+        let events = EventPool::new(gpu);
+        let s = a.order();
+        consume_kernel();
+        let results = DeviceBuffer::zeroed(WARM_UP + MEASURED);
+        let zeros = DeviceBuffer::zeroed(WORDS);
+        let managed = (!concurrent_managed_access(D0)).then(|| zeros.addr());
 
-    let mut scratch = Scratchpad::new(&gpu, a.order()).unwrap();
-    let mut in_flight = VecDeque::new();
-    let mut expected = Vec::new();
-    let mut before = None;
-    let mut scratch_before = None;
-    for r in 0..WARM_UP + MEASURED {
-        if r == WARM_UP {
-            before = Some(stats());
-            scratch_before = Some(scratch.stats());
+        let mut scratch = Scratchpad::new(&gpu, a.order()).unwrap();
+        let mut in_flight = VecDeque::new();
+        let mut expected = Vec::new();
+        let mut before = None;
+        let mut scratch_before = None;
+        for r in 0..WARM_UP + MEASURED {
+            if r == WARM_UP {
+                before = Some(stats());
+                scratch_before = Some(scratch.stats());
+            }
+            let host = scratch.host::<u32>(WORDS).unwrap();
+            host.iter_mut().for_each(|x| {
+                x.write(r as u32);
+            });
+            let result = results.addr() + 4 * r as u64;
+            let (sum, _) = round(&scratch, s, r, managed, SPIN, result);
+            expected.push(sum);
+            scratch.reset().unwrap();
+            let done = events.get(0).unwrap();
+            // SAFETY: the leases `done` and `a` hold this live event and stream,
+            // both of device 0.
+            unsafe { gpu.record_event(done.handle(), a.handle(), D0) }.unwrap();
+            in_flight.push_back(done);
+            while in_flight.len() > LAG {
+                let e = in_flight.pop_front().unwrap();
+                // SAFETY: the lease `e` holds this live event of device 0.
+                unsafe { gpu.synchronize_event(e.handle(), D0) }.unwrap();
+            }
         }
-        let host = scratch.host::<u32>(WORDS).unwrap();
-        host.iter_mut().for_each(|x| {
-            x.write(r as u32);
-        });
-        let result = results.addr() + 4 * r as u64;
-        let (sum, _) = round(&scratch, s, r, managed, SPIN, result);
-        expected.push(sum);
-        scratch.reset().unwrap();
-        let done = events.get(0).unwrap();
-        // SAFETY: the leases `done` and `a` hold this live event and stream,
-        // both of device 0.
-        unsafe { gpu.record_event(done.handle(), a.handle(), D0) }.unwrap();
-        in_flight.push_back(done);
-        while in_flight.len() > LAG {
-            let e = in_flight.pop_front().unwrap();
-            // SAFETY: the lease `e` holds this live event of device 0.
-            unsafe { gpu.synchronize_event(e.handle(), D0) }.unwrap();
-        }
-    }
-    let after = stats();
-    let scratch_after = scratch.stats();
-    synchronize(s);
-    drop(in_flight);
-    let got = results.read(s);
-    drop(scratch);
-    synchronize(s);
+        let after = stats();
+        let scratch_after = scratch.stats();
+        synchronize(s);
+        drop(in_flight);
+        let got = results.read(s);
+        drop(scratch);
+        synchronize(s);
 
-    let (before, scratch_before) = (before.unwrap(), scratch_before.unwrap());
-    eprintln!("before the measured rounds: {before:?}");
-    eprintln!("after: {after:?}");
-    eprintln!(
-        "scratchpad upstream calls in the measured rounds: {} allocations, {} releases",
-        scratch_after.upstream_allocations - scratch_before.upstream_allocations,
-        scratch_after.upstream_releases - scratch_before.upstream_releases,
-    );
-    assert_eq!(
-        after.upstream_allocations, before.upstream_allocations,
-        "upstream allocations (host, pinned, device, managed) in {MEASURED} reset rounds \
+        let (before, scratch_before) = (before.unwrap(), scratch_before.unwrap());
+        eprintln!("before the measured rounds: {before:?}");
+        eprintln!("after: {after:?}");
+        eprintln!(
+            "scratchpad upstream calls in the measured rounds: {} allocations, {} releases",
+            scratch_after.upstream_allocations - scratch_before.upstream_allocations,
+            scratch_after.upstream_releases - scratch_before.upstream_releases,
+        );
+        assert_eq!(
+            after.upstream_allocations, before.upstream_allocations,
+            "upstream allocations (host, pinned, device, managed) in {MEASURED} reset rounds \
          after {WARM_UP} rounds of warm-up"
-    );
-    let wrong = (0..got.len()).filter(|&r| got[r] != expected[r]).count();
-    assert_eq!(wrong, 0, "{wrong} rounds computed a wrong sum");
+        );
+        let wrong = (0..got.len()).filter(|&r| got[r] != expected[r]).count();
+        assert_eq!(wrong, 0, "{wrong} rounds computed a wrong sum");
+    });
 }
 
 // ---------------------------------------------------------------------------
@@ -1170,8 +1171,9 @@ unsafe fn free_on(p: NonNull<u8>, size: usize, order: AccessOrder<'_>) {
 }
 
 /// Starts a device-cache test: one at a time, device 0 current, nothing
-/// cached from earlier tests, the cache on.
-fn cache_test() -> MutexGuard<'static, ()> {
+/// cached from earlier tests, the cache on. Returns the test's lock and the
+/// backend.
+fn cache_test() -> (MutexGuard<'static, ()>, CudaBackend) {
     let guard = serial();
     device_count();
     make_current(D0);
@@ -1179,7 +1181,36 @@ fn cache_test() -> MutexGuard<'static, ()> {
     gpu.set_device_cache(true);
     gpu.trim_memory(D0).expect("trim");
     assert_eq!(stats().cached_blocks[MemoryKind::Device.index()], 0);
-    guard
+    (guard, gpu)
+}
+
+/// [`on_a_leased_stream`] for a device-cache test ([`cache_test`]).
+fn cache_test_on_a_leased_stream(test: impl FnOnce(CudaBackend, &StreamLease<'_, CudaBackend>)) {
+    let (_serial, gpu) = cache_test();
+    let streams = StreamPool::new(gpu);
+    test(gpu, &streams.get(0).unwrap());
+}
+
+/// The device memory of gpupool's pool in use once device 0 is idle
+/// ([`pool_used_bytes`] after [`ctx_sync`]): a test that ends with the same
+/// figure it started with leaked nothing.
+fn used_when_idle() -> u64 {
+    ctx_sync();
+    pool_used_bytes()
+}
+
+/// A new stream of device 0, created by `gpu` (not a pool's), with its order.
+///
+/// # Safety
+/// The caller destroys the stream (or lets the driver do so) only after the
+/// order's last use.
+unsafe fn new_stream(gpu: &CudaBackend) -> (StreamHandle, AccessOrder<'_>) {
+    let s = gpu
+        .create_stream(D0, Default::default())
+        .expect("create a stream");
+    // SAFETY: created just now by this backend on device 0; the caller keeps
+    // it alive while the order is used.
+    (s, unsafe { AccessOrder::from_raw(gpu, s, D0) })
 }
 
 const DI: usize = MemoryKind::Device.index();
@@ -1189,116 +1220,112 @@ const DI: usize = MemoryKind::Device.index();
 fn the_device_cache_hands_a_block_back_on_the_same_stream_without_the_driver() {
     // Sizes no other test uses, so nothing else matches.
     const SIZE: usize = (192 << 10) + 256;
-    let _serial = cache_test();
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let a = streams.get(0).unwrap();
-    let s = a.order();
+    cache_test_on_a_leased_stream(|_, a| {
+        let s = a.order();
 
-    let p1 = alloc_on(SIZE, s);
-    let p2 = alloc_on(SIZE, s);
-    memset_bytes(p1, SIZE, s);
-    memset_bytes(p2, SIZE, s);
-    let before = stats();
-    // SAFETY: allocated above; only the memsets on `s` use them.
-    unsafe {
-        free_on(p1, SIZE, s);
-        free_on(p2, SIZE, s);
-    }
-    let freed = stats();
-    assert_eq!(
-        freed.cached_blocks[DI] - before.cached_blocks[DI],
-        2,
-        "both frees kept by the cache (is cuStreamGetId missing from this driver?)"
-    );
-    assert_eq!(
-        freed.upstream_frees[DI], before.upstream_frees[DI],
-        "no cuMemFreeAsync for a cached block"
-    );
+        let p1 = alloc_on(SIZE, s);
+        let p2 = alloc_on(SIZE, s);
+        memset_bytes(p1, SIZE, s);
+        memset_bytes(p2, SIZE, s);
+        let before = stats();
+        // SAFETY: allocated above; only the memsets on `s` use them.
+        unsafe {
+            free_on(p1, SIZE, s);
+            free_on(p2, SIZE, s);
+        }
+        let freed = stats();
+        assert_eq!(
+            freed.cached_blocks[DI] - before.cached_blocks[DI],
+            2,
+            "both frees kept by the cache (is cuStreamGetId missing from this driver?)"
+        );
+        assert_eq!(
+            freed.upstream_frees[DI], before.upstream_frees[DI],
+            "no cuMemFreeAsync for a cached block"
+        );
 
-    // Most recently freed first, with no driver allocation.
-    let q2 = alloc_on(SIZE, s);
-    let q1 = alloc_on(SIZE, s);
-    let after = stats();
-    assert_eq!((q2, q1), (p2, p1), "the cached blocks, newest first");
-    assert_eq!(
-        after.upstream_allocations[DI], freed.upstream_allocations[DI],
-        "no cuMemAllocFromPoolAsync"
-    );
-    assert_eq!(after.device_cache_hits - freed.device_cache_hits, 2);
-    assert_eq!(after.reuses[DI] - freed.reuses[DI], 2);
-    assert_eq!(after.cached_blocks[DI], before.cached_blocks[DI]);
+        // Most recently freed first, with no driver allocation.
+        let q2 = alloc_on(SIZE, s);
+        let q1 = alloc_on(SIZE, s);
+        let after = stats();
+        assert_eq!((q2, q1), (p2, p1), "the cached blocks, newest first");
+        assert_eq!(
+            after.upstream_allocations[DI], freed.upstream_allocations[DI],
+            "no cuMemAllocFromPoolAsync"
+        );
+        assert_eq!(after.device_cache_hits - freed.device_cache_hits, 2);
+        assert_eq!(after.reuses[DI] - freed.reuses[DI], 2);
+        assert_eq!(after.cached_blocks[DI], before.cached_blocks[DI]);
 
-    // A different size is a miss.
-    let other = alloc_on(SIZE + 256, s);
-    let missed = stats();
-    assert_eq!(missed.device_cache_misses - after.device_cache_misses, 1);
-    assert_eq!(
-        missed.upstream_allocations[DI] - after.upstream_allocations[DI],
-        1
-    );
-    // SAFETY: allocated above, unused (or only by the memsets on `s`).
-    unsafe {
-        free_on(other, SIZE + 256, s);
-        free_on(q1, SIZE, s);
-        free_on(q2, SIZE, s);
-    }
-    synchronize(s);
+        // A different size is a miss.
+        let other = alloc_on(SIZE + 256, s);
+        let missed = stats();
+        assert_eq!(missed.device_cache_misses - after.device_cache_misses, 1);
+        assert_eq!(
+            missed.upstream_allocations[DI] - after.upstream_allocations[DI],
+            1
+        );
+        // SAFETY: allocated above, unused (or only by the memsets on `s`).
+        unsafe {
+            free_on(other, SIZE + 256, s);
+            free_on(q1, SIZE, s);
+            free_on(q2, SIZE, s);
+        }
+        synchronize(s);
+    });
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn the_device_cache_never_hands_a_block_to_another_stream_or_the_host() {
     const SIZE: usize = (320 << 10) + 512;
-    let _serial = cache_test();
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
-    let (sa, sb) = (a.order(), b.order());
-    assert_ne!(sa, sb);
+    cache_test_on_a_leased_stream(|gpu, a| {
+        let b = a.pool().get(0).unwrap();
+        let (sa, sb) = (a.order(), b.order());
+        assert_ne!(sa, sb);
 
-    let p = alloc_on(SIZE, sa);
-    memset_bytes(p, SIZE, sa);
-    // SAFETY: allocated above; only the memset on `sa` uses it.
-    unsafe { free_on(p, SIZE, sa) };
-    let before = stats();
-    assert_eq!(before.cached_blocks[DI], 1);
+        let p = alloc_on(SIZE, sa);
+        memset_bytes(p, SIZE, sa);
+        // SAFETY: allocated above; only the memset on `sa` uses it.
+        unsafe { free_on(p, SIZE, sa) };
+        let before = stats();
+        assert_eq!(before.cached_blocks[DI], 1);
 
-    // Another stream: the driver, another block.
-    let on_b = alloc_on(SIZE, sb);
-    // The host: the driver, another block.
-    let on_host = gpu
-        .allocate(MemoryKind::Device, D0, SIZE, 256)
-        .expect("host-order device allocation");
-    // A special stream: the driver, another block.
-    let legacy = AccessOrder::legacy_stream(D0);
-    let on_legacy = alloc_on(SIZE, legacy);
-    let after = stats();
-    for (what, q) in [("B", on_b), ("host order", on_host), ("legacy", on_legacy)] {
-        assert_ne!(q, p, "{what} got the block cached for A");
-    }
-    assert_eq!(after.device_cache_hits, before.device_cache_hits);
-    assert_eq!(
-        after.upstream_allocations[DI] - before.upstream_allocations[DI],
-        3
-    );
-    assert_eq!(after.cached_blocks[DI], 1, "A's block is still cached");
+        // Another stream: the driver, another block.
+        let on_b = alloc_on(SIZE, sb);
+        // The host: the driver, another block.
+        let on_host = gpu
+            .allocate(MemoryKind::Device, D0, SIZE, 256)
+            .expect("host-order device allocation");
+        // A special stream: the driver, another block.
+        let legacy = AccessOrder::legacy_stream(D0);
+        let on_legacy = alloc_on(SIZE, legacy);
+        let after = stats();
+        for (what, q) in [("B", on_b), ("host order", on_host), ("legacy", on_legacy)] {
+            assert_ne!(q, p, "{what} got the block cached for A");
+        }
+        assert_eq!(after.device_cache_hits, before.device_cache_hits);
+        assert_eq!(
+            after.upstream_allocations[DI] - before.upstream_allocations[DI],
+            3
+        );
+        assert_eq!(after.cached_blocks[DI], 1, "A's block is still cached");
 
-    // A gets it.
-    assert_eq!(alloc_on(SIZE, sa), p);
-    // SAFETY: allocated above; nothing uses them (the legacy block was
-    // allocated on the legacy stream and is freed there).
-    unsafe {
-        free_on(p, SIZE, sa);
-        free_on(on_b, SIZE, sb);
-        free_on(on_legacy, SIZE, legacy);
-        gpu.deallocate(MemoryKind::Device, D0, on_host, SIZE, 256)
-            .unwrap();
-    }
-    // Frees on the legacy stream are never cached.
-    assert_eq!(stats().cached_blocks[DI], 2);
-    ctx_sync();
+        // A gets it.
+        assert_eq!(alloc_on(SIZE, sa), p);
+        // SAFETY: allocated above; nothing uses them (the legacy block was
+        // allocated on the legacy stream and is freed there).
+        unsafe {
+            free_on(p, SIZE, sa);
+            free_on(on_b, SIZE, sb);
+            free_on(on_legacy, SIZE, legacy);
+            gpu.deallocate(MemoryKind::Device, D0, on_host, SIZE, 256)
+                .unwrap();
+        }
+        // Frees on the legacy stream are never cached.
+        assert_eq!(stats().cached_blocks[DI], 2);
+        ctx_sync();
+    });
 }
 
 #[test]
@@ -1309,93 +1336,91 @@ fn a_block_cached_while_a_kernel_on_its_stream_still_reads_it_stays_intact() {
     const A_VALUE: u32 = 0x0A0A_0A0A;
     const B_VALUE: u32 = 0x0B0B_0B0B;
     const A_AGAIN: u32 = 0x0C0C_0C0C;
-    let _serial = cache_test();
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let a = streams.get(0).unwrap();
-    let b = streams.get(0).unwrap();
-    let (sa, sb) = (a.order(), b.order());
-    consume_kernel();
-    let result = DeviceBuffer::zeroed(2);
-    let zeros = DeviceBuffer::zeroed(N);
+    cache_test_on_a_leased_stream(|_, a| {
+        let b = a.pool().get(0).unwrap();
+        let (sa, sb) = (a.order(), b.order());
+        consume_kernel();
+        let result = DeviceBuffer::zeroed(2);
+        let zeros = DeviceBuffer::zeroed(N);
 
-    // On A: fill X, hold A behind a gate, then sum X into result[0]; free X
-    // in A's order while all of that is still queued.
-    let x = alloc_on(SIZE, sa);
-    memset32(addr(x.as_ptr()), A_VALUE, N, sa);
-    let gate = Gate::hold(sa, GATE_TIMEOUT).unwrap();
-    consume(
-        sa,
-        addr(x.as_ptr()),
-        zeros.addr(),
-        zeros.addr(),
-        N,
-        Duration::ZERO,
-        result.addr(),
-    );
-    // SAFETY: only the work queued on `sa` uses `x`.
-    unsafe { free_on(x, SIZE, sa) };
-    assert_eq!(stats().cached_blocks[DI], 1);
-
-    // On B: a new block of the same size, written and read at once, while
-    // A's kernel is held. It must not be X.
-    let y = alloc_on(SIZE, sb);
-    assert_ne!(y, x, "B got the block still in use on A");
-    memset32(addr(y.as_ptr()), B_VALUE, N, sb);
-    consume(
-        sb,
-        addr(y.as_ptr()),
-        zeros.addr(),
-        zeros.addr(),
-        N,
-        Duration::ZERO,
-        result.addr() + 4,
-    );
-    // Let B finish while A is still held (B does not wait for A unless the
-    // driver's pool made it; then it finishes after the gate opens).
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while query(sb) == gpupool_core::Completion::Pending && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let b_done_while_held = query(sb) == gpupool_core::Completion::Complete && !gate.is_done();
-
-    // On A again: the same block, in A's order after the kernel, overwritten
-    // at once (queued behind the gate, so it must not reach the kernel).
-    let before = stats();
-    let x2 = alloc_on(SIZE, sa);
-    assert_eq!(x2, x, "A gets its own cached block back");
-    assert_eq!(stats().device_cache_hits - before.device_cache_hits, 1);
-    memset32(addr(x2.as_ptr()), A_AGAIN, N, sa);
-    let still_held = !gate.is_done();
-
-    gate.open();
-    wait_gate(&gate);
-    synchronize(sb);
-    let got = result.read(sa);
-    eprintln!(
-        "B finished while A was held: {b_done_while_held}; gate still closed after A's \
-         reuse: {still_held}; results {got:x?}"
-    );
-    if !still_held {
-        // compute-sanitizer serializes kernels: B's work waits for the gate,
-        // which then runs to its timeout. The data checks below still hold.
-        eprintln!(
-            "NOTE: the gate kernel ended (timed out) before A reused the block: the \
-             checks below cover ordering only, not a reuse while A was held"
+        // On A: fill X, hold A behind a gate, then sum X into result[0]; free X
+        // in A's order while all of that is still queued.
+        let x = alloc_on(SIZE, sa);
+        memset32(addr(x.as_ptr()), A_VALUE, N, sa);
+        let gate = Gate::hold(sa, GATE_TIMEOUT).unwrap();
+        consume(
+            sa,
+            addr(x.as_ptr()),
+            zeros.addr(),
+            zeros.addr(),
+            N,
+            Duration::ZERO,
+            result.addr(),
         );
-    }
-    assert_eq!(
-        got[0],
-        A_VALUE.wrapping_mul(N as u32),
-        "A's kernel read data it did not write"
-    );
-    assert_eq!(got[1], B_VALUE.wrapping_mul(N as u32), "B's kernel");
-    // SAFETY: allocated above; only work on their streams uses them.
-    unsafe {
-        free_on(x2, SIZE, sa);
-        free_on(y, SIZE, sb);
-    }
-    ctx_sync();
+        // SAFETY: only the work queued on `sa` uses `x`.
+        unsafe { free_on(x, SIZE, sa) };
+        assert_eq!(stats().cached_blocks[DI], 1);
+
+        // On B: a new block of the same size, written and read at once, while
+        // A's kernel is held. It must not be X.
+        let y = alloc_on(SIZE, sb);
+        assert_ne!(y, x, "B got the block still in use on A");
+        memset32(addr(y.as_ptr()), B_VALUE, N, sb);
+        consume(
+            sb,
+            addr(y.as_ptr()),
+            zeros.addr(),
+            zeros.addr(),
+            N,
+            Duration::ZERO,
+            result.addr() + 4,
+        );
+        // Let B finish while A is still held (B does not wait for A unless the
+        // driver's pool made it; then it finishes after the gate opens).
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while query(sb) == gpupool_core::Completion::Pending && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let b_done_while_held = query(sb) == gpupool_core::Completion::Complete && !gate.is_done();
+
+        // On A again: the same block, in A's order after the kernel, overwritten
+        // at once (queued behind the gate, so it must not reach the kernel).
+        let before = stats();
+        let x2 = alloc_on(SIZE, sa);
+        assert_eq!(x2, x, "A gets its own cached block back");
+        assert_eq!(stats().device_cache_hits - before.device_cache_hits, 1);
+        memset32(addr(x2.as_ptr()), A_AGAIN, N, sa);
+        let still_held = !gate.is_done();
+
+        gate.open();
+        wait_gate(&gate);
+        synchronize(sb);
+        let got = result.read(sa);
+        eprintln!(
+            "B finished while A was held: {b_done_while_held}; gate still closed after A's \
+         reuse: {still_held}; results {got:x?}"
+        );
+        if !still_held {
+            // compute-sanitizer serializes kernels: B's work waits for the gate,
+            // which then runs to its timeout. The data checks below still hold.
+            eprintln!(
+                "NOTE: the gate kernel ended (timed out) before A reused the block: the \
+             checks below cover ordering only, not a reuse while A was held"
+            );
+        }
+        assert_eq!(
+            got[0],
+            A_VALUE.wrapping_mul(N as u32),
+            "A's kernel read data it did not write"
+        );
+        assert_eq!(got[1], B_VALUE.wrapping_mul(N as u32), "B's kernel");
+        // SAFETY: allocated above; only work on their streams uses them.
+        unsafe {
+            free_on(x2, SIZE, sa);
+            free_on(y, SIZE, sb);
+        }
+        ctx_sync();
+    });
 }
 
 #[test]
@@ -1403,18 +1428,13 @@ fn a_block_cached_while_a_kernel_on_its_stream_still_reads_it_stays_intact() {
 fn destroying_a_stream_through_the_backend_returns_its_cached_blocks() {
     const ROUNDS: usize = 64;
     const SIZES: [usize; 4] = [64 << 10, 128 << 10, 256 << 10, 512 << 10];
-    let _serial = cache_test();
-    let gpu = CudaBackend::new();
-    ctx_sync();
-    let used_at_start = pool_used_bytes();
+    let (_serial, gpu) = cache_test();
+    let used_at_start = used_when_idle();
     let start = stats();
     for round in 0..ROUNDS {
-        let s = gpu
-            .create_stream(D0, Default::default())
-            .expect("create a stream");
-        // SAFETY: created just now by this backend on device 0; destroyed
-        // only at the end of the round, after the order's last use.
-        let order = unsafe { AccessOrder::from_raw(&gpu, s, D0) };
+        // SAFETY: destroyed only at the end of the round, after the order's
+        // last use.
+        let (s, order) = unsafe { new_stream(&gpu) };
         // Two "scratchpads" a round: the second takes the first's blocks.
         for _ in 0..2 {
             let blocks: Vec<_> = SIZES.iter().map(|&n| (alloc_on(n, order), n)).collect();
@@ -1440,9 +1460,8 @@ fn destroying_a_stream_through_the_backend_returns_its_cached_blocks() {
         assert_eq!(gone.cached_blocks[DI], 0, "round {round}: returned");
         assert_eq!(gone.upstream_frees[DI] - frees, SIZES.len() as u64);
     }
-    ctx_sync();
+    let used_at_end = used_when_idle();
     let end = stats();
-    let used_at_end = pool_used_bytes();
     eprintln!(
         "{ROUNDS} rounds: {} cache hits, {} misses, {} driver allocations; pool memory in use \
          {used_at_start} -> {used_at_end} bytes",
@@ -1463,21 +1482,15 @@ fn destroying_a_stream_through_the_backend_returns_its_cached_blocks() {
 fn a_stream_destroyed_elsewhere_keeps_its_blocks_from_every_other_stream_until_a_trim() {
     const SIZE: usize = (448 << 10) + 256;
     const ROUNDS: usize = 16;
-    let _serial = cache_test();
-    let gpu = CudaBackend::new();
-    ctx_sync();
-    let used_at_start = pool_used_bytes();
+    let (_serial, gpu) = cache_test();
+    let used_at_start = used_when_idle();
     let mut cached = HashSet::new();
     let mut handle_reused = 0;
     let mut previous = None;
     for _ in 0..ROUNDS {
-        let s = gpu
-            .create_stream(D0, Default::default())
-            .expect("create a stream");
+        // SAFETY: destroyed below, after the order's last use.
+        let (s, order) = unsafe { new_stream(&gpu) };
         handle_reused += usize::from(previous == Some(s));
-        // SAFETY: created just now by this backend on device 0; destroyed
-        // below, after the order's last use.
-        let order = unsafe { AccessOrder::from_raw(&gpu, s, D0) };
         // A block freed on an earlier, destroyed stream (perhaps with this
         // very handle value) must not come back here.
         let p = alloc_on(SIZE, order);
@@ -1502,26 +1515,24 @@ fn a_stream_destroyed_elsewhere_keeps_its_blocks_from_every_other_stream_until_a
     eprintln!("handle values reused by the next stream: {handle_reused} of {ROUNDS}");
     assert_eq!(held.cached_blocks[DI], ROUNDS, "kept until a trim");
     gpu.trim_memory(D0).expect("trim");
-    ctx_sync();
+    let used_at_end = used_when_idle();
     assert_eq!(stats().cached_blocks[DI], 0);
-    assert_eq!(pool_used_bytes(), used_at_start, "device memory leaked");
+    assert_eq!(used_at_end, used_at_start, "device memory leaked");
 }
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn forget_stream_returns_a_streams_blocks_and_the_cache_can_be_switched_off() {
     const SIZE: usize = (96 << 10) + 256;
-    let _serial = cache_test();
-    let gpu = CudaBackend::new();
-    let streams = StreamPool::new(gpu);
-    let a = streams.get(0).unwrap();
-    let s = a.order();
+    let (_serial, gpu) = cache_test();
+    // SAFETY: destroyed at the end, after the order's last use.
+    let (stream, s) = unsafe { new_stream(&gpu) };
     let p = alloc_on(SIZE, s);
     // SAFETY: allocated above, unused.
     unsafe { free_on(p, SIZE, s) };
     assert_eq!(stats().cached_blocks[DI], 1);
-    // SAFETY: the lease `a` holds this live stream of device 0.
-    assert_eq!(unsafe { gpu.forget_stream(a.handle(), D0) }.unwrap(), 1);
+    // SAFETY: a live stream of device 0 (created above).
+    assert_eq!(unsafe { gpu.forget_stream(stream, D0) }.unwrap(), 1);
     assert_eq!(stats().cached_blocks[DI], 0);
 
     gpu.set_device_cache(false);
@@ -1538,6 +1549,9 @@ fn forget_stream_returns_a_streams_blocks_and_the_cache_can_be_switched_off() {
     );
     assert_eq!(after.upstream_frees[DI] - before.upstream_frees[DI], 1);
     synchronize(s);
+    // SAFETY: created above and owned by this test; `s` is not used after
+    // this.
+    unsafe { gpu.destroy_stream(stream, D0) }.expect("destroy");
 }
 
 // ---------------------------------------------------------------------------
