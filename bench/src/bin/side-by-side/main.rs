@@ -84,12 +84,37 @@ const SIZES: [usize; 16] = [
 const ALIGN: usize = 8;
 /// At most this many latency samples per repeat (8 bytes each).
 const MAX_SAMPLES: usize = 4_000_000;
-const SCRATCH_NEW: &str = "gpupool new each round";
-const SCRATCH_SIZED: &str = "gpupool new each round, learned sizes";
-const SCRATCH_RESET: &str = "gpupool reset reuse";
-const SCRATCH_DALI: &str = "DALI-style new each round";
-const SCRATCH_RAW: &str = "raw calls";
-const SCRATCH_BUMP: &str = "bumpalo";
+
+/// The variants of a scratch round, in the scratch table's column order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scratch {
+    /// gpupool's `Scratchpad` made anew each round.
+    New,
+    /// The same with `learn_sizes`.
+    Sized,
+    /// One gpupool `Scratchpad`, reset between rounds.
+    Reset,
+    /// DALI's scratchpad made anew each round.
+    Dali,
+    /// One plain allocation call per buffer.
+    Raw,
+    /// bumpalo (host memory only).
+    Bump,
+}
+
+impl Scratch {
+    /// The variant's name in the report's rows and columns and in the JSON.
+    const fn name(self) -> &'static str {
+        match self {
+            Scratch::New => "gpupool new each round",
+            Scratch::Sized => "gpupool new each round, learned sizes",
+            Scratch::Reset => "gpupool reset reuse",
+            Scratch::Dali => "DALI-style new each round",
+            Scratch::Raw => "raw calls",
+            Scratch::Bump => "bumpalo",
+        }
+    }
+}
 
 /// Parsed command line.
 struct Args {

@@ -11,9 +11,10 @@ use gpupool_bench::sys_stats::upper_median as median;
 use gpupool_core::{AccessOrder, DeviceId, MemoryKind, ScratchSizes, Scratchpad, StreamOptions};
 
 use crate::report::kind_name;
+use crate::threads::Round;
 use crate::{
-    Machine, ALIGN, CREATE, DALI, EVENT, GPUPOOL, MAX_SAMPLES, MUTEX_VEC, SCRATCH_BUMP,
-    SCRATCH_DALI, SCRATCH_NEW, SCRATCH_RAW, SCRATCH_RESET, SCRATCH_SIZED, SIZES, STICKY, STREAM,
+    Machine, Scratch, ALIGN, CREATE, DALI, EVENT, GPUPOOL, MAX_SAMPLES, MUTEX_VEC, SIZES, STICKY,
+    STREAM,
 };
 
 /// How long and how often to measure.
@@ -206,14 +207,6 @@ pub(crate) struct Latency {
     pub(crate) samples: usize,
 }
 
-/// A scratch round's time (median over repeats).
-pub(crate) struct Round {
-    pub(crate) kind: MemoryKind,
-    pub(crate) variant: &'static str,
-    pub(crate) ns_per_round: f64,
-    pub(crate) rounds: usize,
-}
-
 #[derive(Default)]
 pub(crate) struct Results {
     pub(crate) throughput: Vec<Throughput>,
@@ -237,7 +230,7 @@ impl Results {
             .find(|l| l.case.op == op && l.case.variant == variant)
     }
 
-    pub(crate) fn round(&self, kind: MemoryKind, variant: &str) -> Option<f64> {
+    pub(crate) fn round(&self, kind: MemoryKind, variant: Scratch) -> Option<f64> {
         self.rounds
             .iter()
             .find(|r| r.kind == kind && r.variant == variant)
@@ -389,9 +382,9 @@ pub(crate) fn measure_scratch<B: Machine>(
         // reloaded from memory after every `black_box` (which may write any
         // memory whose address escaped), putting a load and an address
         // computation in front of each allocation that no caller's code has.
-        let mut variants: Vec<(&'static str, RoundFn<'_>)> = vec![
+        let mut variants: Vec<(Scratch, RoundFn<'_>)> = vec![
             (
-                SCRATCH_NEW,
+                Scratch::New,
                 Box::new(|| {
                     let k = kind;
                     let pad = Scratchpad::new(backend, order).expect("gpupool scratchpad");
@@ -401,7 +394,7 @@ pub(crate) fn measure_scratch<B: Machine>(
                 }),
             ),
             (
-                SCRATCH_SIZED,
+                Scratch::Sized,
                 Box::new(|| {
                     let k = kind;
                     let pad = Scratchpad::new(backend, order)
@@ -413,7 +406,7 @@ pub(crate) fn measure_scratch<B: Machine>(
                 }),
             ),
             (
-                SCRATCH_RESET,
+                Scratch::Reset,
                 Box::new(move || {
                     let k = kind;
                     for &n in &SIZES {
@@ -423,7 +416,7 @@ pub(crate) fn measure_scratch<B: Machine>(
                 }),
             ),
             (
-                SCRATCH_DALI,
+                Scratch::Dali,
                 Box::new(|| {
                     let k = kind;
                     plain(true);
@@ -437,7 +430,7 @@ pub(crate) fn measure_scratch<B: Machine>(
                 }),
             ),
             (
-                SCRATCH_RAW,
+                Scratch::Raw,
                 Box::new(move || {
                     plain(true);
                     // SAFETY: `raw_order` is host order or the stream of
@@ -450,7 +443,7 @@ pub(crate) fn measure_scratch<B: Machine>(
         ];
         if kind == MemoryKind::Host {
             variants.push((
-                SCRATCH_BUMP,
+                Scratch::Bump,
                 Box::new(move || bumpalo_round(&mut bump, &SIZES, ALIGN)),
             ));
         }
@@ -474,11 +467,13 @@ pub(crate) fn measure_scratch<B: Machine>(
                 ns[i].push(time_calls(f, n[i]).as_nanos() as f64 / n[i] as f64);
             }
         }
-        for (i, (variant, _)) in variants.iter().enumerate() {
+        for (i, &(variant, _)) in variants.iter().enumerate() {
             results.rounds.push(Round {
                 kind,
                 variant,
+                threads: 1,
                 ns_per_round: median(std::mem::take(&mut ns[i])),
+                driver_allocations_per_round: None,
                 rounds: n[i],
             });
         }

@@ -23,15 +23,14 @@ fn json_str(s: &str) -> String {
     o
 }
 
-/// A measured case's fields of a JSON object: its operation, variant and
+/// A measured case's members of a JSON object: its operation, variant and
 /// thread count.
-fn json_case(c: &Case) -> String {
-    format!(
-        "\"operation\": {}, \"variant\": {}, \"threads\": {}",
-        json_str(c.op),
-        json_str(c.variant),
-        c.threads
-    )
+fn json_case(c: &Case) -> [(&'static str, String); 3] {
+    [
+        ("operation", json_str(c.op)),
+        ("variant", json_str(c.variant)),
+        ("threads", c.threads.to_string()),
+    ]
 }
 
 fn json_num(x: Option<f64>) -> String {
@@ -41,82 +40,100 @@ fn json_num(x: Option<f64>) -> String {
     }
 }
 
-/// Writes the JSON member `"name": [...]`, one item a line (`item` writes
-/// each), then `after` (the comma before the next member, or nothing) and a
-/// newline.
-fn json_array<T>(
+/// A JSON object on one line, `{"key": value, ...}`, from its members in
+/// order; each value is JSON text already (`json_str`, `json_num`, ...).
+fn json_object(members: impl IntoIterator<Item = (&'static str, String)>) -> String {
+    let members: Vec<String> = members
+        .into_iter()
+        .map(|(key, value)| format!("{}: {value}", json_str(key)))
+        .collect();
+    format!("{{{}}}", members.join(", "))
+}
+
+/// Writes the top-level JSON member `"name": value`, then `after` (the comma
+/// before the next member, or nothing) and a newline.
+fn json_member(o: &mut String, name: &str, after: &str, value: &str) {
+    let _ = writeln!(o, "  {}: {value}{after}", json_str(name));
+}
+
+/// Writes the JSON member `"name": [...]` with `json_member`, one object a
+/// line (`item` gives each object's members).
+fn json_array<T, M>(
     o: &mut String,
     name: &str,
     after: &str,
     items: impl IntoIterator<Item = T>,
-    item: impl Fn(T) -> String,
-) {
-    let rows: Vec<String> = items.into_iter().map(item).collect();
-    let _ = writeln!(o, "  \"{name}\": [\n{}\n  ]{after}", rows.join(",\n"));
+    item: impl Fn(T) -> M,
+) where
+    M: IntoIterator<Item = (&'static str, String)>,
+{
+    let rows: Vec<String> = items
+        .into_iter()
+        .map(|t| format!("    {}", json_object(item(t))))
+        .collect();
+    json_member(o, name, after, &format!("[\n{}\n  ]", rows.join(",\n")));
 }
 
 pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) -> String {
     let mut o = String::from("{\n");
-    let _ = writeln!(
-        o,
-        "  \"machine\": {{\"backend\": {}, \"cpu\": {}, \"cores\": {}, \"load_average\": {}}},",
-        json_str(&a.backend),
-        json_str(&a.cpu),
-        s.cores,
-        json_str(&a.load)
-    );
-    let _ = writeln!(
-        o,
-        "  \"run\": {{\"date\": {}, \"commit\": {}, \"arguments\": {}, \"quick\": {}, \"repeats\": {}, \"target_ms\": {}, \"threads\": {:?}, \"oversubscribed_threads\": {}}},",
-        json_str(&a.date),
-        json_str(&a.commit),
-        json_str(&a.command),
-        s.quick,
-        s.repeats,
-        s.target.as_millis(),
-        s.threads,
-        s.oversubscribed
-    );
+    let machine = json_object([
+        ("backend", json_str(&a.backend)),
+        ("cpu", json_str(&a.cpu)),
+        ("cores", s.cores.to_string()),
+        ("load_average", json_str(&a.load)),
+    ]);
+    json_member(&mut o, "machine", ",", &machine);
+    let run = json_object([
+        ("date", json_str(&a.date)),
+        ("commit", json_str(&a.commit)),
+        ("arguments", json_str(&a.command)),
+        ("quick", s.quick.to_string()),
+        ("repeats", s.repeats.to_string()),
+        ("target_ms", s.target.as_millis().to_string()),
+        ("threads", format!("{:?}", s.threads)),
+        ("oversubscribed_threads", s.oversubscribed.to_string()),
+    ]);
+    json_member(&mut o, "run", ",", &run);
     json_array(&mut o, "throughput", ",", &r.throughput, |t| {
-        format!(
-            "    {{{}, \"ns_per_op\": {}, \"mops\": {}, \"ops_per_thread\": {}}}",
-            json_case(&t.case),
-            json_num(Some(t.ns_per_op)),
-            json_num(Some(t.mops)),
-            t.n
-        )
+        json_case(&t.case).into_iter().chain([
+            ("ns_per_op", json_num(Some(t.ns_per_op))),
+            ("mops", json_num(Some(t.mops))),
+            ("ops_per_thread", t.n.to_string()),
+        ])
     });
     json_array(&mut o, "latency", ",", &r.latency, |l| {
-        format!(
-            "    {{{}, \"p50_ns\": {}, \"p99_ns\": {}, \"p999_ns\": {}, \"samples\": {}}}",
-            json_case(&l.case),
-            json_num(Some(l.p50)),
-            json_num(Some(l.p99)),
-            json_num(Some(l.p999)),
-            l.samples
-        )
+        json_case(&l.case).into_iter().chain([
+            ("p50_ns", json_num(Some(l.p50))),
+            ("p99_ns", json_num(Some(l.p99))),
+            ("p999_ns", json_num(Some(l.p999))),
+            ("samples", l.samples.to_string()),
+        ])
     });
     json_array(&mut o, "scratch", ",", &r.rounds, |x| {
-        format!(
-            "    {{\"kind\": {}, \"variant\": {}, \"allocations\": {}, \"ns_per_round\": {}, \"ns_per_allocation\": {}, \"rounds\": {}}}",
-            json_str(kind_name(x.kind)),
-            json_str(x.variant),
-            SIZES.len(),
-            json_num(Some(x.ns_per_round)),
-            json_num(Some(x.ns_per_round / SIZES.len() as f64)),
-            x.rounds
-        )
+        [
+            ("kind", json_str(kind_name(x.kind))),
+            ("variant", json_str(x.variant.name())),
+            ("allocations", SIZES.len().to_string()),
+            ("ns_per_round", json_num(Some(x.ns_per_round))),
+            (
+                "ns_per_allocation",
+                json_num(Some(x.ns_per_round / SIZES.len() as f64)),
+            ),
+            ("rounds", x.rounds.to_string()),
+        ]
     });
     json_array(&mut o, "scratch_threads", ",", &r.thread_rounds.rows, |x| {
-        format!(
-            "    {{\"kind\": {}, \"variant\": {}, \"threads\": {}, \"ns_per_round\": {}, \"driver_allocations_per_round\": {}, \"rounds_per_thread\": {}}}",
-            json_str(kind_name(x.kind)),
-            json_str(x.variant),
-            x.threads,
-            json_num(Some(x.ns_per_round)),
-            json_num(x.driver_allocations_per_round),
-            x.rounds
-        )
+        [
+            ("kind", json_str(kind_name(x.kind))),
+            ("variant", json_str(x.variant.name())),
+            ("threads", x.threads.to_string()),
+            ("ns_per_round", json_num(Some(x.ns_per_round))),
+            (
+                "driver_allocations_per_round",
+                json_num(x.driver_allocations_per_round),
+            ),
+            ("rounds_per_thread", x.rounds.to_string()),
+        ]
     });
     let control = &r.thread_rounds.control;
     json_array(
@@ -125,19 +142,20 @@ pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) 
         ",",
         control,
         |&(threads, ns)| {
-            let ns = json_num(Some(ns));
-            format!("    {{\"threads\": {threads}, \"ns_per_round\": {ns}}}")
+            [
+                ("threads", threads.to_string()),
+                ("ns_per_round", json_num(Some(ns))),
+            ]
         },
     );
     json_array(&mut o, "targets", "", targets, |t| {
-        format!(
-            "    {{\"target\": {}, \"measured\": {}, \"comparison\": {}, \"limit\": {}, \"met\": {}}}",
-            json_str(&t.what),
-            json_num(t.measured),
-            json_str(if t.at_most { "<=" } else { ">=" }),
-            json_num(Some(t.limit)),
-            t.met().map_or("null".into(), |m| m.to_string())
-        )
+        [
+            ("target", json_str(&t.what)),
+            ("measured", json_num(t.measured)),
+            ("comparison", json_str(if t.at_most { "<=" } else { ">=" })),
+            ("limit", json_num(Some(t.limit))),
+            ("met", t.met().map_or("null".into(), |m| m.to_string())),
+        ]
     });
     o.push_str("}\n");
     o

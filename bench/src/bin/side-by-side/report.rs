@@ -7,10 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use gpupool_core::MemoryKind;
 
 use crate::measure::{Results, Settings};
-use crate::{
-    CREATE, DALI, EVENT, GPUPOOL, MUTEX_VEC, SCRATCH_BUMP, SCRATCH_DALI, SCRATCH_NEW, SCRATCH_RAW,
-    SCRATCH_RESET, SCRATCH_SIZED, STICKY, STREAM,
-};
+use crate::{Scratch, CREATE, DALI, EVENT, GPUPOOL, MUTEX_VEC, STICKY, STREAM};
 
 pub(crate) fn kind_name(kind: MemoryKind) -> &'static str {
     match kind {
@@ -172,8 +169,8 @@ pub(crate) fn targets(r: &Results, s: &Settings, cuda: bool) -> Vec<Target> {
     let over = s.oversubscribed;
     let mut t = Vec::new();
     let bumpalo = ratio(
-        r.round(MemoryKind::Host, SCRATCH_RESET),
-        r.round(MemoryKind::Host, SCRATCH_BUMP),
+        r.round(MemoryKind::Host, Scratch::Reset),
+        r.round(MemoryKind::Host, Scratch::Bump),
     );
     if !cuda {
         for (op, name) in [(EVENT, "event pool"), (STREAM, "stream pool")] {
@@ -236,15 +233,15 @@ pub(crate) fn targets(r: &Results, s: &Settings, cuda: bool) -> Vec<Target> {
         (MemoryKind::Host, 1.0, 1.0),
     ] {
         let k = kind_name(kind);
-        let dali = r.round(kind, SCRATCH_DALI);
+        let dali = r.round(kind, Scratch::Dali);
         t.push(Target::le(
             format!("{k} scratch round of 16, new each round (learned sizes) ÷ DALI-style"),
-            ratio(r.round(kind, SCRATCH_SIZED), dali),
+            ratio(r.round(kind, Scratch::Sized), dali),
             sized,
         ));
         t.push(Target::le(
             format!("{k} scratch round of 16, reset reuse ÷ DALI-style"),
-            ratio(r.round(kind, SCRATCH_RESET), dali),
+            ratio(r.round(kind, Scratch::Reset), dali),
             reset,
         ));
     }
@@ -423,29 +420,29 @@ pub(crate) fn report(r: &Results, s: &Settings, a: &About, targets: &[Target]) -
     );
     let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for kind in [MemoryKind::Host, MemoryKind::Pinned, MemoryKind::Device] {
-        let cell = |v: &str| r.round(kind, v).map_or("–".into(), fmt_ns);
-        let reset = r.round(kind, SCRATCH_RESET);
+        let cell = |v| r.round(kind, v).map_or("–".into(), fmt_ns);
+        let reset = r.round(kind, Scratch::Reset);
         let _ = writeln!(
             o,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             kind_name(kind),
-            cell(SCRATCH_NEW),
-            cell(SCRATCH_SIZED),
-            cell(SCRATCH_RESET),
-            cell(SCRATCH_DALI),
-            cell(SCRATCH_RAW),
-            cell(SCRATCH_BUMP),
+            cell(Scratch::New),
+            cell(Scratch::Sized),
+            cell(Scratch::Reset),
+            cell(Scratch::Dali),
+            cell(Scratch::Raw),
+            cell(Scratch::Bump),
             fmt_ratio(ratio(
-                r.round(kind, SCRATCH_NEW),
-                r.round(kind, SCRATCH_DALI)
+                r.round(kind, Scratch::New),
+                r.round(kind, Scratch::Dali)
             )),
             fmt_ratio(ratio(
-                r.round(kind, SCRATCH_SIZED),
-                r.round(kind, SCRATCH_DALI)
+                r.round(kind, Scratch::Sized),
+                r.round(kind, Scratch::Dali)
             )),
-            fmt_ratio(ratio(reset, r.round(kind, SCRATCH_DALI))),
-            fmt_ratio(ratio(reset, r.round(kind, SCRATCH_RAW))),
-            fmt_ratio(ratio(reset, r.round(kind, SCRATCH_BUMP))),
+            fmt_ratio(ratio(reset, r.round(kind, Scratch::Dali))),
+            fmt_ratio(ratio(reset, r.round(kind, Scratch::Raw))),
+            fmt_ratio(ratio(reset, r.round(kind, Scratch::Bump))),
         );
     }
     let _ = writeln!(o);

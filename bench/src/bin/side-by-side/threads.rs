@@ -19,7 +19,7 @@ use gpupool_core::{AccessOrder, DeviceId, MemoryKind, ScratchSizes, Scratchpad, 
 
 use crate::measure::Settings;
 use crate::report::kind_name;
-use crate::{Machine, ALIGN, SCRATCH_DALI, SCRATCH_NEW, SCRATCH_RESET, SCRATCH_SIZED, SIZES};
+use crate::{Machine, Scratch, ALIGN, SIZES};
 
 /// Untimed rounds each thread runs before the barrier. Every run starts new
 /// threads, and a thread's own caches reach their steady state only within
@@ -34,19 +34,21 @@ use crate::{Machine, ALIGN, SCRATCH_DALI, SCRATCH_NEW, SCRATCH_RESET, SCRATCH_SI
 pub(crate) const WARM_ROUNDS: usize = 64;
 
 /// The variants measured on many threads, in report order.
-pub(crate) const VARIANTS: [&str; 4] = [SCRATCH_NEW, SCRATCH_SIZED, SCRATCH_RESET, SCRATCH_DALI];
+pub(crate) const VARIANTS: [Scratch; 4] =
+    [Scratch::New, Scratch::Sized, Scratch::Reset, Scratch::Dali];
 /// The kinds measured on many threads.
 pub(crate) const KINDS: [MemoryKind; 2] = [MemoryKind::Pinned, MemoryKind::Device];
 
-/// One variant of one kind at one thread count.
-pub(crate) struct ThreadRound {
+/// A scratch round's time: one variant of one kind at one thread count (the
+/// one-thread rounds of `measure_scratch` and the many-thread rounds here).
+pub(crate) struct Round {
     pub(crate) kind: MemoryKind,
-    pub(crate) variant: &'static str,
+    pub(crate) variant: Scratch,
     pub(crate) threads: usize,
     /// Time per round of the median thread (median over the repeats).
     pub(crate) ns_per_round: f64,
-    /// Driver allocation calls per round in the timed rounds, where the
-    /// backend counts them.
+    /// Driver allocation calls per round in the timed rounds, where they are
+    /// counted (the many-thread rounds, on a backend that counts them).
     pub(crate) driver_allocations_per_round: Option<f64>,
     /// Rounds per thread per repeat.
     pub(crate) rounds: usize,
@@ -62,18 +64,18 @@ struct Worker<'b, B: Machine> {
 
 impl<B: Machine> Worker<'_, B> {
     /// Runs `n` rounds of `variant` of `kind`.
-    fn rounds(&mut self, variant: &str, kind: MemoryKind, n: usize) {
+    fn rounds(&mut self, variant: Scratch, kind: MemoryKind, n: usize) {
         let d = DeviceId(0);
         for _ in 0..n {
             match variant {
-                SCRATCH_NEW => {
+                Scratch::New => {
                     let pad =
                         Scratchpad::new(self.backend, self.order).expect("gpupool scratchpad");
                     for &size in &SIZES {
                         black_box(pad.alloc(kind, size, ALIGN).expect("gpupool scratch"));
                     }
                 }
-                SCRATCH_SIZED => {
+                Scratch::Sized => {
                     let pad = Scratchpad::new(self.backend, self.order)
                         .expect("gpupool scratchpad")
                         .learn_sizes(&self.sizes);
@@ -81,19 +83,22 @@ impl<B: Machine> Worker<'_, B> {
                         black_box(pad.alloc(kind, size, ALIGN).expect("gpupool scratch"));
                     }
                 }
-                SCRATCH_RESET => {
+                Scratch::Reset => {
                     for &size in &SIZES {
                         black_box(self.kept.alloc(kind, size, ALIGN).expect("gpupool scratch"));
                     }
                     self.kept.reset().expect("gpupool scratch reset");
                 }
-                _ => {
+                Scratch::Dali => {
                     // SAFETY: `order` is this worker's stream of `backend` on
                     // device 0, alive until the measurement ends.
                     let mut pad = unsafe { DaliScratchpad::new(self.backend, d, self.order) };
                     for &size in &SIZES {
                         black_box(pad.alloc(kind, size, ALIGN).expect("DALI-style scratch"));
                     }
+                }
+                Scratch::Raw | Scratch::Bump => {
+                    unreachable!("{} runs on one thread only", variant.name())
                 }
             }
         }
@@ -105,7 +110,7 @@ impl<B: Machine> Worker<'_, B> {
 fn run_threads<B: Machine>(
     backend: &B,
     streams: &[gpupool_core::StreamHandle],
-    variant: &'static str,
+    variant: Scratch,
     kind: MemoryKind,
     warm: usize,
     n: usize,
@@ -217,7 +222,7 @@ fn run_control(threads: usize, n: usize) -> Vec<f64> {
 /// The many-thread rounds and the control measured beside them.
 #[derive(Default)]
 pub(crate) struct ThreadRounds {
-    pub(crate) rows: Vec<ThreadRound>,
+    pub(crate) rows: Vec<Round>,
     /// The control round (no memory, no gpupool) per thread count: time per
     /// round of the median thread, median over the repeats.
     pub(crate) control: Vec<(usize, f64)>,
@@ -265,7 +270,7 @@ pub(crate) fn measure_scratch_threads<B: Machine>(
     );
     for kind in KINDS {
         for variant in VARIANTS {
-            let dali = variant == SCRATCH_DALI;
+            let dali = variant == Scratch::Dali;
             plain(dali);
             // Driver allocation calls over the timed rounds of each count's
             // repeats (read between the warm-up and the timed rounds).
@@ -288,7 +293,7 @@ pub(crate) fn measure_scratch_threads<B: Machine>(
             for (i, (ns, n)) in measured.into_iter().enumerate() {
                 let threads = s.threads[i];
                 let total_rounds = (n * threads * s.repeats) as f64;
-                out.rows.push(ThreadRound {
+                out.rows.push(Round {
                     kind,
                     variant,
                     threads,
@@ -298,8 +303,9 @@ pub(crate) fn measure_scratch_threads<B: Machine>(
                 });
             }
             eprintln!(
-                "  scratch {} {variant} on {most} threads: {:.0} ns per round",
+                "  scratch {} {} on {most} threads: {:.0} ns per round",
                 kind_name(kind),
+                variant.name(),
                 out.rows.last().map_or(0.0, |r| r.ns_per_round)
             );
         }
@@ -355,7 +361,11 @@ pub(crate) fn report(measured: &ThreadRounds) -> String {
         let _ = writeln!(o);
         let _ = writeln!(o, "### {}", kind_name(kind));
         let _ = writeln!(o);
-        let _ = writeln!(o, "| threads | {} |", VARIANTS.join(" | "));
+        let _ = writeln!(
+            o,
+            "| threads | {} |",
+            VARIANTS.map(Scratch::name).join(" | ")
+        );
         let _ = writeln!(o, "|---|{}", "---|".repeat(VARIANTS.len()));
         let mut counts: Vec<usize> = rows.iter().map(|r| r.threads).collect();
         counts.sort_unstable();
