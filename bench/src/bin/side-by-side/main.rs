@@ -160,8 +160,8 @@ fn run<B: Machine>(
         a.backend,
         s.cores,
         s.threads,
-        s.oversubscribed,
-        s.repeats,
+        s.oversubscribed(),
+        s.repeats(),
         s.target.as_millis()
     );
     let started = Instant::now();

@@ -19,14 +19,11 @@ use crate::{
 
 /// How long and how often to measure.
 pub(crate) struct Settings {
+    /// A smoke run: fewer repeats and samples (`GPUPOOL_BENCH_QUICK`).
     pub(crate) quick: bool,
-    pub(crate) repeats: usize,
     pub(crate) target: Duration,
-    /// At least this many latency samples per repeat, over all threads.
-    pub(crate) min_samples: usize,
     pub(crate) cores: usize,
     pub(crate) threads: Vec<usize>,
-    pub(crate) oversubscribed: usize,
 }
 
 impl Settings {
@@ -39,16 +36,36 @@ impl Settings {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Settings {
             quick,
-            repeats: if quick { 5 } else { 7 },
             target: Duration::from_millis(ms.max(1)),
-            min_samples: if quick { 2_000 } else { 50_000 },
             cores,
             threads: [1, 2, 4, 8, 16]
                 .into_iter()
                 .filter(|&t| t <= cores)
                 .collect(),
-            oversubscribed: 4 * cores,
         }
+    }
+
+    /// Repeats of every measurement (medians over them).
+    pub(crate) fn repeats(&self) -> usize {
+        if self.quick {
+            5
+        } else {
+            7
+        }
+    }
+
+    /// At least this many latency samples per repeat, over all threads.
+    pub(crate) fn min_samples(&self) -> usize {
+        if self.quick {
+            2_000
+        } else {
+            50_000
+        }
+    }
+
+    /// The threads of the oversubscribed latency run.
+    pub(crate) fn oversubscribed(&self) -> usize {
+        4 * self.cores
     }
 }
 
@@ -201,9 +218,13 @@ pub(crate) struct Throughput {
 /// Latencies at the oversubscribed run (medians over repeats of each quantile).
 pub(crate) struct Latency {
     pub(crate) case: Case,
+    /// The median operation's time, ns.
     pub(crate) p50: f64,
+    /// The 99th percentile, ns.
     pub(crate) p99: f64,
+    /// The 99.9th percentile, ns.
     pub(crate) p999: f64,
+    /// Samples per repeat, over all threads.
     pub(crate) samples: usize,
 }
 
@@ -269,7 +290,7 @@ pub(crate) fn measure_pools<B: Machine>(backend: &B, s: &Settings, results: &mut
                 .collect();
             let mut per_op = vec![Vec::new(); ops.len()];
             let mut mops = vec![Vec::new(); ops.len()];
-            for _ in 0..s.repeats {
+            for _ in 0..s.repeats() {
                 for (i, &(_, _, op)) in ops.iter().enumerate() {
                     let spans = crew.spans(op, n[i]);
                     let mut times: Vec<Duration> = spans.iter().map(|(s, e)| *e - *s).collect();
@@ -295,19 +316,19 @@ pub(crate) fn measure_pools<B: Machine>(backend: &B, s: &Settings, results: &mut
         eprintln!("  pools: {threads} thread(s) done");
     }
 
-    let threads = s.oversubscribed;
+    let threads = s.oversubscribed();
     with_crew(threads, |crew| {
         let n: Vec<usize> = ops
             .iter()
             .map(|&(_, _, op)| {
                 calibrate(crew, op, s.target).clamp(
-                    s.min_samples.div_ceil(threads),
+                    s.min_samples().div_ceil(threads),
                     MAX_SAMPLES.div_ceil(threads),
                 )
             })
             .collect();
         let mut q = vec![[Vec::new(), Vec::new(), Vec::new()]; ops.len()];
-        for _ in 0..s.repeats {
+        for _ in 0..s.repeats() {
             for (i, &(_, _, op)) in ops.iter().enumerate() {
                 let mut all = crew.latencies(op, n[i]);
                 all.sort_unstable();
@@ -462,7 +483,7 @@ pub(crate) fn measure_scratch<B: Machine>(
             })
             .collect();
         let mut ns = vec![Vec::new(); variants.len()];
-        for _ in 0..s.repeats {
+        for _ in 0..s.repeats() {
             for (i, (_, f)) in variants.iter_mut().enumerate() {
                 ns[i].push(time_calls(f, n[i]).as_nanos() as f64 / n[i] as f64);
             }

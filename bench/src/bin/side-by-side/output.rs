@@ -88,10 +88,10 @@ pub(crate) fn to_json(r: &Results, s: &Settings, a: &About, targets: &[Target]) 
         ("commit", json_str(&a.commit)),
         ("arguments", json_str(&a.command)),
         ("quick", s.quick.to_string()),
-        ("repeats", s.repeats.to_string()),
+        ("repeats", s.repeats().to_string()),
         ("target_ms", s.target.as_millis().to_string()),
         ("threads", format!("{:?}", s.threads)),
-        ("oversubscribed_threads", s.oversubscribed.to_string()),
+        ("oversubscribed_threads", s.oversubscribed().to_string()),
     ]);
     json_member(&mut o, "run", ",", &run);
     json_array(&mut o, "throughput", ",", &r.throughput, |t| {

@@ -166,7 +166,7 @@ impl PoolAgainstDali {
 
 /// The targets of the performance issue for this machine.
 pub(crate) fn targets(r: &Results, s: &Settings, cuda: bool) -> Vec<Target> {
-    let over = s.oversubscribed;
+    let over = s.oversubscribed();
     let mut t = Vec::new();
     let bumpalo = ratio(
         r.round(MemoryKind::Host, Scratch::Reset),
@@ -337,7 +337,7 @@ pub(crate) fn report(r: &Results, s: &Settings, a: &About, targets: &[Target]) -
         o,
         "- each figure is the median of {} repeats of about {} ms, the variants taking turns; \
          ratios are gpupool ÷ baseline from two medians of this run",
-        s.repeats,
+        s.repeats(),
         s.target.as_millis()
     );
     for op in [EVENT, STREAM, STICKY] {
@@ -376,7 +376,8 @@ pub(crate) fn report(r: &Results, s: &Settings, a: &About, targets: &[Target]) -
     let _ = writeln!(
         o,
         "## Oversubscribed: {} threads on {} cores, latency of one operation",
-        s.oversubscribed, s.cores
+        s.oversubscribed(),
+        s.cores
     );
     let _ = writeln!(o);
     let _ = writeln!(

@@ -177,8 +177,8 @@ fn interleaved(
             }
         })
         .collect();
-    let mut ns = vec![Vec::with_capacity(s.repeats); counts];
-    for _ in 0..s.repeats {
+    let mut ns = vec![Vec::with_capacity(s.repeats()); counts];
+    for _ in 0..s.repeats() {
         for (i, ns) in ns.iter_mut().enumerate() {
             ns.push(median(timed(i, n[i], true)));
         }
@@ -292,7 +292,7 @@ pub(crate) fn measure_scratch_threads<B: Machine>(
             plain(false);
             for (i, (ns, n)) in measured.into_iter().enumerate() {
                 let threads = s.threads[i];
-                let total_rounds = (n * threads * s.repeats) as f64;
+                let total_rounds = (n * threads * s.repeats()) as f64;
                 out.rows.push(Round {
                     kind,
                     variant,
