@@ -3,7 +3,8 @@
 use std::collections::{HashMap, HashSet};
 
 use super::*;
-use crate::shards::Shards;
+use crate::shards::{Shard, Shards};
+use crate::sync::Arc;
 
 #[test]
 fn classes_are_powers_of_two_from_one_page() {
@@ -156,8 +157,11 @@ const S: StreamHandle = unsafe { StreamHandle::from_raw(0x1000) };
 /// shared ([`probe_on`]), the one that turns it off holds it alone.
 static PROBE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
+/// A test's shared hold on [`PROBE`]: the idle probe stays on while it lives.
+type ProbeGuard = std::sync::RwLockReadGuard<'static, ()>;
+
 /// Keeps the idle probe on for the calling test (until the guard drops).
-fn probe_on() -> std::sync::RwLockReadGuard<'static, ()> {
+fn probe_on() -> ProbeGuard {
     let guard = PROBE.read().unwrap_or_else(|p| p.into_inner());
     assert!(idle_probe(), "turned off only under the exclusive lock");
     guard
@@ -174,6 +178,33 @@ fn local_pool(batch: usize, idle: bool) -> Pool<Fake> {
     let pool = Pool::new(Fake::default()).with_query_batch(batch);
     pool.upstream().st().stream_idle = idle;
     pool
+}
+
+/// A thread of the tests: a shard of the registry, which the test locks for
+/// the thread's blocks.
+type Thread = Arc<Shard<ThreadBlocks>>;
+
+/// A pool as [`local_pool`] makes it, the registry of its threads' blocks,
+/// and `N` threads registered there in turn.
+fn threads<const N: usize>(
+    batch: usize,
+    idle: bool,
+) -> (Pool<Fake>, Shards<ThreadBlocks>, [Thread; N]) {
+    let pool = local_pool(batch, idle);
+    let shards = Shards::new();
+    let threads = std::array::from_fn(|_| shards.register());
+    (pool, shards, threads)
+}
+
+/// The idle probe's guard from [`probe_on`], then [`threads`]: the set-up
+/// of a test whose outcome depends on the probe (on until the guard drops).
+fn threads_probe_on<const N: usize>(
+    batch: usize,
+    idle: bool,
+) -> (ProbeGuard, Pool<Fake>, Shards<ThreadBlocks>, [Thread; N]) {
+    let probe = probe_on();
+    let (pool, shards, threads) = threads(batch, idle);
+    (probe, pool, shards, threads)
 }
 
 /// `n` blocks of `size` bytes for the thread whose blocks are `mine`.
@@ -204,6 +235,22 @@ fn free_on<U: Upstream<Error = &'static str>>(
         // freed once here; only "work on `stream`" (fake) may use them.
         unsafe { pool.give_after_local(mine, shards, D, addr, size, stream) }.unwrap();
     }
+}
+
+/// The thread whose blocks are `mine` takes `n` blocks of `size` bytes and
+/// frees them all in the order of `stream` ([`take_n`], then [`free_on`]);
+/// returns them.
+fn take_and_free_on(
+    pool: &Pool<Fake>,
+    mine: &mut ThreadBlocks,
+    shards: &Shards<ThreadBlocks>,
+    n: usize,
+    size: usize,
+    stream: StreamHandle,
+) -> Vec<usize> {
+    let blocks = take_n(pool, mine, shards, n, size);
+    free_on(pool, mine, shards, &blocks, size, stream);
+    blocks
 }
 
 /// The thread whose blocks are `mine` frees `addr` (taken from `pool` with

@@ -323,9 +323,7 @@ static JOIN_IN_HOOK: Mutex<Option<JoinArmed>> = Mutex::new(None);
 /// A lost-error hook that makes the armed stream join the armed capture
 /// (`AccessOrder::wait`, safe) the first time it runs on the armed thread.
 fn join_capture_hook(_: &dyn core::fmt::Display) {
-    let mut armed = JOIN_IN_HOOK.lock().unwrap_or_else(|e| e.into_inner());
-    if armed.is_some_and(|(.., t)| t == std::thread::current().id()) {
-        let (side, origin, events, _) = armed.take().unwrap();
+    if let Some((side, origin, events, _)) = take_armed_here(&JOIN_IN_HOOK, |&(.., t)| t) {
         side.order().wait(&origin.order(), events).unwrap();
     }
 }
@@ -341,14 +339,11 @@ fn join_capture_hook(_: &dyn core::fmt::Display) {
 fn a_hook_joining_a_capture_mid_reset_makes_it_query_the_capture() {
     let _serial = hook_lock();
     let gpu = MockBackend::new(1);
-    let streams: &'static StreamPool<MockBackend> =
-        Box::leak(Box::new(StreamPool::new(gpu.clone())));
-    let events: &'static EventPool<MockBackend> = Box::leak(Box::new(EventPool::new(gpu.clone())));
+    let streams = leak(StreamPool::new(gpu.clone()));
+    let events = leak(EventPool::new(gpu.clone()));
     let device = streams.get(0).unwrap();
-    let side: &'static StreamLease<'static, MockBackend> =
-        Box::leak(Box::new(streams.get(0).unwrap()));
-    let origin: &'static StreamLease<'static, MockBackend> =
-        Box::leak(Box::new(streams.get(0).unwrap()));
+    let side = leak(streams.get(0).unwrap());
+    let origin = leak(streams.get(0).unwrap());
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let config = ScratchpadConfig {
         pinned_release: Some(side.order()),
@@ -591,9 +586,7 @@ fn graph_slices_across_scratchpads_and_the_capture_end() {
     assert_eq!(host.to_host(&g), Err(Error::GraphMemory));
     assert_eq!(a.to_host(&before), Ok(vec![9u32; 8]));
     assert_eq!(b.to_host(&before), Ok(vec![9u32; 8]));
-    drop((a, b, host));
-    drop(graph);
-    complete_and_assert_clean(&gpu);
+    drop_complete_and_assert_clean(&gpu, (a, b, host, graph));
 }
 
 /// One round sees capture X end and capture Y begin on the same lease
@@ -604,10 +597,8 @@ fn graph_slices_across_scratchpads_and_the_capture_end() {
 #[test]
 fn one_round_across_two_captures_on_one_lease() {
     mock_rig!(gpu, streams, _events; [origin, replay] = leases);
-    let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
-    let x = scratch.device::<u8>(1000).unwrap();
-    gpu.launch_map(&origin.order(), &x, &x, |v| v).unwrap();
+    let mut scratch = scratchpad_then_capture(&gpu, &origin, CaptureMode::Relaxed);
+    let x = allocate_and_write(&gpu, &scratch, origin.order(), 1000);
     let px = scratch.pinned::<u8>(64).unwrap();
     fill_and_use(&gpu, origin.handle(), px, 1, 64);
     let gx = origin.end_capture().unwrap();
@@ -647,11 +638,7 @@ fn one_round_across_two_captures_on_one_lease() {
 #[test]
 fn a_scratchpad_whose_orders_are_in_one_capture() {
     mock_rig!(gpu, streams, events; [a, b, replay] = leases);
-    let config = ScratchpadConfig {
-        pinned_release: Some(b.order()),
-        ..ScratchpadConfig::default()
-    };
-    let mut scratch = Scratchpad::with_config(&gpu, a.order(), config).unwrap();
+    let mut scratch = releasing_pinned_in(&gpu, a.order(), b.order());
     a.begin_capture(CaptureMode::Relaxed).unwrap();
     b.order().wait(&a.order(), &events).unwrap();
     let p = scratch.pinned::<u32>(64).unwrap();
@@ -678,11 +665,7 @@ fn a_scratchpad_whose_orders_are_in_one_capture() {
 #[test]
 fn a_capture_on_the_pinned_release_stream_only() {
     mock_rig!(gpu, streams, _events; [a, b, replay] = leases);
-    let config = ScratchpadConfig {
-        pinned_release: Some(b.order()),
-        ..ScratchpadConfig::default()
-    };
-    let mut scratch = Scratchpad::with_config(&gpu, a.order(), config).unwrap();
+    let mut scratch = releasing_pinned_in(&gpu, a.order(), b.order());
     let _warm = scratch.pinned::<u8>(16).unwrap(); // the kind holds a block
     scratch.reset().unwrap();
     b.begin_capture(CaptureMode::Relaxed).unwrap();
@@ -695,10 +678,7 @@ fn a_capture_on_the_pinned_release_stream_only() {
     for i in 0..3u8 {
         gpu.launch_graph(&graph, replay.handle()).unwrap();
         let q = scratch.pinned::<u8>(4096).unwrap();
-        q.iter_mut().for_each(|v| {
-            v.write(i);
-        });
-        gpu.host_access(q.as_ptr().cast(), 4096).unwrap();
+        fill_on_host(&gpu, q, i, 4096);
         scratch.reset().unwrap();
     }
     complete_drop_and_assert_clean(&gpu, (graph, scratch));
@@ -715,19 +695,20 @@ type EndBeginArmed = (
 static END_BEGIN_IN_HOOK: Mutex<Option<EndBeginArmed>> = Mutex::new(None);
 static HOOK_GRAPHS: Mutex<Vec<MockGraph>> = Mutex::new(Vec::new());
 
+/// Ends the capture of `origin` through the harness and, if it ended, keeps
+/// its graph in [`HOOK_GRAPHS`] for the test.
+fn end_into_hook_graphs(gpu: &MockBackend, origin: StreamHandle) {
+    if let Ok(g) = gpu.end_capture(origin) {
+        HOOK_GRAPHS.lock().unwrap().push(g);
+    }
+}
+
 /// A lost-error hook that ends the armed capture (harness) and begins a new
 /// one on the same lease (`StreamLease::begin_capture`, safe), once, on the
 /// armed thread.
 fn end_and_begin_hook(_: &dyn core::fmt::Display) {
-    let mut armed = END_BEGIN_IN_HOOK.lock().unwrap_or_else(|e| e.into_inner());
-    if armed
-        .as_ref()
-        .is_some_and(|(.., t)| *t == std::thread::current().id())
-    {
-        let (gpu, origin, _) = armed.take().unwrap();
-        if let Ok(g) = gpu.end_capture(origin.handle()) {
-            HOOK_GRAPHS.lock().unwrap().push(g);
-        }
+    if let Some((gpu, origin, _)) = take_armed_here(&END_BEGIN_IN_HOOK, |&(.., t)| t) {
+        end_into_hook_graphs(&gpu, origin.handle());
         origin.begin_capture(CaptureMode::Relaxed).unwrap();
     }
 }
@@ -741,10 +722,8 @@ fn end_and_begin_hook(_: &dyn core::fmt::Display) {
 fn a_hook_that_ends_the_capture_and_begins_another_mid_reset() {
     let _serial = hook_lock();
     let gpu = MockBackend::new(1);
-    let streams: &'static StreamPool<MockBackend> =
-        Box::leak(Box::new(StreamPool::new(gpu.clone())));
-    let origin: &'static StreamLease<'static, MockBackend> =
-        Box::leak(Box::new(streams.get(0).unwrap()));
+    let streams = leak(StreamPool::new(gpu.clone()));
+    let origin = leak(streams.get(0).unwrap());
     let replay = streams.get(0).unwrap();
     origin.begin_capture(CaptureMode::Relaxed).unwrap();
     let config = ScratchpadConfig {
@@ -784,15 +763,8 @@ static END_IN_DROP_HOOK: Mutex<Option<(MockBackend, StreamHandle, std::thread::T
     Mutex::new(None);
 
 fn end_in_drop_hook(_: &dyn core::fmt::Display) {
-    let mut armed = END_IN_DROP_HOOK.lock().unwrap_or_else(|e| e.into_inner());
-    if armed
-        .as_ref()
-        .is_some_and(|(.., t)| *t == std::thread::current().id())
-    {
-        let (gpu, origin, _) = armed.take().unwrap();
-        if let Ok(g) = gpu.end_capture(origin) {
-            HOOK_GRAPHS.lock().unwrap().push(g);
-        }
+    if let Some((gpu, origin, _)) = take_armed_here(&END_IN_DROP_HOOK, |&(.., t)| t) {
+        end_into_hook_graphs(&gpu, origin);
     }
 }
 
@@ -931,8 +903,7 @@ fn two_threads_capture_at_once() {
                 let (gpu, streams, events) = (&gpu, &streams, &events);
                 s.spawn(move || {
                     let [origin, replay] = leases(streams);
-                    let mut main = Scratchpad::new(gpu, origin.order()).unwrap();
-                    origin.begin_capture(CaptureMode::ThreadLocal).unwrap();
+                    let mut main = scratchpad_then_capture(gpu, &origin, CaptureMode::ThreadLocal);
                     {
                         let side = forked(streams, &origin, events);
                         let scratch = Scratchpad::new(gpu, side.order()).unwrap();
@@ -980,10 +951,7 @@ fn staging_blocks_of_a_captured_upload_stay_with_the_graph() {
     for i in 0..3u16 {
         gpu.launch_graph(&graph, replay.handle()).unwrap();
         let p = other.pinned::<u16>(1024).unwrap();
-        p.iter_mut().for_each(|v| {
-            v.write(i);
-        });
-        gpu.host_access(p.as_ptr().cast(), 2048).unwrap();
+        fill_on_host(&gpu, p, i, 2048);
         let y = scratch.to_device(&[i; 1024]).unwrap();
         assert_eq!(scratch.to_host(&y).unwrap(), vec![i; 1024]);
         scratch.reset().unwrap();
@@ -1074,10 +1042,8 @@ fn a_record_racing_end_capture() {
 #[test]
 fn graph_mode_in_an_invalidated_capture() {
     mock_rig!(gpu, streams, _events; [origin, other] = leases);
-    let mut scratch = Scratchpad::new(&gpu, origin.order()).unwrap();
-    origin.begin_capture(CaptureMode::Relaxed).unwrap();
-    let x = scratch.device::<u8>(100).unwrap();
-    gpu.launch_map(&origin.order(), &x, &x, |v| v).unwrap();
+    let mut scratch = scratchpad_then_capture(&gpu, &origin, CaptureMode::Relaxed);
+    let x = allocate_and_write(&gpu, &scratch, origin.order(), 100);
     let g = {
         other.begin_capture(CaptureMode::Relaxed).unwrap();
         other.end_capture().unwrap()

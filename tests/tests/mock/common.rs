@@ -5,7 +5,7 @@
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Barrier;
+use std::sync::{Barrier, Mutex};
 
 use gpupool_core::{
     set_lost_error_hook, AccessOrder, CaptureMode, CaptureStatus, DeviceId, DeviceSlice, Error,
@@ -95,6 +95,21 @@ pub(crate) fn assert_scratchpads_refuse(
     ));
 }
 
+/// A scratchpad on `device` whose pinned blocks are released in the order
+/// `pinned` (`pinned_release`).
+#[track_caller]
+pub(crate) fn releasing_pinned_in<'b>(
+    gpu: &'b MockBackend,
+    device: AccessOrder<'b>,
+    pinned: AccessOrder<'b>,
+) -> Scratchpad<'b, MockBackend> {
+    let config = ScratchpadConfig {
+        pinned_release: Some(pinned),
+        ..ScratchpadConfig::default()
+    };
+    Scratchpad::with_config(gpu, device, config).unwrap()
+}
+
 /// The mock's stream pool.
 type Streams = StreamPool<MockBackend>;
 /// The mock's event pool.
@@ -140,6 +155,13 @@ pub(crate) fn busy_lease<'p>(gpu: &MockBackend, streams: &'p Streams) -> Lease<'
     lease
 }
 
+/// The host writes `value` to every element of the pinned slice `p`.
+fn write_all<T: Copy>(p: &mut [MaybeUninit<T>], value: T) {
+    p.iter_mut().for_each(|v| {
+        v.write(value);
+    });
+}
+
 /// The host writes `value` to every element of the pinned slice `p`, then
 /// `stream` reads its first `len` bytes (`use_memory`: a kernel, or a graph
 /// node when `stream` is capturing).
@@ -151,10 +173,38 @@ pub(crate) fn fill_and_use<T: Copy>(
     value: T,
     len: usize,
 ) {
-    p.iter_mut().for_each(|v| {
-        v.write(value);
-    });
+    write_all(p, value);
     gpu.use_memory(stream, p.as_ptr().cast(), len).unwrap();
+}
+
+/// The host writes `value` to every element of the pinned slice `p`, as the
+/// mock sees it: a host access to its first `len` bytes (`host_access`).
+#[track_caller]
+pub(crate) fn fill_on_host<T: Copy>(
+    gpu: &MockBackend,
+    p: &mut [MaybeUninit<T>],
+    value: T,
+    len: usize,
+) {
+    write_all(p, value);
+    gpu.host_access(p.as_ptr().cast(), len).unwrap();
+}
+
+/// `value`, leaked: a `'static` reference, such as a process-wide hook can
+/// be armed with.
+pub(crate) fn leak<T: 'static>(value: T) -> &'static T {
+    Box::leak(Box::new(value))
+}
+
+/// Takes what a lost-error hook's slot holds if it was armed on this thread
+/// (`thread` reads that thread from it); `None` otherwise: other tests' lost
+/// errors may reach the hook on their own threads.
+pub(crate) fn take_armed_here<T>(
+    slot: &Mutex<Option<T>>,
+    thread: impl Fn(&T) -> std::thread::ThreadId,
+) -> Option<T> {
+    let mut armed = slot.lock().unwrap_or_else(|e| e.into_inner());
+    armed.take_if(|a| thread(a) == std::thread::current().id())
 }
 
 /// Runs `f` with `hook` as the process-wide lost-error hook, then puts the
@@ -181,6 +231,35 @@ pub(crate) fn upload_and_increment<'s>(
     let x = scratch.to_device(data).unwrap();
     gpu.launch_map(&order, &x, &x, |v| v + 1).unwrap();
     x
+}
+
+/// Takes `len` bytes of device memory from `scratch` and queues, in `order`,
+/// a kernel that writes them in place (`launch_map`); returns the device
+/// slice.
+#[track_caller]
+pub(crate) fn allocate_and_write<'s>(
+    gpu: &MockBackend,
+    scratch: &'s Scratchpad<'_, MockBackend>,
+    order: AccessOrder<'_>,
+    len: usize,
+) -> DeviceSlice<'s, u8> {
+    let x = scratch.device::<u8>(len).unwrap();
+    gpu.launch_map(&order, &x, &x, |v| v).unwrap();
+    x
+}
+
+/// A scratchpad on `origin`'s order, then a capture begun on `origin` in
+/// `mode`: the scratchpad's round began outside the capture and goes on
+/// inside it.
+#[track_caller]
+pub(crate) fn scratchpad_then_capture<'b>(
+    gpu: &'b MockBackend,
+    origin: &'b Lease,
+    mode: CaptureMode,
+) -> Scratchpad<'b, MockBackend> {
+    let scratch = Scratchpad::new(gpu, origin.order()).unwrap();
+    origin.begin_capture(mode).unwrap();
+    scratch
 }
 
 /// Asserts that `waited` (a wait issued during the capture on `origin`) was
@@ -269,6 +348,14 @@ pub(crate) fn complete_and_assert_clean(gpu: &MockBackend) {
 #[track_caller]
 pub(crate) fn complete_drop_and_assert_clean<T>(gpu: &MockBackend, things: T) {
     gpu.complete_everything();
+    drop(things);
+    complete_and_assert_clean(gpu);
+}
+
+/// Drops `things` (first to last), then completes and asserts clean
+/// ([`complete_and_assert_clean`]).
+#[track_caller]
+pub(crate) fn drop_complete_and_assert_clean<T>(gpu: &MockBackend, things: T) {
     drop(things);
     complete_and_assert_clean(gpu);
 }

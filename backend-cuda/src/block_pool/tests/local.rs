@@ -5,10 +5,7 @@ use super::*;
 
 #[test]
 fn stream_frees_wait_for_a_full_batch_and_one_idle_query_frees_them() {
-    let _probe = probe_on();
-    let pool = local_pool(4, true);
-    let shards = Shards::new();
-    let shard = shards.register();
+    let (_probe, pool, shards, [shard]) = threads_probe_on(4, true);
     let mut mine = shard.lock();
     let blocks = take_n(&pool, &mut mine, &shards, 4, PAGE);
     free_on(&pool, &mut mine, &shards, &blocks[..3], PAGE, S);
@@ -41,10 +38,7 @@ fn stream_frees_wait_for_a_full_batch_and_one_idle_query_frees_them() {
 
 #[test]
 fn a_group_holding_a_batch_of_bytes_is_proven_before_the_block_count() {
-    let _probe = probe_on();
-    let pool = local_pool(QUERY_BATCH_BLOCKS, true);
-    let shards = Shards::new();
-    let shard = shards.register();
+    let (_probe, pool, shards, [shard]) = threads_probe_on(QUERY_BATCH_BLOCKS, true);
     let mut mine = shard.lock();
     let half = QUERY_BATCH_BYTES / 2;
     let blocks = take_n(&pool, &mut mine, &shards, 2, half);
@@ -59,13 +53,9 @@ fn a_group_holding_a_batch_of_bytes_is_proven_before_the_block_count() {
 
 #[test]
 fn a_busy_answer_parks_the_group_behind_a_fence_each_until_they_complete() {
-    let _probe = probe_on();
-    let pool = local_pool(3, false);
-    let shards = Shards::new();
-    let shard = shards.register();
+    let (_probe, pool, shards, [shard]) = threads_probe_on(3, false);
     let mut mine = shard.lock();
-    let blocks = take_n(&pool, &mut mine, &shards, 3, PAGE);
-    free_on(&pool, &mut mine, &shards, &blocks, PAGE, S);
+    let blocks = take_and_free_on(&pool, &mut mine, &shards, 3, PAGE, S);
     assert_eq!(pool.counts().parked_blocks, 3);
     assert_eq!(recorded_fences(&pool), 3, "one fence recorded per block");
     // The batch's one query: a group found busy is parked without a second
@@ -88,10 +78,7 @@ fn a_busy_answer_parks_the_group_behind_a_fence_each_until_they_complete() {
 
 #[test]
 fn the_groups_of_two_streams_are_proven_apart() {
-    let _probe = probe_on();
-    let pool = local_pool(2, true);
-    let shards = Shards::new();
-    let shard = shards.register();
+    let (_probe, pool, shards, [shard]) = threads_probe_on(2, true);
     let mut mine = shard.lock();
     let b = take_n(&pool, &mut mine, &shards, 4, PAGE);
     free_on(&pool, &mut mine, &shards, &b[0..1], PAGE, S);
@@ -117,9 +104,7 @@ fn the_groups_of_two_streams_are_proven_apart() {
 
 #[test]
 fn a_host_ordered_free_is_reusable_at_once_and_the_excess_spills() {
-    let pool = local_pool(QUERY_BATCH_BLOCKS, false);
-    let shards = Shards::new();
-    let shard = shards.register();
+    let (pool, shards, [shard]) = threads(QUERY_BATCH_BLOCKS, false);
     let mut mine = shard.lock();
     let small = pool.take_local(&mut mine, &shards, D, PAGE).unwrap();
     free_now(&pool, &mut mine, small, PAGE);
@@ -156,10 +141,7 @@ fn a_host_ordered_free_is_reusable_at_once_and_the_excess_spills() {
 
 #[test]
 fn an_exited_threads_blocks_are_adopted_and_its_group_freed_by_a_query_of_its_stream() {
-    let _probe = probe_on();
-    let pool = local_pool(2, true);
-    let shards = Shards::new();
-    let (a, b) = (shards.register(), shards.register());
+    let (_probe, pool, shards, [a, b]) = threads_probe_on(2, true);
     let (x, y) = {
         let mut mine = a.lock();
         let t = take_n(&pool, &mut mine, &shards, 3, PAGE);
@@ -209,15 +191,8 @@ fn an_exited_threads_blocks_are_adopted_and_its_group_freed_by_a_query_of_its_st
 
 #[test]
 fn a_busy_query_parks_the_orphans_group_of_the_stream_too() {
-    let _probe = probe_on();
-    let pool = local_pool(2, false);
-    let shards = Shards::new();
-    let (a, b) = (shards.register(), shards.register());
-    {
-        let mut mine = a.lock();
-        let t = take_n(&pool, &mut mine, &shards, 1, PAGE);
-        free_on(&pool, &mut mine, &shards, &t, PAGE, S);
-    }
+    let (_probe, pool, shards, [a, b]) = threads_probe_on(2, false);
+    take_and_free_on(&pool, &mut a.lock(), &shards, 1, PAGE, S);
     shards.retire(&a);
     let mut mine = b.lock();
     let t = take_n(&pool, &mut mine, &shards, 2, PAGE);
@@ -321,10 +296,7 @@ fn the_orphans_group_is_taken_before_the_query() {
 
 #[test]
 fn forget_gives_every_threads_and_the_orphans_group_of_the_stream_to_the_shared_lists() {
-    let _probe = probe_on();
-    let pool = local_pool(QUERY_BATCH_BLOCKS, false);
-    let shards = Shards::new();
-    let (a, b, c) = (shards.register(), shards.register(), shards.register());
+    let (_probe, pool, shards, [a, b, c]) = threads_probe_on(QUERY_BATCH_BLOCKS, false);
     {
         let mut mine = a.lock();
         let t = take_n(&pool, &mut mine, &shards, 3, PAGE);
@@ -332,9 +304,7 @@ fn forget_gives_every_threads_and_the_orphans_group_of_the_stream_to_the_shared_
         free_on(&pool, &mut mine, &shards, &t[2..], PAGE, S2);
     }
     for shard in [&b, &c] {
-        let mut mine = shard.lock();
-        let t = take_n(&pool, &mut mine, &shards, 1, PAGE);
-        free_on(&pool, &mut mine, &shards, &t, PAGE, S);
+        take_and_free_on(&pool, &mut shard.lock(), &shards, 1, PAGE, S);
     }
     shards.retire(&c);
     assert_eq!(pool.local_counts(&shards).pending_blocks, 5);
@@ -362,12 +332,8 @@ fn forget_gives_every_threads_and_the_orphans_group_of_the_stream_to_the_shared_
 
 #[test]
 fn a_block_forget_cannot_hand_over_waits_among_the_orphans() {
-    let _probe = probe_on();
-    let pool = local_pool(QUERY_BATCH_BLOCKS, false);
-    let shards = Shards::new();
-    let a = shards.register();
-    let t = take_n(&pool, &mut a.lock(), &shards, 1, PAGE);
-    free_on(&pool, &mut a.lock(), &shards, &t, PAGE, S);
+    let (_probe, pool, shards, [a]) = threads_probe_on(QUERY_BATCH_BLOCKS, false);
+    take_and_free_on(&pool, &mut a.lock(), &shards, 1, PAGE, S);
     {
         let mut st = pool.upstream().st();
         st.fail_record = true;
@@ -391,10 +357,7 @@ fn a_block_forget_cannot_hand_over_waits_among_the_orphans() {
 
 #[test]
 fn drain_returns_the_pending_blocks_and_gives_the_free_ones_to_the_shared_lists() {
-    let _probe = probe_on();
-    let pool = local_pool(2, true);
-    let shards = Shards::new();
-    let (a, c) = (shards.register(), shards.register());
+    let (_probe, pool, shards, [a, c]) = threads_probe_on(2, true);
     let mut pending = Vec::new();
     {
         let mut mine = a.lock();
@@ -449,11 +412,7 @@ fn drain_returns_the_pending_blocks_and_gives_the_free_ones_to_the_shared_lists(
     unsafe { pool.keep_pending(&shards, drained) };
     assert_eq!(pool.local_counts(&shards).pending_blocks, 2);
     assert!(shards.may_have_orphans());
-    {
-        let mut mine = a.lock();
-        let t = take_n(&pool, &mut mine, &shards, 2, PAGE);
-        free_on(&pool, &mut mine, &shards, &t, PAGE, S);
-    }
+    take_and_free_on(&pool, &mut a.lock(), &shards, 2, PAGE, S);
     assert_eq!(queries(&pool), 1);
     assert_eq!(pool.local_counts(&shards).pending_blocks, 2, "still kept");
     let drained = pool.drain_local(&shards);
@@ -468,12 +427,8 @@ fn drain_returns_the_pending_blocks_and_gives_the_free_ones_to_the_shared_lists(
 
 #[test]
 fn a_free_on_a_special_stream_goes_to_the_shared_lists() {
-    let _probe = probe_on();
-    let pool = local_pool(QUERY_BATCH_BLOCKS, true);
-    let shards = Shards::new();
-    let a = shards.register();
-    let t = take_n(&pool, &mut a.lock(), &shards, 1, PAGE);
-    free_on(&pool, &mut a.lock(), &shards, &t, PAGE, StreamHandle::NULL);
+    let (_probe, pool, shards, [a]) = threads_probe_on(QUERY_BATCH_BLOCKS, true);
+    take_and_free_on(&pool, &mut a.lock(), &shards, 1, PAGE, StreamHandle::NULL);
     assert_eq!(pool.counts().free_blocks, 1, "idle: free at once, shared");
     assert_eq!(queries(&pool), 1, "`give_after`'s probe");
     assert_eq!(pool.local_counts(&shards), LocalCounts::default());
@@ -492,11 +447,8 @@ fn with_the_idle_probe_off_a_stream_free_goes_straight_to_give_after() {
     let _alone = PROBE.write().unwrap_or_else(|p| p.into_inner());
     CudaBackend::new().set_idle_probe(false);
     let _restore = Restore;
-    let pool = local_pool(QUERY_BATCH_BLOCKS, true);
-    let shards = Shards::new();
-    let a = shards.register();
-    let t = take_n(&pool, &mut a.lock(), &shards, 1, PAGE);
-    free_on(&pool, &mut a.lock(), &shards, &t, PAGE, S);
+    let (pool, shards, [a]) = threads(QUERY_BATCH_BLOCKS, true);
+    take_and_free_on(&pool, &mut a.lock(), &shards, 1, PAGE, S);
     assert_eq!(
         pool.counts().parked_blocks,
         1,
@@ -509,9 +461,7 @@ fn with_the_idle_probe_off_a_stream_free_goes_straight_to_give_after() {
 
 #[test]
 fn sizes_no_class_holds_are_refused_before_anything_moves() {
-    let pool = local_pool(1, true);
-    let shards = Shards::new();
-    let a = shards.register();
+    let (pool, shards, [a]) = threads(1, true);
     let mut mine = a.lock();
     let refused = pool.take_local(&mut mine, &shards, D, usize::MAX);
     assert_eq!(refused, Err("invalid size"));
