@@ -628,8 +628,10 @@ fn panicking_wakers_at_the_first_registration_and_at_later_submissions() {
         let mut f = lease.order().completed(&events).unwrap();
         let first = catch_unwind(AssertUnwindSafe(|| poll(&mut f, &pw)));
         assert!(matches!(first, Ok(Poll::Pending)), "the first registration");
-        gpu.complete_all(lease.handle()).unwrap();
+        // Counted before the work completes: from then on the engine may
+        // run the waker on its own thread at any moment.
         let woken = p.0.load(SeqCst);
+        gpu.complete_all(lease.handle()).unwrap();
         // Other futures submitted from this thread meanwhile: the engine may
         // have left the panicking waker to this thread's next submission.
         until("the panicking waker ran", || {
