@@ -237,9 +237,17 @@ fn injected_create_record_query_and_destroy_failures() {
     assert!(r.is_err(), "{r:?}");
     drop(live);
     gpu.complete_everything();
+    // Each try takes an event in (`completed` takes in what the engine saw
+    // pass) and resolves its own future, so that future's event is pooled
+    // too (its result is not looked at: the second injected failure may
+    // reach its query). Dropped unpolled instead, it would leave its event
+    // with the engine: one of the two events always out, never both pooled,
+    // once the engine is quick enough to return each before the next try.
     until("the abandoned event is back", || {
-        drop(lease.order().completed(&events).unwrap());
+        let mut f = lease.order().completed(&events).unwrap();
         gpu.complete_everything();
+        assert!(wait_for(&mut f, LONG).is_some(), "never resolved");
+        drop(f);
         events.live_leases() == 0 && events.total_stats().pooled >= 2
     });
     // A failed destroy at the drop: quarantined, then reported lost, never

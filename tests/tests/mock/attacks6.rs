@@ -397,13 +397,9 @@ fn unpolled_futures_dropped_on_many_threads_racing_completion() {
             }
             stop.store(true, SeqCst);
         });
-        gpu.complete_everything();
         // The engine hands the abandoned events back; the next
         // completed() takes them in.
-        until("every abandoned event is back", || {
-            drop(leases[0].order().completed(&events).unwrap());
-            events.live_leases() == 0
-        });
+        until_every_event_pooled(&gpu, &leases[0], &events);
     }
     assert_clean(&gpu);
     drop_then_all_back(leases, events, &gpu);
@@ -689,11 +685,7 @@ fn a_first_poll_on_the_engine_thread_inside_a_wake() {
         assert!(r.is_pending(), "{r:?}");
         assert_eq!(wait_for(&mut f, LONG), Some(Ok(())));
         drop(f);
-        gpu.complete_everything();
-        until("every abandoned event is back", || {
-            drop(lease.order().completed(events).unwrap());
-            events.live_leases() == 0
-        });
+        until_every_event_pooled(gpu, &lease, events);
     }
     drop((w, inline));
     let Ok((gpu, _, _)) = Arc::try_unwrap(pools) else {

@@ -66,20 +66,38 @@ pub(crate) fn drop_then_all_back<T>(first: T, events: EventPool<MockBackend>, gp
 }
 
 /// Completes all the work, waits until the events of abandoned futures are
-/// back in the pool (each try makes and drops a future on `lease`), then
-/// drops `lease` and the pool ([`drop_then_all_back`]).
+/// back in the pool ([`until_every_event_pooled`]), then drops `lease` and the
+/// pool ([`drop_then_all_back`]).
 #[track_caller]
 pub(crate) fn abandoned_events_back(
     gpu: &MockBackend,
     lease: StreamLease<'_, MockBackend>,
     events: EventPool<MockBackend>,
 ) {
+    until_every_event_pooled(gpu, &lease, &events);
+    drop_then_all_back(lease, events, gpu);
+}
+
+/// Completes all the work and waits until every event alive on the mock is
+/// in `events`: none leased, none still kept by the engine for an abandoned
+/// future. Each try takes in what the engine handed back (`completed` does)
+/// and resolves its own future on `lease`, so that its event goes back to the
+/// pool as well; a future dropped unpolled instead would leave its event with
+/// the engine, one event always out.
+#[track_caller]
+pub(crate) fn until_every_event_pooled(
+    gpu: &MockBackend,
+    lease: &StreamLease<'_, MockBackend>,
+    events: &EventPool<MockBackend>,
+) {
     gpu.complete_everything();
     until("every abandoned event is back", || {
-        drop(lease.order().completed(&events).unwrap());
-        events.live_leases() == 0
+        let mut f = lease.order().completed(events).unwrap();
+        gpu.complete_everything();
+        assert_eq!(wait_for(&mut f, LONG), Some(Ok(())));
+        drop(f);
+        events.live_leases() == 0 && events.total_stats().pooled == gpu.live_events()
     });
-    drop_then_all_back(lease, events, gpu);
 }
 
 /// A busy lease ([`busy_lease`]) and the future of its stream's work so far
