@@ -358,15 +358,13 @@ fn a_panic_payload_that_panics_on_drop_does_not_stop_the_engine() {
 #[derive(Default)]
 struct Owner {
     pool: Mutex<Option<Arc<EventPool<MockBackend>>>>,
-    entered: AtomicBool,
-    go: AtomicBool,
+    gate: Gate,
     outcome: Mutex<Option<(String, bool)>>,
 }
 
 impl Wake for Owner {
     fn wake(self: Arc<Self>) {
-        self.entered.store(true, SeqCst);
-        until("told to go on", || self.go.load(SeqCst));
+        self.gate.hold();
         let pool = self.pool.lock().unwrap().take();
         let name = thread::current().name().unwrap_or("?").to_owned();
         let panicked = catch_unwind(AssertUnwindSafe(|| drop(pool))).is_err();
@@ -387,13 +385,13 @@ fn the_pool_dropped_by_a_waker_on_the_engine_thread() {
         let mut f = lease.order().completed(&pool).unwrap();
         assert!(poll(&mut f, &Waker::from(Arc::clone(&owner))).is_pending());
         gpu.complete_all(lease.handle()).unwrap();
-        until("the engine wakes the task", || owner.entered.load(SeqCst));
+        until("the engine wakes the task", || owner.gate.reached());
         // The task is polled (by another wake-up) and finishes meanwhile.
         let (_, other) = flag();
         assert_eq!(poll(&mut f, &other), Poll::Ready(Ok(())));
     }
     drop(pool); // the waker holds the last one now
-    owner.go.store(true, SeqCst);
+    owner.gate.open();
     until("the pool's drop returned", || {
         owner.outcome.lock().unwrap().is_some()
     });

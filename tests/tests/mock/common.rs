@@ -348,8 +348,7 @@ pub(crate) fn complete_and_assert_clean(gpu: &MockBackend) {
 #[track_caller]
 pub(crate) fn complete_drop_and_assert_clean<T>(gpu: &MockBackend, things: T) {
     gpu.complete_everything();
-    drop(things);
-    complete_and_assert_clean(gpu);
+    drop_complete_and_assert_clean(gpu, things);
 }
 
 /// Drops `things` (first to last), then completes and asserts clean

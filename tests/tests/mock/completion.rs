@@ -4,14 +4,14 @@
 //! a failed query as the future's error.
 #![cfg(not(feature = "cuda"))]
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use super::common::{busy_lease, capturing};
 use super::future_kit::{
-    busy_lease_and_future, busy_lease_and_polled_future, machine, machine_with_policy,
+    busy_lease_and_future, busy_lease_and_polled_future, machine, machine_with_policy, Gate,
 };
 use gpupool_core::{AccessOrder, BackendOp, CaptureMode, Completed, Error, EventPool, StreamPool};
 use gpupool_mock::{CallKind, CompletionPolicy, MockBackend, MockError};
@@ -283,21 +283,6 @@ fn a_waker_that_panics_does_not_stop_the_engine() {
     assert_eq!(events.live_leases(), 0);
 }
 
-/// Holds the thread that wakes it (the engine's) inside `wake` until told
-/// to go on.
-#[derive(Default)]
-struct Hold {
-    entered: AtomicBool,
-    go: AtomicBool,
-}
-
-impl Wake for Hold {
-    fn wake(self: Arc<Self>) {
-        self.entered.store(true, Ordering::SeqCst);
-        until("told to go on", || self.go.load(Ordering::SeqCst));
-    }
-}
-
 #[test]
 fn a_burst_on_one_stream_resolves_exactly_what_ran_with_few_queries() {
     const N: usize = 64;
@@ -341,13 +326,13 @@ fn a_burst_on_one_stream_resolves_exactly_what_ran_with_few_queries() {
     // the count and the completion, also under Miri.
     let other = busy_lease(&gpu, &streams);
     let mut held = other.order().completed(&events).unwrap();
-    let hold = Arc::new(Hold::default());
+    let hold = Arc::new(Gate::default());
     assert!(poll(&mut held, &Waker::from(Arc::clone(&hold))).is_pending());
     gpu.complete_all(other.handle()).unwrap();
-    until("the engine is held", || hold.entered.load(Ordering::SeqCst));
+    until("the engine is held", || hold.reached());
     let before = gpu.calls(CallKind::QueryEvent);
     gpu.complete_all(lease.handle()).unwrap();
-    hold.go.store(true, Ordering::SeqCst);
+    hold.open();
     for (c, _) in &wakers[N / 2..] {
         wait_for_wake(c);
     }

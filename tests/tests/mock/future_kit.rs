@@ -4,6 +4,7 @@
 #![cfg(not(feature = "cuda"))]
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::task::{Wake, Waker};
 
@@ -134,4 +135,38 @@ pub(crate) fn pending_with_flag<F: Future + Unpin>(f: &mut F) -> (Arc<WakeCounte
     let (c, w) = flag();
     assert!(poll(f, &w).is_pending());
     (c, w)
+}
+
+/// A point where a waker holds the thread that wakes it (the engine's, in
+/// the tests) until the test opens it; as a waker itself, it only holds.
+#[derive(Default)]
+pub(crate) struct Gate {
+    reached: AtomicBool,
+    open: AtomicBool,
+}
+
+impl Gate {
+    /// Marks the gate reached, then waits until it is opened.
+    pub(crate) fn hold(&self) {
+        // SeqCst on these flags: test code, the strongest order keeps the
+        // argument trivial.
+        self.reached.store(true, SeqCst);
+        until("told to go on", || self.open.load(SeqCst));
+    }
+
+    /// Whether a thread has reached the gate.
+    pub(crate) fn reached(&self) -> bool {
+        self.reached.load(SeqCst)
+    }
+
+    /// Lets the held thread go on.
+    pub(crate) fn open(&self) {
+        self.open.store(true, SeqCst);
+    }
+}
+
+impl Wake for Gate {
+    fn wake(self: Arc<Self>) {
+        self.hold();
+    }
 }
